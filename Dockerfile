@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+#
+# The compaction-worker image: the package without its `embedded` and `dev` extras, so it
+# always talks to a real Kafka and Redis. Configure it with COMPACTION_* environment
+# variables (at least COMPACTION_KAFKA__BOOTSTRAP_SERVERS and COMPACTION_REDIS__URL).
+#
+#   docker build -t compaction-worker .
+#   docker run --rm --stop-timeout 30 -e COMPACTION_KAFKA__BOOTSTRAP_SERVERS=... \
+#       -e COMPACTION_REDIS__URL=... compaction-worker
+#
+# No HEALTHCHECK: the CLI has no health command yet. When `compaction-worker health`
+# exists, add `HEALTHCHECK CMD ["compaction-worker", "health"]` here and probes in
+# deploy/kubernetes/deployment.yaml.
+
+FROM python:3.11-slim-bookworm AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# A virtual environment is one directory to copy into the runtime stage, without pip's
+# build-time leftovers.
+RUN python -m venv /opt/venv
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY compaction_worker/ compaction_worker/
+# No extras: `embedded` (broker and Redis binaries) is for laptops and tests, `dev` for CI.
+# pip compiles the bytecode here, because the root filesystem is read-only at run time.
+RUN /opt/venv/bin/pip install .
+
+
+FROM python:3.11-slim-bookworm
+
+# A fixed numeric id, so Kubernetes' runAsNonRoot can verify it without a passwd lookup.
+RUN groupadd --system --gid 10001 worker \
+    && useradd --system --uid 10001 --gid worker --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin worker
+
+COPY --from=build /opt/venv /opt/venv
+
+# LITELLM_LOCAL_MODEL_COST_MAP: use the model registry bundled with LiteLLM instead of
+# fetching it at import time (workers may have no egress, and start-up must not depend on it).
+# HOME=/tmp: the only writable place when the root filesystem is read-only.
+ENV PATH="/opt/venv/bin:${PATH}" \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True \
+    HOME=/tmp
+
+WORKDIR /tmp
+USER 10001:10001
+
+# Exec form: the worker is PID 1 and gets SIGTERM itself, then drains for
+# COMPACTION_WORKER__SHUTDOWN_GRACE_SECONDS (20 s by default); give `docker stop` more
+# than that (--stop-timeout 30, or stop_grace_period in compose).
+ENTRYPOINT ["compaction-worker"]
+CMD ["run"]

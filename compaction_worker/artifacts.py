@@ -1,0 +1,258 @@
+"""The verbatim artifact ledger: exact paths, commands, errors, URLs and ids from a span.
+
+LLM summaries paraphrase: a public measurement found that only 9.8% of file paths and 0.2%
+of commands survived summarization verbatim. The ledger is extracted deterministically
+from the messages and stored next to the summary, so the exact strings outlive it.
+
+Every pattern here is applied to one line (or one word) at a time, and lines are cut at
+``MAX_LINE_CHARS``, so extraction stays linear in the input whatever the input is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final
+
+__all__ = ["KINDS", "MAX_ITEM_CHARS", "MAX_LINE_CHARS", "extract_artifacts"]
+
+KINDS: Final = ("error", "cmd", "path", "url", "id")
+"""Item kinds, in the order they are listed and kept when the budget is tight."""
+
+MAX_LINE_CHARS: Final = 2_000
+"""Only the first this-many characters of a line are looked at."""
+
+MAX_ITEM_CHARS: Final = 300
+"""Longer items are cut with an ellipsis: the ledger is a reference list, not a log."""
+
+_SHELL_FENCES: Final = frozenset({"bash", "sh", "shell", "zsh", "console", "shell-session"})
+_COMMAND_KEYS: Final = ("command", "cmd")
+
+# --- errors -----------------------------------------------------------------------------
+
+_ERROR_LINES: Final[tuple[re.Pattern[str], ...]] = tuple(
+    re.compile(p)
+    for p in (
+        # Python and most JVM/JS exceptions: "KeyError: 'x'", "requests.exceptions.HTTPError: 404".
+        r"^(?:[A-Za-z_][\w]*\.){0,6}[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::|$)",
+        # Compilers, git, CLIs: "error: ...", "fatal: ...", "error[E0382]: ...", "ERROR: ...".
+        r"^(?i:error|fatal)(?:\[[\w-]{1,20}\])?:\s",
+        r"^(?:FAILED|FAIL|ERROR)\b",
+        r"^npm ERR!",
+        r"^panic: ",
+        r"^Segmentation fault",
+        r": (?:command not found|No such file or directory|Permission denied)\b",
+        # Non-zero exit codes in the usual wordings.
+        r"(?i:exit(?:ed)?(?: with)? (?:code|status)|exit code:?|returned non-zero exit status)"
+        r" ?[1-9]\d*\b",
+    )
+)
+_TRACEBACK: Final = "Traceback (most recent call last)"
+
+# --- words: paths, ids ------------------------------------------------------------------
+
+_URL: Final = re.compile(r"\b[a-z][a-z0-9+.-]{1,15}://[^\s<>\"'`)\]}]+", re.IGNORECASE)
+_WORD_EDGES: Final = "\"'`()[]{}<>,;!?*"
+_LINE_SUFFIX: Final = re.compile(r"(?::\d+){1,2}$")  # "src/app.py:12:5" -> "src/app.py"
+_UNIX_PATH: Final = re.compile(r"(?:~|\.{1,2})?/?[\w.@+-]+(?:/[\w.@+-]+)*/?")
+_WINDOWS_PATH: Final = re.compile(r"(?:[A-Za-z]:|\\\\[\w.-]+)\\[^\s\\/:*?\"<>|]+(?:\\[^\s\\/:*?\"<>|]+)*\\?")
+_EXTENSION: Final = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,9}$")
+# Word lists, kept as text because a hundred quoted items would hide what they are.
+_EXTENSION_WORDS: Final = """
+    py pyi ipynb js mjs cjs jsx ts tsx json jsonl yaml yml toml ini cfg conf env md rst txt csv tsv
+    log sh bash zsh ps1 bat go rs java kt kts scala rb php c h cc cpp hpp cs swift m sql html htm
+    css scss vue svelte xml proto lock gradle tf hcl dockerfile mk cmake r jl lua pl ex exs erl
+    dart zig nim pem crt key pub db sqlite parquet zip tar gz tgz whl pdf png jpg jpeg gif svg
+    wasm so dll exe bin patch diff
+"""
+_FILE_EXTENSIONS: Final = frozenset(_EXTENSION_WORDS.split())
+# Extensions that are also common attribute names, and the object names that precede them
+# in code ("self.lock", "np.log"): a bare "<object>.<attribute>" is not taken for a file.
+_ATTRIBUTE_SUFFIXES: Final = frozenset(
+    {"log", "lock", "key", "db", "bin", "env", "pub", "so", "r", "m", "c", "h"}
+)
+_OBJECT_WORDS: Final = """
+    self this cls obj os np sys math logging logger log torch pd df re json app ctx client
+    config conn db cursor request response s x r m e a b c
+"""
+_OBJECT_NAMES: Final = frozenset(_OBJECT_WORDS.split())
+_BARE_FILENAMES: Final = frozenset({"Dockerfile", "Makefile", "Procfile", "Gemfile", "Jenkinsfile"})
+_UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_SHA: Final = re.compile(r"[0-9a-f]{7,40}")
+_TICKET: Final = re.compile(r"[A-Z][A-Z0-9]{1,9}-\d{1,6}")
+_CVE: Final = re.compile(r"CVE-\d{4}-\d{4,7}")
+_SEMVER: Final = re.compile(r"v?\d{1,6}\.\d{1,6}\.\d{1,6}(?:-[0-9A-Za-z.-]{1,40})?(?:\+[0-9A-Za-z.-]{1,40})?")
+# Prefixes that look like ticket keys but name standards and encodings ("UTF-8", "SHA-256").
+_NOT_TICKETS: Final = frozenset(
+    {"UTF", "SHA", "ISO", "GPT", "HTTP", "TLS", "SSL", "AES", "RSA", "MD", "PEP", "RFC"}
+)
+
+Found = tuple[str, str]  # (kind, text)
+
+
+def extract_artifacts(
+    messages: Sequence[Mapping[str, Any]], max_tokens: int, count_tokens: Callable[[str], int]
+) -> list[str]:
+    """The ledger of ``messages``: ``"<kind>: <text>"`` items within ``max_tokens``.
+
+    Items are de-duplicated, each keeping the position of its most recent occurrence,
+    and listed by kind (``KINDS``), then by that position. When they do not all fit, the
+    items kept are chosen by kind priority (``KINDS`` order) and, within a kind, most
+    recent first. The budget holds for the items joined by newlines.
+    """
+    if max_tokens <= 0:
+        return []
+    last_seen: dict[Found, int] = {}
+    for position, found in enumerate(_scan(messages)):
+        last_seen[found] = position
+    if not last_seen:
+        return []
+    rank = {kind: i for i, kind in enumerate(KINDS)}
+    by_priority = sorted(last_seen, key=lambda f: (rank[f[0]], -last_seen[f]))
+    chosen: list[Found] = []
+    used = 0
+    for found in by_priority:
+        cost = count_tokens(_item(found)) + 1  # +1 for the newline joining it to the next
+        if used + cost <= max_tokens + 1:
+            chosen.append(found)
+            used += cost
+    # Token counts are not exactly additive; the joined text is what must fit.
+    while chosen and count_tokens("\n".join(_ordered(chosen, last_seen, rank))) > max_tokens:
+        chosen.pop()
+    return _ordered(chosen, last_seen, rank)
+
+
+def _item(found: Found) -> str:
+    kind, text = found
+    return f"{kind}: {text}"
+
+
+def _ordered(chosen: list[Found], last_seen: dict[Found, int], rank: dict[str, int]) -> list[str]:
+    return [_item(f) for f in sorted(chosen, key=lambda f: (rank[f[0]], last_seen[f]))]
+
+
+# --- scanning ---------------------------------------------------------------------------
+
+
+def _scan(messages: Sequence[Mapping[str, Any]]) -> Iterator[Found]:
+    for message in messages:
+        yield from _scan_text(_content_text(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, Mapping):
+                yield from _scan_tool_call(call)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text") or "") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _scan_tool_call(call: Mapping[str, Any]) -> Iterator[Found]:
+    function = call.get("function")
+    raw = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(raw, str) or not raw:
+        return
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        yield from _scan_text(raw)
+        return
+    if not isinstance(arguments, dict):
+        yield from _scan_text(raw)
+        return
+    for key, value in arguments.items():
+        if key in _COMMAND_KEYS and isinstance(value, str):
+            yield from _commands(value.splitlines())
+            yield from _scan_words(value[:MAX_LINE_CHARS])
+        elif key in _COMMAND_KEYS and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            yield from _commands([" ".join(value)])
+        elif isinstance(value, str):
+            yield from _scan_text(value)
+
+
+def _commands(lines: Sequence[str]) -> Iterator[Found]:
+    for line in lines:
+        command = line[:MAX_LINE_CHARS].strip()
+        if command and not command.startswith("#"):
+            yield "cmd", _cap(command)
+
+
+def _scan_text(text: str) -> Iterator[Found]:
+    fence: str | None = None  # the language of the ``` block we are in, "" for a plain one
+    traceback = False
+    for raw in text.splitlines():
+        line = raw[:MAX_LINE_CHARS]
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip().lower()
+            continue
+        if stripped.startswith(_TRACEBACK):
+            traceback = True
+            continue
+        # A traceback ends at its first unindented line: the exception and its message.
+        ends_traceback = traceback and bool(stripped) and not line[0].isspace()
+        traceback = traceback and not ends_traceback
+        if stripped.startswith("$ ") or (fence in _SHELL_FENCES and fence != "console" and stripped):
+            yield from _commands([stripped[2:] if stripped.startswith("$ ") else stripped])
+        elif ends_traceback or any(p.search(stripped) for p in _ERROR_LINES):
+            yield "error", _cap(stripped)
+        yield from _scan_words(line)
+
+
+def _scan_words(line: str) -> Iterator[Found]:
+    for url in _URL.finditer(line):
+        yield "url", _cap(url.group().rstrip(".,:;!?"))
+    for word in _URL.sub(" ", line).split():
+        found = _classify(word.strip(_WORD_EDGES).rstrip(".:"))
+        if found is not None:
+            yield found
+
+
+def _classify(word: str) -> Found | None:
+    if len(word) < 3 or len(word) > MAX_ITEM_CHARS:
+        return None
+    if _is_id(word):
+        return "id", word
+    if _WINDOWS_PATH.fullmatch(word):
+        return "path", word
+    path = _LINE_SUFFIX.sub("", word.split("::", 1)[0])  # "tests/x.py::test_y" -> "tests/x.py"
+    if _UNIX_PATH.fullmatch(path) and _looks_like_path(path):
+        return "path", path
+    return None
+
+
+def _is_id(word: str) -> bool:
+    if _UUID.fullmatch(word) or _CVE.fullmatch(word) or _SEMVER.fullmatch(word):
+        return True
+    if _SHA.fullmatch(word):
+        return not word.isdigit() and not word.isalpha()  # a SHA has letters and digits
+    return bool(_TICKET.fullmatch(word)) and word.split("-", 1)[0] not in _NOT_TICKETS
+
+
+def _looks_like_path(word: str) -> bool:
+    """Absolute or explicitly relative, or a relative path with a directory and a file name.
+
+    "and/or", "TCP/IP" and "1/2" have a slash too; a relative path needs a known extension,
+    a trailing slash or at least two separators before it counts.
+    """
+    if word.startswith(("/", "~/", "./", "../")):
+        return len(word) > 1 and any(c.isalpha() for c in word)
+    extension = _EXTENSION.search(word)
+    suffix = extension.group()[1:].lower() if extension else ""
+    known = suffix in _FILE_EXTENSIONS
+    if "/" not in word:
+        stem = word[: -len(suffix) - 1] if suffix else word
+        if suffix in _ATTRIBUTE_SUFFIXES and stem.lower() in _OBJECT_NAMES:
+            return False  # "self.lock", "np.log": attribute access, not a file
+        return known or word in _BARE_FILENAMES
+    return known or word.endswith("/") or word.count("/") >= 2
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_ITEM_CHARS else text[: MAX_ITEM_CHARS - 1] + "…"

@@ -1,0 +1,290 @@
+"""The ``compaction-worker`` command: run the worker, the demo, and operator commands."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compaction_worker import specification
+from compaction_worker.client import Client
+from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis
+from compaction_worker.errors import CompactionWorkerError
+from compaction_worker.events import Trigger
+from compaction_worker.history import text_of
+from compaction_worker.settings import Settings, load_settings
+from compaction_worker.telemetry import configure_logging
+
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+
+def _settings(ctx: click.Context) -> Settings:
+    try:
+        return load_settings(ctx.obj)
+    except (CompactionWorkerError, ValueError) as e:
+        raise click.ClickException(f"invalid settings: {e}") from e
+
+
+@click.group()
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="COMPACTION_CONFIG_FILE",
+    help="YAML settings file (environment variables take precedence).",
+)
+@click.version_option(package_name="compaction-worker")
+@click.pass_context
+def main(ctx: click.Context, config: Path | None) -> None:
+    """Keeps LLM conversations inside their models' context windows."""
+    ctx.obj = config
+
+
+@contextlib.contextmanager
+def embedded_infra(settings: Settings, say: Any = click.echo) -> Iterator[Settings]:
+    """Start an embedded broker and Redis for whatever the settings leave unconfigured."""
+    with contextlib.ExitStack() as stack:
+        kafka = settings.kafka
+        redis = settings.redis
+        if not kafka.bootstrap_servers:
+            broker = stack.enter_context(EmbeddedKafka())
+            # The embedded broker has no idempotent producer (no InitProducerId).
+            kafka = kafka.model_copy(
+                update={"bootstrap_servers": broker.bootstrap_servers, "enable_idempotence": False}
+            )
+            say(f"embedded Kafka-protocol broker listening on {broker.bootstrap_servers}")
+            say(f"  export COMPACTION_KAFKA__BOOTSTRAP_SERVERS={broker.bootstrap_servers}")
+            say("  export COMPACTION_KAFKA__ENABLE_IDEMPOTENCE=false")
+        if not redis.url:
+            server = stack.enter_context(EmbeddedRedis())
+            redis = redis.model_copy(update={"url": server.url})
+            say(f"embedded Redis-protocol server listening on {server.url}")
+            say(f"  export COMPACTION_REDIS__URL={server.url}")
+        embedded = kafka is not settings.kafka
+        topics = settings.topics.model_copy(update={"create": settings.topics.create or embedded})
+        yield settings.model_copy(update={"kafka": kafka, "redis": redis, "topics": topics})
+
+
+@main.command()
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Run the worker (with no Kafka/Redis configured, starts embedded ones and says where)."""
+    settings = _settings(ctx)
+    configure_logging(settings.log_level, settings.log_json)
+    with embedded_infra(settings) as settings:
+        asyncio.run(_run(settings))
+
+
+async def _run(settings: Settings) -> None:
+    from compaction_worker.worker import build_worker, ensure_topics
+
+    if settings.topics.create:
+        created = await ensure_topics(settings)
+        if created:
+            click.echo(f"created topics: {', '.join(created)} ({settings.topics.partitions} partitions)")
+    worker = build_worker(settings)
+    click.echo(
+        f"worker consuming {settings.topics.turns} as group {settings.kafka.group_id}; summarizer: "
+        f"{settings.summarizer.model or 'extractive (no LLM configured)'}"
+    )
+    await worker.serve()
+
+
+@main.command()
+@click.option("--turns", default=60, show_default=True, help="Turns per conversation.")
+@click.option("--conversations", default=2, show_default=True)
+@click.option(
+    "--window", "context_window", default=6000, show_default=True, help="Context window set on the events."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the compaction events as JSON lines.")
+@click.pass_context
+def demo(ctx: click.Context, turns: int, conversations: int, context_window: int, as_json: bool) -> None:
+    """Run the whole loop locally: broker, Redis, worker and a synthetic agent; show compactions."""
+    from compaction_worker.demo import run_demo
+
+    settings = _settings(ctx)
+    configure_logging("WARNING", settings.log_json)
+    say = (lambda _line: None) if as_json else click.echo
+    with embedded_infra(settings, say) as settings:
+        from compaction_worker.worker import ensure_topics
+
+        async def go() -> None:
+            if settings.topics.create:
+                await ensure_topics(settings)
+            report = await run_demo(settings, turns, conversations, context_window, say=say)
+            if as_json:
+                for event in report.compactions:
+                    click.echo(event.model_dump_json())
+
+        asyncio.run(go())
+
+
+@main.command()
+@click.argument("conversation_id")
+@click.option("--full", is_flag=True, help="The whole transcript instead of the effective history.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--width", default=160, show_default=True, help="Characters of each message to show.")
+@click.pass_context
+def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool, width: int) -> None:
+    """Print a conversation's effective history (or with --full, its transcript) from Redis."""
+    settings = _settings(ctx)
+
+    async def go() -> None:
+        async with Client.connect(settings, kafka=False) as client:
+            meta = await client.meta(conversation_id)
+            if meta.last_seq == 0:
+                raise click.ClickException(f"no conversation {conversation_id!r} in {settings.redis.url}")
+            if full:
+                records = await client.transcript(conversation_id)
+                if as_json:
+                    click.echo(json.dumps(records, indent=2, ensure_ascii=False))
+                    return
+                click.echo(
+                    f"{conversation_id}: transcript, {len(records)} messages over {meta.last_seq} turns"
+                )
+                for r in records:
+                    click.echo(f"  #{r['n']:<4} turn {r['seq']:<4} {_line(r['m'], width)}")
+                return
+            snapshot = await client.snapshot(conversation_id)
+            messages = await client.messages(conversation_id)
+            if as_json:
+                click.echo(
+                    json.dumps(
+                        {
+                            "conversation_id": conversation_id,
+                            "version": meta.version,
+                            "context_status": meta.context_status.value,
+                            "tokens": meta.total_tokens,
+                            "chunks": [json.loads(c.to_json()) for c in snapshot.history.chunks],
+                            "messages": messages,
+                        },
+                        indent=2,
+                        ensure_ascii=False,
+                    )
+                )
+                return
+            click.echo(
+                f"{conversation_id}: version {meta.version}, {meta.context_status.value}, {len(messages)} messages, "
+                f"~{meta.total_tokens} tokens (window {meta.window}, threshold {meta.threshold})"
+            )
+            for chunk in snapshot.history.chunks:
+                click.echo(
+                    f"  summary of turns {chunk.first_seq}-{chunk.last_seq} ({chunk.tokens} tokens, {chunk.model})"
+                )
+            for m in messages:
+                click.echo(f"  {_line(m, width)}")
+
+    _run_async(go())
+
+
+@main.command()
+@click.argument("conversation_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
+    """Show a conversation's budget, token totals, version and pending compaction."""
+    settings = _settings(ctx)
+
+    async def go() -> None:
+        async with Client.connect(settings, kafka=False) as client:
+            meta = await client.meta(conversation_id)
+            if meta.last_seq == 0:
+                raise click.ClickException(f"no conversation {conversation_id!r}")
+            job = await client.store.job(conversation_id)
+            data = {
+                "conversation_id": conversation_id,
+                "model": meta.model,
+                "last_seq": meta.last_seq,
+                "messages": meta.msg_count,
+                "tokens": meta.total_tokens,
+                "calibration": meta.calibration,
+                "window": meta.window,
+                "threshold": meta.threshold,
+                "version": meta.version,
+                "context_status": meta.context_status.value,
+                "failures": meta.failures,
+                "pending_compaction": job.trigger.value if job else None,
+            }
+            if as_json:
+                click.echo(json.dumps(data, indent=2))
+            else:
+                for k, v in data.items():
+                    click.echo(f"{k:>20}: {v}")
+
+    _run_async(go())
+
+
+@main.command()
+@click.argument("conversation_id")
+@click.pass_context
+def compact(ctx: click.Context, conversation_id: str) -> None:
+    """Ask the workers to compact a conversation now (a manual compaction)."""
+    settings = _settings(ctx)
+
+    async def go() -> None:
+        from compaction_worker.jobs import JobQueue
+
+        async with Client.connect(settings, kafka=False) as client:
+            if (await client.meta(conversation_id)).last_seq == 0:
+                raise click.ClickException(f"no conversation {conversation_id!r}")
+            jobs = JobQueue(client.store, settings.worker.lock_ttl_seconds * 2)
+            await jobs.schedule(conversation_id, Trigger.MANUAL)
+            click.echo(f"manual compaction of {conversation_id} scheduled")
+
+    _run_async(go())
+
+
+@main.command()
+@click.option("--check", is_flag=True, help="Fail if the committed files differ from the models.")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=SCHEMAS_DIR,
+    show_default=True,
+)
+def schemas(check: bool, directory: Path) -> None:
+    """Write the JSON Schemas and the AsyncAPI document generated from the event models."""
+    if check:
+        drift = specification.check(directory)
+        for line in drift:
+            click.echo(line, err=True)
+        if drift:
+            raise click.ClickException("schemas are out of date: run `compaction-worker schemas`")
+        click.echo("schemas are up to date")
+        return
+    for path in specification.write(directory):
+        click.echo(f"wrote {path}")
+
+
+def _line(message: Mapping[str, Any], width: int) -> str:
+    role = message.get("role", "?")
+    calls = message.get("tool_calls") or []
+    if calls:
+        call_text = ", ".join(f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in calls)
+        text = f"→ {call_text}"
+    else:
+        text = text_of(message)
+        if isinstance(message.get("content"), list) and any(
+            p.get("type") != "text" for p in message["content"]
+        ):
+            text += " [+non-text parts]"
+    label = f"[{role}{' ' + str(message['tool_call_id']) if role == 'tool' else ''}]"
+    flat = " ".join(text.split())
+    return f"{label} {flat[:width]}{'…' if len(flat) > width else ''}"
+
+
+def _run_async(coro: Any) -> None:
+    try:
+        asyncio.run(coro)
+    except CompactionWorkerError as e:
+        raise click.ClickException(str(e)) from e
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The event contracts: pydantic v2 models are the source of truth for every topic.
+
+``schemas/`` holds the JSON Schemas generated from these models; ``compaction-worker
+schemas --check`` (and a test) fails when they drift.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from compaction_worker.errors import DeadLetterReason
+
+SCHEMA_VERSION: Final = 1
+
+ConversationId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^\x00-\x1f\x7f{}]+$",
+        description="Opaque id of one conversation; also the Kafka key (UTF-8 bytes).",
+    ),
+]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Event(BaseModel):
+    """Fields every event carries.
+
+    Unknown fields are ignored rather than rejected, so that adding a field is not a
+    breaking change for older workers or consumers; breaking changes bump schema_version.
+    """
+
+    model_config = ConfigDict(extra="ignore", json_schema_serialization_defaults_required=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: uuid.UUID = Field(default_factory=uuid.uuid4, description="Unique id, for de-duplication.")
+    timestamp: AwareDatetime = Field(
+        default_factory=_now, description="When the event was produced (with a timezone)."
+    )
+
+
+# --- messages -------------------------------------------------------------------------
+
+
+class FunctionCall(BaseModel):
+    """The function an assistant asks to call, with JSON-encoded arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message (OpenAI shape)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(BaseModel):
+    """One part of a multi-part content: ``text``, ``image_url``, or another provider type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(min_length=1)
+    text: str | None = None
+    image_url: dict[str, Any] | str | None = None
+
+    @model_validator(mode="after")
+    def _text_has_text(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text part needs 'text'")
+        if self.type == "image_url" and self.image_url is None:
+            raise ValueError("an image_url part needs 'image_url'")
+        return self
+
+
+class ChatMessage(BaseModel):
+    """An OpenAI-style chat message; unknown provider fields are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    pinned: bool = Field(default=False, description="Never summarized or pruned away.")
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError("only tool messages carry tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role in ("user", "system") and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "assistant" and self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as plain JSON-ready data, without unset optional fields."""
+        return self.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
+
+
+# --- conversation.turn ----------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    """Provider-reported token usage of the runtime's last model call."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int | None = Field(default=None, ge=0)
+    total_tokens: int | None = Field(default=None, ge=0)
+
+
+class CompactionMode(StrEnum):
+    """How a turn asks for a compaction besides the threshold."""
+
+    FORCE = "force"
+    OVERFLOW = "overflow"
+
+
+class CompactionRequest(BaseModel):
+    """A manual (``force``) or reactive (``overflow``) compaction request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: CompactionMode
+    error: str | None = Field(default=None, max_length=20_000, description="The provider's error text.")
+
+    @model_validator(mode="after")
+    def _overflow_has_error(self) -> CompactionRequest:
+        if self.mode is CompactionMode.OVERFLOW and not self.error:
+            raise ValueError("an overflow request carries the provider's error text")
+        return self
+
+
+class TurnEvent(_Event):
+    """``conversation.turn``: one turn of one conversation (the messages it adds)."""
+
+    conversation_id: ConversationId
+    turn_seq: int = Field(ge=1, description="Strictly increasing per conversation, from 1.")
+    model: str = Field(min_length=1, max_length=256, description="LiteLLM model string.")
+    messages: list[ChatMessage] = Field(default_factory=list, max_length=10_000)
+    system_prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    context_window: int | None = Field(default=None, ge=256)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    usage: Usage | None = None
+    compaction: CompactionRequest | None = None
+
+    @model_validator(mode="after")
+    def _has_something(self) -> TurnEvent:
+        if not self.messages and self.compaction is None and self.system_prompt is None:
+            raise ValueError("a turn needs messages, a system_prompt or a compaction request")
+        return self
+
+
+# --- compaction.started / compaction.completed ------------------------------------------
+
+
+class Trigger(StrEnum):
+    """Why a compaction ran."""
+
+    THRESHOLD = "threshold"
+    SOFT_THRESHOLD = "soft_threshold"
+    MANUAL = "manual"
+    REACTIVE = "reactive"
+
+
+class Outcome(StrEnum):
+    """How a compaction ended."""
+
+    COMPACTED = "compacted"
+    NOOP = "noop"
+    FAILED = "failed"
+
+
+class ContextStatus(StrEnum):
+    """Whether the effective history is the whole conversation or contains summaries."""
+
+    FULL = "full"
+    SUMMARIZED = "summarized"
+
+
+class LlmUsage(BaseModel):
+    """Tokens and cost of the summarizer's LLM calls in one compaction."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_serialization_defaults_required=True)
+
+    calls: int = Field(default=0, ge=0)
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    total_tokens: int = Field(default=0, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+
+
+class CompactionStarted(_Event):
+    """``compaction.started``: a compaction has begun (before any LLM call)."""
+
+    conversation_id: ConversationId
+    compaction_id: uuid.UUID
+    trigger: Trigger
+    model: str = Field(min_length=1)
+    tokens_before: int = Field(ge=0)
+    window: int = Field(ge=0)
+    threshold: int = Field(ge=0)
+    target: int = Field(ge=0)
+    version: int = Field(ge=0, description="Effective-history version the compaction starts from.")
+
+
+class CompactionCompleted(_Event):
+    """``compaction.completed``: how a compaction ended; de-duplicate by conversation and version."""
+
+    conversation_id: ConversationId
+    compaction_id: uuid.UUID
+    trigger: Trigger
+    outcome: Outcome
+    stages: list[str] = Field(default_factory=list)
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    messages_before: int = Field(ge=0)
+    messages_after: int = Field(ge=0)
+    summary_tokens: int = Field(default=0, ge=0)
+    summarizer_model: str | None = None
+    llm_usage: LlmUsage = Field(default_factory=LlmUsage)
+    window: int = Field(ge=0)
+    target: int = Field(ge=0)
+    version: int = Field(ge=0, description="Effective-history version after this compaction.")
+    context_status: ContextStatus
+    duration_ms: int = Field(ge=0)
+    error: str | None = None
+
+
+# --- conversation.turn.dlq --------------------------------------------------------------
+
+
+class DeadLetter(_Event):
+    """``conversation.turn.dlq``: an input that cannot be processed, with the original bytes."""
+
+    reason: DeadLetterReason = Field(description="Machine-readable reason code.")
+    detail: str = Field(description="What exactly was wrong, for a person.")
+    conversation_id: str | None = None
+    turn_seq: int | None = None
+    source_topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key_b64: str | None = Field(default=None, description="The original Kafka key, base64.")
+    original_b64: str = Field(description="The original event bytes, base64.")
+    original_size: int = Field(ge=0)
+
+
+EVENT_MODELS: dict[str, type[_Event]] = {
+    "conversation.turn": TurnEvent,
+    "compaction.started": CompactionStarted,
+    "compaction.completed": CompactionCompleted,
+    "conversation.turn.dlq": DeadLetter,
+}

@@ -1,0 +1,168 @@
+"""The effective history as plain data: summary chunks, then entries; and how it renders.
+
+An *entry* is one transcript message as the model will see it (verbatim, or with a
+non-LLM edit such as a cleared tool output). A *summary chunk* covers a contiguous span
+of transcript messages (by ordinal ``n``) that no longer appear as entries. Rendering
+turns both into provider-ready OpenAI-style messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+SUMMARY_HEADER = "[Conversation summary]"
+SUMMARY_INTRO = (
+    "Earlier parts of this conversation were compacted. The summary below replaces them; "
+    "the messages after it are verbatim."
+)
+SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and will continue from it."
+
+# Fields that are ours, not the provider's; stripped when rendering.
+PRIVATE_FIELDS = ("pinned",)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One message of the effective history, with where it came from and its token count."""
+
+    n: int
+    """Ordinal of the message in the transcript (1-based, over the whole conversation)."""
+    seq: int
+    """The ``turn_seq`` of the turn that added it."""
+    message: Mapping[str, Any]
+    tokens: int
+    edit: str | None = None
+    """A non-LLM edit applied to it (``pruned``, ``deduplicated``, ``truncated``), if any."""
+
+    @property
+    def role(self) -> str:
+        return str(self.message["role"])
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.message.get("pinned", False))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"n": self.n, "seq": self.seq, "m": self.message, "t": self.tokens, "e": self.edit},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Entry:
+        data = json.loads(raw)
+        return cls(n=data["n"], seq=data["seq"], message=data["m"], tokens=data["t"], edit=data.get("e"))
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryChunk:
+    """A summary that stands for transcript messages ``first_n..last_n`` (turns ``first_seq..last_seq``)."""
+
+    id: str
+    text: str
+    first_seq: int
+    last_seq: int
+    first_n: int
+    last_n: int
+    tokens: int
+    created_at: str
+    model: str
+    """The summarizer that wrote it (a LiteLLM model string, or ``extractive``)."""
+    stages: tuple[str, ...] = ()
+    level: int = 0
+    """0 for a summary of messages; n > 0 for a fold of level n-1 chunks."""
+    artifacts: tuple[str, ...] = field(default=())
+    """Exact paths, commands, errors, URLs and ids from the span, kept verbatim."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> SummaryChunk:
+        data = json.loads(raw)
+        data["stages"] = tuple(data.get("stages", ()))
+        data["artifacts"] = tuple(data.get("artifacts", ()))
+        return cls(**data)
+
+    def render_text(self) -> str:
+        """The chunk as the model reads it: span, summary, then the verbatim ledger."""
+        span = (
+            f"turns {self.first_seq}-{self.last_seq}"
+            if self.first_seq != self.last_seq
+            else f"turn {self.first_seq}"
+        )
+        text = f"## Summary of {span}\n{self.text.strip()}"
+        if self.artifacts:
+            ledger = "\n".join(f"- {a}" for a in self.artifacts)
+            text += f"\n\nVerbatim references from {span}:\n{ledger}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveHistory:
+    """What the runtime sends to its model next, before rendering."""
+
+    chunks: tuple[SummaryChunk, ...]
+    entries: tuple[Entry, ...]
+    version: int = 0
+    system_prompt: str | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+
+    @property
+    def summarized(self) -> bool:
+        return bool(self.chunks)
+
+    def with_parts(self, chunks: Iterable[SummaryChunk], entries: Iterable[Entry]) -> EffectiveHistory:
+        return replace(self, chunks=tuple(chunks), entries=tuple(entries))
+
+
+def public_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored message without this service's private fields."""
+    return {k: v for k, v in message.items() if k not in PRIVATE_FIELDS}
+
+
+def text_of(message: Mapping[str, Any]) -> str:
+    """The text of a message's content (text parts joined; other parts ignored)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = [p.get("text") or "" for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+    return "\n".join(parts)
+
+
+def summary_message_text(chunks: Sequence[SummaryChunk]) -> str:
+    """The text of the single user message that carries every summary chunk."""
+    body = "\n\n".join(chunk.render_text() for chunk in chunks)
+    return f"{SUMMARY_HEADER}\n{SUMMARY_INTRO}\n\n{body}"
+
+
+def render(history: EffectiveHistory) -> list[dict[str, Any]]:
+    """Provider-ready messages: one system message, the summary turn, then the entries.
+
+    System-role entries are hoisted into the leading system message (a second system
+    message mid-history is rejected by some providers). The summary is a user message,
+    followed by a short assistant acknowledgment unless the next message is already the
+    assistant's, so roles keep alternating.
+    """
+    system_texts = [history.system_prompt] if history.system_prompt else []
+    body: list[dict[str, Any]] = []
+    for entry in history.entries:
+        if entry.role == "system":
+            system_texts.append(text_of(entry.message))
+        else:
+            body.append(public_message(entry.message))
+    out: list[dict[str, Any]] = []
+    if system_texts:
+        out.append({"role": "system", "content": "\n\n".join(system_texts)})
+    if history.chunks:
+        out.append({"role": "user", "content": summary_message_text(history.chunks)})
+        if not body or body[0]["role"] != "assistant":
+            out.append({"role": "assistant", "content": SUMMARY_ACK})
+    out.extend(body)
+    return out

@@ -1,0 +1,224 @@
+"""Settings: environment variables prefixed ``COMPACTION_`` (nested with ``__``), optional YAML.
+
+Read once, by :func:`load_settings`, and passed down; nothing here reads the environment
+at import time. Precedence: explicit arguments, then the environment, then the YAML file
+(``--config`` or ``COMPACTION_CONFIG_FILE``), then the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from compaction_worker import keys
+from compaction_worker.errors import ConfigError
+
+_yaml_file: ContextVar[Path | None] = ContextVar("_yaml_file", default=None)
+
+
+class _Section(BaseModel):
+    """A settings section: a misspelt key is an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class KafkaSettings(_Section):
+    """Where the broker is and how to talk to it; no bootstrap servers means embedded."""
+
+    bootstrap_servers: str | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    group_id: str = "compaction-worker"
+    client_id: str = "compaction-worker"
+    # Brokers without InitProducerId support (the embedded one) need this off.
+    enable_idempotence: bool = True
+    consumers: int = Field(
+        default=4, ge=1, description="Consumers in this process; partitions run in parallel."
+    )
+    max_event_bytes: int = Field(default=1_048_576, ge=1024)
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
+
+
+class RedisSettings(_Section):
+    """Where Redis is; no URL means embedded."""
+
+    url: str | None = None
+    password: SecretStr | None = None
+    ssl: bool = False
+    ssl_ca_certs: Path | None = None
+    key_prefix: str = keys.DEFAULT_PREFIX
+    retention_seconds: int | None = Field(
+        default=30 * 24 * 3600, ge=60, description="Idle conversations expire after this; None keeps them."
+    )
+
+
+class TopicSettings(_Section):
+    """Topic names and the partition count used when this service creates them."""
+
+    turns: str = keys.TURNS_TOPIC
+    started: str = keys.STARTED_TOPIC
+    completed: str = keys.COMPLETED_TOPIC
+    dlq: str = keys.DLQ_TOPIC
+    partitions: int = Field(default=8, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    create: bool = Field(default=False, description="Create missing topics at start-up.")
+
+
+class BudgetSettings(_Section):
+    """When to compact and how far down."""
+
+    trigger_fraction: float = Field(default=0.8, gt=0, le=1)
+    soft_trigger_fraction: float | None = Field(default=None, gt=0, le=1)
+    target_fraction: float = Field(default=0.5, gt=0, le=1)
+    reactive_target_fraction: float = Field(default=0.7, gt=0, le=1)
+    floor_tokens: int = Field(default=1024, ge=0)
+    fallback_window: int | None = Field(
+        default=32_768, ge=256, description="Window for models the registry does not know; None rejects them."
+    )
+    window_overrides: dict[str, int] = Field(default_factory=dict)
+    output_reserve_tokens: int | None = Field(default=None, ge=0)
+    max_output_reserve_fraction: float = Field(default=0.25, gt=0, lt=1)
+    image_tokens: int = Field(default=1024, ge=0)
+    message_overhead_tokens: int = Field(default=4, ge=0)
+    noop_regrowth_fraction: float = Field(
+        default=0.05, ge=0, le=1, description="After a no-op, growth (of available) needed before retrying."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BudgetSettings:
+        if self.target_fraction >= self.trigger_fraction:
+            raise ValueError("target_fraction must be below trigger_fraction")
+        if self.soft_trigger_fraction is not None and self.soft_trigger_fraction >= self.trigger_fraction:
+            raise ValueError("soft_trigger_fraction must be below trigger_fraction")
+        return self
+
+
+class TailSettings(_Section):
+    """How much of the recent history stays verbatim."""
+
+    max_messages: int = Field(default=6, ge=0)
+    max_fraction: float = Field(default=0.25, gt=0, le=1)
+
+
+class SummarizerSettings(_Section):
+    """The LLM that writes summaries; no model means the deterministic extractive summary."""
+
+    model: str | None = Field(
+        default=None,
+        description="A LiteLLM model string, 'conversation' for the conversation's own model, or unset.",
+    )
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    fallback_models: list[str] = Field(default_factory=list)
+    max_summary_tokens: int = Field(default=2048, ge=64)
+    max_input_tokens: int | None = Field(default=None, ge=256)
+    prompt: str | None = Field(default=None, description="Replaces the built-in instructions.")
+    prompt_file: Path | None = None
+    temperature: float = 0.0
+
+
+class WorkerSettings(_Section):
+    """The compaction pool inside each worker process."""
+
+    max_concurrent_compactions: int = Field(default=4, ge=1)
+    lock_ttl_seconds: float = Field(default=30.0, gt=0)
+    sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+    retry_backoff_seconds: float = Field(default=1.0, gt=0)
+
+
+class Settings(BaseSettings):
+    """Everything the worker, the CLI and the client need, read once."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="COMPACTION_",
+        env_nested_delimiter="__",
+        env_ignore_empty=True,
+        extra="forbid",
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    tail: TailSettings = Field(default_factory=TailSettings)
+    summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = False
+
+    # The flat names DESIGN.md promises, as aliases of the nested ones.
+    kafka_bootstrap_servers: str | None = Field(default=None, exclude=True)
+    redis_url: str | None = Field(default=None, exclude=True)
+    summarizer_model: str | None = Field(default=None, exclude=True)
+    summarizer_api_base: str | None = Field(default=None, exclude=True)
+    summarizer_api_key: SecretStr | None = Field(default=None, exclude=True)
+    trigger_fraction: float | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _apply_flat_aliases(self) -> Settings:
+        if self.kafka_bootstrap_servers:
+            self.kafka.bootstrap_servers = self.kafka_bootstrap_servers
+        if self.redis_url:
+            self.redis.url = self.redis_url
+        if self.summarizer_model:
+            self.summarizer.model = self.summarizer_model
+        if self.summarizer_api_base:
+            self.summarizer.api_base = self.summarizer_api_base
+        if self.summarizer_api_key:
+            self.summarizer.api_key = self.summarizer_api_key
+        if self.trigger_fraction is not None:
+            self.budget = BudgetSettings.model_validate(
+                {**self.budget.model_dump(), "trigger_fraction": self.trigger_fraction}
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = _yaml_file.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
+    """Read the settings once: arguments, then environment, then the YAML file, then defaults."""
+    path = config_file or _env_path("COMPACTION_CONFIG_FILE")
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    token = _yaml_file.set(path)
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]  # overrides are validated by pydantic
+    finally:
+        _yaml_file.reset(token)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None

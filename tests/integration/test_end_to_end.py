@@ -1,0 +1,80 @@
+"""The whole flow on the real broker and Redis: turns in, compactions through LiteLLM, events out."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction_worker.client import Client
+from compaction_worker.demo import synthetic_turns
+from compaction_worker.events import Outcome
+from compaction_worker.testing import FakeLLMServer
+from compaction_worker.worker import build_worker, ensure_topics
+
+from .helpers import compaction_events, coverage_problems, read_topic, settle, worker_settings
+
+pytestmark = pytest.mark.integration
+
+CONVERSATIONS = 4
+TURNS = 60
+WINDOW = 3000
+
+
+async def test_turns_twice_over_the_real_broker(
+    kafka_bootstrap: str, redis_url: str, make_topics: object, fake_llm: FakeLLMServer
+) -> None:
+    """240 turns of 4 conversations, each delivered twice: compacted, counted once, reported consistently."""
+    topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)  # type: ignore[operator]
+    settings = worker_settings(
+        kafka_bootstrap,
+        redis_url,
+        topics,
+        summarizer={
+            "model": "openai/fake-summarizer",
+            "api_base": fake_llm.url,
+            "api_key": "fake-key-0123456789",
+        },
+    )
+    await ensure_topics(settings)
+    streams = {
+        f"conv-{i}": synthetic_turns(f"conv-{i}", TURNS, context_window=WINDOW, seed=i)
+        for i in range(CONVERSATIONS)
+    }
+    worker = build_worker(settings)
+    async with worker.running(), Client.connect(settings) as client:
+        for seq in range(TURNS):
+            for events in streams.values():
+                payload = events[seq].model_dump_json(exclude_none=True).encode()
+                key = events[seq].conversation_id.encode()
+                await client.publish_raw(payload, key)
+                await client.publish_raw(payload, key)  # every turn is delivered twice
+        await settle([worker], 2 * CONVERSATIONS * TURNS)
+
+        started, completed = compaction_events(
+            await read_topic(settings, settings.topics.started),
+            await read_topic(settings, settings.topics.completed),
+        )
+        assert fake_llm.requests, "the LLM summarizer was never called"
+        for cid, events in streams.items():
+            done = completed[cid]
+            compacted = [c for c in done if c.outcome is Outcome.COMPACTED]
+            assert len(compacted) >= 2, f"{cid}: {[(c.outcome, c.error) for c in done]}"
+            assert all(c.summarizer_model == "openai/fake-summarizer" for c in compacted)
+            # After each compaction, the effective history was under the target (below the threshold).
+            assert all(c.tokens_after <= c.target < c.tokens_before for c in compacted)
+            # Started and completed pair up with the same numbers; versions count up by one.
+            by_id = {s.compaction_id: s for s in started[cid]}
+            assert set(by_id) == {c.compaction_id for c in done}
+            assert all(by_id[c.compaction_id].tokens_before == c.tokens_before for c in done)
+            assert [c.version for c in compacted] == list(range(1, len(compacted) + 1))
+
+            # Every turn is in the transcript exactly once, message for message.
+            transcript = await client.transcript(cid)
+            expected = [m.to_dict() for e in events for m in e.messages]
+            assert [r["m"] for r in transcript] == expected
+            assert [r["n"] for r in transcript] == list(range(1, len(expected) + 1))
+
+            snapshot = await client.snapshot(cid)
+            assert snapshot.meta.version == len(compacted)
+            assert coverage_problems(snapshot.history, len(expected)) == []
+            assert int(snapshot.meta.total_tokens * snapshot.meta.calibration) < snapshot.meta.threshold
+        assert await read_topic(settings, settings.topics.dlq, idle=0.5) == []

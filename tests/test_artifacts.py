@@ -1,0 +1,261 @@
+"""The verbatim artifact ledger: each kind, de-duplication, ordering and the token budget."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compaction_worker.artifacts import KINDS, MAX_ITEM_CHARS, extract_artifacts
+
+_PIECES = re.compile(r"\w+|[^\w\s]")
+
+
+def count(text: str) -> int:
+    """A simple tokenizer: words and punctuation marks, one token each, plus newlines."""
+    return len(_PIECES.findall(text)) + text.count("\n")
+
+
+def count_costly_newlines(text: str) -> int:
+    """A tokenizer under which joining items costs more than their sum (newlines cost 4)."""
+    return len(_PIECES.findall(text)) + 4 * text.count("\n")
+
+
+def ledger(*texts: str, budget: int = 10_000) -> list[str]:
+    """The ledger of one user message per text."""
+    return extract_artifacts([{"role": "user", "content": t} for t in texts], budget, count)
+
+
+def tool_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """An assistant message with one tool call."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": name, "arguments": raw}}],
+    }
+
+
+class TestPaths:
+    """File paths: unix, windows, relative with a directory or an extension."""
+
+    def test_unix_absolute_and_relative_paths(self) -> None:
+        """Absolute, ./, ../, ~/ and nested relative paths are kept verbatim."""
+        items = ledger("edit /etc/hosts, ./run.sh, ../lib/util.c, ~/.bashrc and src/app/main.py now")
+        assert items == [
+            "path: /etc/hosts",
+            "path: ./run.sh",
+            "path: ../lib/util.c",
+            "path: ~/.bashrc",
+            "path: src/app/main.py",
+        ]
+
+    def test_windows_path(self) -> None:
+        """A drive-letter path keeps its backslashes."""
+        assert ledger(r"Saved to C:\Users\dev\report.txt.") == [r"path: C:\Users\dev\report.txt"]
+
+    def test_bare_file_names_need_a_known_extension(self) -> None:
+        """README.md and poetry.lock are files; e.g., and/or, TCP/IP and self.lock are not."""
+        items = ledger("See README.md and poetry.lock, e.g. and/or TCP/IP, self.lock np.log example.com")
+        assert items == ["path: README.md", "path: poetry.lock"]
+
+    def test_line_numbers_and_test_ids_are_stripped(self) -> None:
+        """ "src/app.py:12:5" and "tests/test_x.py::test_y" are recorded as their file."""
+        assert ledger("at src/app.py:12:5 in tests/test_x.py::test_y") == [
+            "path: src/app.py",
+            "path: tests/test_x.py",
+        ]
+
+    def test_paths_in_urls_are_not_paths(self) -> None:
+        """The path part of a URL is not also recorded as a file path."""
+        assert ledger("docs at https://example.com/docs/setup.md") == [
+            "url: https://example.com/docs/setup.md"
+        ]
+
+
+class TestCommands:
+    """Shell commands: "$ " lines, shell code blocks, command arguments of tool calls."""
+
+    def test_dollar_prompt_lines(self) -> None:
+        """A line starting with "$ " is a command, without the prompt."""
+        assert "cmd: pytest -q tests/" in ledger("Run it:\n$ pytest -q tests/\nthen report.")
+
+    def test_bash_block_lines_but_not_comments_or_other_languages(self) -> None:
+        """Lines of a ```bash block are commands; comments and ```python lines are not."""
+        text = "```bash\n# set up\npip install -e .\nmake test\n```\n```python\nprint('hi')\n```"
+        items = ledger(text)
+        assert [i for i in items if i.startswith("cmd:")] == ["cmd: pip install -e .", "cmd: make test"]
+
+    def test_console_block_takes_only_prompted_lines(self) -> None:
+        """In a ```console block the "$ " lines are commands and the output is not."""
+        items = ledger("```console\n$ ls -la\ntotal 0\n```")
+        assert [i for i in items if i.startswith("cmd:")] == ["cmd: ls -la"]
+
+    def test_tool_call_command_argument(self) -> None:
+        """The command/cmd argument of a tool call is a command; its other strings are scanned."""
+        messages = [tool_call("bash", {"command": "git status --short", "cwd": "services/api/"})]
+        assert extract_artifacts(messages, 1000, count) == ["cmd: git status --short", "path: services/api/"]
+
+    def test_tool_call_command_as_argv_list(self) -> None:
+        """A command given as an argv list is joined with spaces."""
+        messages = [tool_call("exec", {"cmd": ["docker", "compose", "up", "-d"]})]
+        assert extract_artifacts(messages, 1000, count) == ["cmd: docker compose up -d"]
+
+    def test_tool_call_with_invalid_json_arguments_is_scanned_as_text(self) -> None:
+        """Arguments that are not JSON are still scanned for artifacts."""
+        messages = [tool_call("read", "{path: src/main.rs")]
+        assert extract_artifacts(messages, 1000, count) == ["path: src/main.rs"]
+
+
+class TestErrors:
+    """Error lines: exceptions, CLI errors, failed tests, traceback ends, exit codes."""
+
+    def test_error_kinds(self) -> None:
+        """Each common error shape is recorded as its whole line."""
+        text = "\n".join(
+            [
+                "KeyError: 'user_id'",
+                "error: could not compile `app` due to 2 previous errors",
+                "fatal: not a git repository (or any of the parent directories): .git",
+                "FAILED tests/test_api.py::test_login - AssertionError: 401 != 200",
+                "npm ERR! code ERESOLVE",
+                "bash: jq: command not found",
+                "Process exited with code 137",
+            ]
+        )
+        errors = [i for i in ledger(text) if i.startswith("error:")]
+        assert errors == [f"error: {line}" for line in text.splitlines()]
+
+    def test_traceback_last_line(self) -> None:
+        """The line ending a traceback is the error, even when it has no Error suffix."""
+        text = (
+            "Traceback (most recent call last):\n"
+            '  File "/srv/app/main.py", line 3, in <module>\n'
+            "    run()\n"
+            "SystemExit: 2\n"
+        )
+        items = ledger(text)
+        assert "error: SystemExit: 2" in items
+        assert "path: /srv/app/main.py" in items
+
+    def test_success_exit_code_and_prose_are_not_errors(self) -> None:
+        """Exit code 0 and a sentence that mentions an error type are not error lines."""
+        items = ledger("Process finished with exit code 0\nA KeyError is raised when a key is missing.")
+        assert not [i for i in items if i.startswith("error:")]
+
+
+class TestUrlsAndIds:
+    """URLs and identifiers."""
+
+    def test_url_without_trailing_punctuation(self) -> None:
+        """A URL at the end of a sentence loses the full stop, keeps its query."""
+        assert ledger("Docs: https://docs.example.com/a/b?x=1&y=2.") == [
+            "url: https://docs.example.com/a/b?x=1&y=2"
+        ]
+
+    def test_identifier_kinds(self) -> None:
+        """UUIDs, git SHAs, ticket keys, CVEs and semantic versions are ids."""
+        items = ledger(
+            "uuid 123e4567-e89b-12d3-a456-426614174000 sha 3f2a9c1 ticket PAY-4821 CVE-2024-3094 v2.14.0"
+        )
+        assert items == [
+            "id: 123e4567-e89b-12d3-a456-426614174000",
+            "id: 3f2a9c1",
+            "id: PAY-4821",
+            "id: CVE-2024-3094",
+            "id: v2.14.0",
+        ]
+
+    def test_identifier_look_alikes(self) -> None:
+        """UTF-8, SHA-256, a hex word without digits, a number and an IP address are not ids."""
+        assert ledger("UTF-8 SHA-256 deadbeef 12345678 127.0.0.1") == []
+
+
+class TestLedger:
+    """De-duplication, ordering and the budget."""
+
+    def test_duplicates_keep_their_most_recent_position(self) -> None:
+        """An item seen again later moves after items first seen in between."""
+        assert ledger("a/b/first.py", "a/b/second.py", "a/b/first.py again") == [
+            "path: a/b/second.py",
+            "path: a/b/first.py",
+        ]
+
+    def test_ordered_by_kind_then_position(self) -> None:
+        """Kinds are listed in KINDS order whatever order they appeared in."""
+        items = ledger("id ABC-1 at https://x.io then src/a.py\n$ make\nerror: boom")
+        assert [i.split(":", 1)[0] for i in items] == list(KINDS)
+
+    def test_tight_budget_keeps_errors_before_paths_and_recent_before_old(self) -> None:
+        """With room for two items, the error and the newest command stay."""
+        texts = ["old/dir/one.py", "$ make old", "error: it broke", "$ make new", "https://x.io/y"]
+        full = ledger(*texts)
+        budget = count("error: error: it broke\ncmd: make new")
+        assert len(full) == 5
+        assert ledger(*texts, budget=budget) == ["error: error: it broke", "cmd: make new"]
+
+    def test_zero_budget_and_no_messages(self) -> None:
+        """No budget or no messages give an empty ledger."""
+        assert ledger("src/app.py", budget=0) == []
+        assert extract_artifacts([], 100, count) == []
+
+    def test_content_parts_and_missing_content(self) -> None:
+        """Text parts of a content list are scanned; images and None content are skipped."""
+        messages = [
+            {"role": "user", "content": [{"type": "text", "text": "see lib/x.go"}, {"type": "image_url"}]},
+            {"role": "assistant", "content": None},
+        ]
+        assert extract_artifacts(messages, 100, count) == ["path: lib/x.go"]
+
+    def test_long_items_are_capped(self) -> None:
+        """An item longer than MAX_ITEM_CHARS is cut with an ellipsis."""
+        items = ledger("error: " + "x" * 1000)
+        assert len(items) == 1
+        assert len(items[0]) == len("error: ") + MAX_ITEM_CHARS
+        assert items[0].endswith("…")
+
+    def test_pathological_input_is_linear(self) -> None:
+        """Inputs built to make regexes backtrack finish quickly."""
+        nasty = (
+            ("a." * 50_000) + "\n" + ("/a" * 50_000) + "\n" + ("A" * 100_000) + "\n" + ("$ " + "x" * 100_000)
+        )
+        started = time.perf_counter()
+        extract_artifacts([{"role": "tool", "content": nasty}], 500, count)
+        assert time.perf_counter() - started < 2.0
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=400) | st.sampled_from(
+    [
+        "$ make",
+        "error: x",
+        "src/a/b.py",
+        "https://a.io/x",
+        "```bash\nls\n```",
+        "Traceback (most recent call last)",
+    ]
+)
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system"]), "content": _TEXT | st.none()}
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(_MESSAGE, max_size=6),
+    budget=st.integers(min_value=-5, max_value=60),
+    counter=st.sampled_from([count, count_costly_newlines]),
+)
+def test_never_raises_and_respects_the_budget(
+    messages: list[dict[str, Any]], budget: int, counter: Callable[[str], int]
+) -> None:
+    """On arbitrary text the ledger never raises and its joined items fit the budget."""
+    items = extract_artifacts(messages, budget, counter)
+    assert len(items) == len(set(items))
+    assert all(i.split(":", 1)[0] in KINDS for i in items)
+    if items:
+        assert counter("\n".join(items)) <= budget

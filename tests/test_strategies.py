@@ -1,0 +1,219 @@
+"""The pipeline's pure parts: tail selection, the compaction run, and provider checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from compaction_worker.errors import SummarizerError
+from compaction_worker.events import LlmUsage, Outcome
+from compaction_worker.history import EffectiveHistory, Entry, SummaryChunk, render
+from compaction_worker.strategies import (
+    Limits,
+    compact,
+    provider_problems,
+    select_tail,
+    split_points,
+)
+from compaction_worker.summarizer import SummaryRequest, SummaryResult
+
+
+def count(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
+    out = []
+    for i, spec in enumerate(specs, start=start):
+        message = spec if isinstance(spec, dict) else {"role": spec[0], "content": f"{spec[0]} {i}"}
+        tokens = 10 if isinstance(spec, dict) else spec[1]
+        out.append(Entry(n=i, seq=i, message=message, tokens=tokens))
+    return tuple(out)
+
+
+def call(call_id: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        ],
+    }
+
+
+def result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "output"}
+
+
+class FakeSummarizer:
+    """Returns a fixed summary, or raises, and records its requests."""
+
+    def __init__(self, text: str = "the summary", fail: bool = False, name: str = "fake") -> None:
+        self.text, self.fail, self.name = text, fail, name
+        self.requests: list[SummaryRequest] = []
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        self.requests.append(request)
+        if self.fail:
+            raise SummarizerError("down")
+        return SummaryResult(self.text, self.name, count(self.text), LlmUsage(calls=1, total_tokens=7))
+
+
+def limits(target: int, **kw: Any) -> Limits:
+    defaults: dict[str, Any] = {
+        "target": target,
+        "fixed_tokens": 0,
+        "tail_max_messages": 4,
+        "tail_max_tokens": 1000,
+        "max_summary_tokens": 50,
+        "chunk_budget": 500,
+    }
+    defaults.update(kw)
+    return Limits(**defaults)
+
+
+class TestSplitPoints:
+    def test_never_between_call_and_result(self) -> None:
+        """A tail cannot start while a tool call is unanswered."""
+        es = entries(("user", 1), call("a"), result("a"), ("assistant", 1), ("user", 1))
+        assert split_points(es) == [0, 1, 3, 4]
+
+    def test_parallel_calls_close_after_the_last_result(self) -> None:
+        """Two parallel calls keep the boundary closed until both results are in."""
+        two = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "x", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "y", "arguments": "{}"}},
+            ],
+        }
+        es = entries(("user", 1), two, result("a"), result("b"), ("user", 1))
+        assert split_points(es) == [0, 1, 4]
+
+
+class TestSelectTail:
+    def test_bounded_by_message_count_and_snapped_to_user(self) -> None:
+        """The tail holds at most N messages and starts at a user message (reference 000)."""
+        es = entries(*[(r, 10) for r in ["user", "assistant"] * 5])
+        assert select_tail(es, max_messages=5, max_tokens=10_000) == 6
+
+    def test_bounded_by_tokens(self) -> None:
+        """The token bound wins when it is tighter (reference 000: whichever is more restrictive)."""
+        es = entries(("user", 10), ("assistant", 10), ("user", 10), ("assistant", 500))
+        assert select_tail(es, max_messages=6, max_tokens=100) == 4
+
+    def test_single_long_tool_turn_can_still_compact(self) -> None:
+        """With one user message, an assistant boundary is used (better than reference 000)."""
+        es = entries(("user", 10), call("a"), result("a"), call("b"), result("b"), ("assistant", 10))
+        split = select_tail(es, max_messages=3, max_tokens=1000)
+        assert split == 3
+        assert es[split].role == "assistant"
+
+
+class TestCompact:
+    async def test_additive_summary_under_target(self) -> None:
+        """Older turns become one chunk; the tail stays verbatim; the result is under target."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory(chunks=(), entries=es)
+        fake = FakeSummarizer()
+        out = await compact(history, limits(300), [fake], count, 4)
+        assert out.outcome is Outcome.COMPACTED
+        assert out.tokens_after <= 300 < out.tokens_before
+        assert [e.n for e in out.draft.entries] == [9, 10, 11, 12]
+        chunk = out.draft.chunks[0]
+        assert (chunk.first_n, chunk.last_n) == (1, 8)
+        assert next(m["content"] for m in fake.requests[0].messages) == "user 1"
+        assert provider_problems(render(history.with_parts(out.draft.chunks, out.draft.entries))) == []
+
+    async def test_second_compaction_adds_a_chunk(self) -> None:
+        """A later compaction keeps the first chunk and adds one (reference 003: additive)."""
+        first = SummaryChunk("x", "old", 1, 4, 1, 4, 5, "t", "m")
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=5)
+        out = await compact(EffectiveHistory((first,), es), limits(200), [FakeSummarizer()], count, 4)
+        assert next(c.id for c in out.draft.chunks) == "x"
+        assert len(out.draft.chunks) == 2
+        assert out.draft.chunks[1].first_n == 5
+
+    async def test_chunks_fold_when_over_their_budget(self) -> None:
+        """Chunks that outgrow their budget fold into one (reference 003: recursive fallback)."""
+        old = tuple(SummaryChunk(str(i), "old " * 40, i, i, i, i, 60, "t", "m") for i in range(1, 4))
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=4)
+        fake = FakeSummarizer()
+        out = await compact(EffectiveHistory(old, es), limits(260, chunk_budget=100), [fake], count, 4)
+        assert out.outcome is Outcome.COMPACTED
+        assert len(out.draft.chunks) == 1
+        assert (out.draft.chunks[0].first_n, out.draft.chunks[0].level) == (1, 1)
+        assert len(fake.requests[0].previous_summaries) == 3
+
+    async def test_falls_back_to_the_next_summarizer(self) -> None:
+        """A failing LLM hands over to the deterministic fallback; the error is reported."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        out = await compact(
+            EffectiveHistory((), es),
+            limits(300),
+            [FakeSummarizer(fail=True, name="llm"), FakeSummarizer(name="extractive")],
+            count,
+            4,
+        )
+        assert out.outcome is Outcome.COMPACTED
+        assert out.summarizer == "extractive"
+        assert out.error is not None
+        assert "llm: down" in out.error
+
+    async def test_truncation_when_every_summarizer_fails(self) -> None:
+        """Sliding-window truncation leaves a marker chunk covering what it dropped (reference 004)."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        out = await compact(EffectiveHistory((), es), limits(300), [FakeSummarizer(fail=True)], count, 4)
+        assert out.outcome is Outcome.COMPACTED
+        assert out.stages == ("truncate",)
+        assert "removed" in out.draft.chunks[0].text
+        assert out.draft.chunks[0].last_n == out.draft.entries[0].n - 1
+
+    async def test_degrading_guard_shrinks_the_tail_to_zero(self) -> None:
+        """A tail too large for the budget degrades, down to no tail at all (reference 003)."""
+        es = entries(("user", 20), ("assistant", 20), ("user", 400))
+        out = await compact(EffectiveHistory((), es), limits(100), [FakeSummarizer()], count, 4)
+        assert out.outcome is Outcome.COMPACTED
+        assert out.draft.entries == ()
+        assert out.draft.chunks[0].last_n == 3
+
+    async def test_noop_when_the_target_is_unreachable(self) -> None:
+        """When system prompt and tools alone exceed the target, nothing is committed (invariant 5)."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 3])
+        out = await compact(
+            EffectiveHistory((), es), limits(100, fixed_tokens=150), [FakeSummarizer()], count, 4
+        )
+        assert out.outcome is Outcome.NOOP
+        assert out.draft.entries == es
+        assert out.error is not None
+        assert "cannot reach the target" in out.error
+
+    async def test_under_target_is_noop_unless_forced(self) -> None:
+        """A manual compaction summarizes even below the target (reference 000: /compact)."""
+        es = entries(*[(r, 10) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory((), es)
+        assert (await compact(history, limits(10_000), [FakeSummarizer()], count, 4)).outcome is Outcome.NOOP
+        forced = await compact(history, limits(10_000, force=True), [FakeSummarizer()], count, 4)
+        assert forced.outcome is Outcome.COMPACTED
+
+
+class TestProviderProblems:
+    def test_valid_history(self) -> None:
+        """A well-formed history has no problems."""
+        msgs: Sequence[dict[str, Any]] = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            call("a"),
+            result("a"),
+            {"role": "assistant", "content": "x"},
+        ]
+        assert provider_problems(msgs) == []
+
+    def test_orphans_and_roles(self) -> None:
+        """Orphan results, unanswered calls, leading assistants and mid-history systems are reported."""
+        msgs = [{"role": "assistant", "content": "hi"}, result("z"), {"role": "system", "content": "s"}]
+        problems = provider_problems(msgs)
+        assert any("first non-system" in p for p in problems)
+        assert any("without its call" in p for p in problems)
+        assert any("system message after" in p for p in problems)

@@ -1,0 +1,323 @@
+"""Tests for the fakes in compaction_worker.testing, through LiteLLM's real HTTP client path."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from compaction_worker.events import TurnEvent
+from compaction_worker.testing import FakeLLMServer, default_summary, turn_payload
+
+try:
+    # Sets LITELLM_LOCAL_MODEL_COST_MAP before litellm is imported anywhere.
+    importlib.import_module("compaction_worker._litellm")
+except ImportError:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+litellm: Any = importlib.import_module("litellm")
+
+TRANSCRIPT = "\n".join(
+    [
+        "[user #1]: Migrate the billing service from Python 3.8 to 3.11. Keep the public"
+        " API stable and leave the database schema alone.",
+        "[assistant #2]: I will read setup.py and the CI configuration first to see which"
+        " interpreter versions and dependency pins are in place today.",
+        "[tool #3]: setup.py declares python_requires='>=3.8' and pins flask==1.1 and"
+        " sqlalchemy==1.3 among thirty other dependencies that all need a look.",
+        "[assistant #4]: Flask 1.1 is not supported on 3.11, so the plan is to upgrade Flask"
+        " to 2.3 and SQLAlchemy to 1.4 before touching the interpreter.",
+        "[user #5]: Agreed. Run the whole test suite after every bump and report any"
+        " failures before moving on to the next dependency.",
+    ]
+)
+SUMMARIZE = [
+    {"role": "system", "content": "You summarize conversations."},
+    {
+        "role": "user",
+        "content": f"Summarize the transcript.\n<transcript>\n{TRANSCRIPT}\n</transcript>",
+    },
+]
+
+
+async def complete(server: FakeLLMServer, **kwargs: Any) -> Any:
+    """One litellm.acompletion call against the fake, with overridable arguments."""
+    args: dict[str, Any] = {
+        "model": "openai/fake-summarizer",
+        "messages": [{"role": "user", "content": "hello"}],
+        "api_base": server.url,
+        "api_key": "fake",
+        **kwargs,
+    }
+    return await litellm.acompletion(**args)
+
+
+class TestReplies:
+    async def test_default_reply_is_a_structured_summary_of_the_transcript(
+        self, fake_llm: FakeLLMServer
+    ) -> None:
+        """The default summary has the headings, a snippet per message, and is shorter."""
+        response = await complete(fake_llm, messages=SUMMARIZE)
+
+        text = response.choices[0].message.content
+        assert "## Goals and constraints" in text
+        assert "## Current state" in text
+        assert "## Next steps" in text
+        assert "- user: Migrate the billing service from Python 3.8 to 3.11." in text
+        assert "Agreed. Run the whole test suite after every bump" in text
+        assert "Summarize the transcript" not in text
+        assert len(text) < len(TRANSCRIPT) * 0.8
+        assert response.model == "fake-summarizer"
+        assert response.choices[0].finish_reason == "stop"
+        prompt_chars = sum(len(m["content"]) for m in SUMMARIZE)
+        assert abs(response.usage.prompt_tokens - prompt_chars / 4) <= 1
+        assert abs(response.usage.completion_tokens - len(text) / 4) <= 1
+
+    async def test_fixed_reply_and_responder(self, fake_llm: FakeLLMServer) -> None:
+        """set_reply fixes the text; set_responder computes it and takes precedence."""
+        fake_llm.set_reply("fixed summary")
+        fixed = await complete(fake_llm)
+        fake_llm.set_responder(lambda body: f"{len(body['messages'])} messages")
+        computed = await complete(fake_llm, messages=SUMMARIZE)
+        fake_llm.set_responder(None)
+        fake_llm.set_reply(None)
+        default = await complete(fake_llm, messages=SUMMARIZE)
+
+        assert fixed.choices[0].message.content == "fixed summary"
+        assert computed.choices[0].message.content == "2 messages"
+        assert default.choices[0].message.content.startswith("## Goals and constraints")
+
+    def test_sync_completion_works_too(self, fake_llm: FakeLLMServer) -> None:
+        """A sync test can call litellm.completion: the server has its own thread and loop."""
+        fake_llm.set_reply("from a sync test")
+
+        response = litellm.completion(
+            model="openai/fake",
+            messages=[{"role": "user", "content": "hi"}],
+            api_base=fake_llm.url,
+            api_key="fake",
+        )
+
+        assert response.choices[0].message.content == "from a sync test"
+
+    async def test_requests_are_recorded_in_order(self, fake_llm: FakeLLMServer) -> None:
+        """Every request body is kept, in arrival order, and reset() forgets them."""
+        for n in range(3):
+            await complete(fake_llm, messages=[{"role": "user", "content": f"call {n}"}])
+
+        recorded = fake_llm.requests
+        fake_llm.reset()
+
+        assert [r["messages"][0]["content"] for r in recorded] == ["call 0", "call 1", "call 2"]
+        assert recorded[0]["model"] == "fake-summarizer"
+        assert fake_llm.requests == []
+
+    async def test_streaming_is_refused_with_a_clear_error(self, fake_llm: FakeLLMServer) -> None:
+        """stream=true gets a 400 that says why."""
+        with pytest.raises(litellm.BadRequestError, match="does not support stream=true"):
+            await complete(fake_llm, stream=True)
+
+    async def test_delay_does_not_block_concurrent_calls(self, fake_llm: FakeLLMServer) -> None:
+        """Two calls with a 1 s delay each finish together, in well under 2 s."""
+        fake_llm.set_delay(1.0)
+        started = time.monotonic()
+
+        await asyncio.gather(complete(fake_llm), complete(fake_llm))
+
+        elapsed = time.monotonic() - started
+        assert 1.0 <= elapsed < 1.8
+
+
+class TestFailures:
+    async def test_fail_next_raises_the_mapped_exception_with_the_text(self, fake_llm: FakeLLMServer) -> None:
+        """Injected 500 and 429 surface as LiteLLM's exceptions, then the server recovers."""
+        fake_llm.fail_next(1, 500)
+        fake_llm.fail_next(1, 429, {"error": {"message": "slow down", "type": "rate_limit"}})
+
+        with pytest.raises(litellm.InternalServerError, match="injected failure \\(HTTP 500\\)"):
+            await complete(fake_llm, max_retries=0)
+        with pytest.raises(litellm.RateLimitError, match="slow down"):
+            await complete(fake_llm, max_retries=0)
+        response = await complete(fake_llm, max_retries=0)
+
+        assert response.choices[0].message.content
+        assert len(fake_llm.requests) == 3
+
+    async def test_openai_client_retries_a_5xx_by_itself(self, fake_llm: FakeLLMServer) -> None:
+        """Without max_retries=0 the OpenAI client retries, so one 500 is not an error."""
+        fake_llm.fail_next(1, 503)
+
+        response = await complete(fake_llm)
+
+        assert response.choices[0].message.content
+        assert len(fake_llm.requests) == 2
+
+    async def test_text_body(self, fake_llm: FakeLLMServer) -> None:
+        """A plain-text error body reaches the exception message."""
+        fake_llm.fail_next(1, 400, "upstream said no")
+
+        with pytest.raises(litellm.BadRequestError, match="upstream said no"):
+            await complete(fake_llm)
+
+    @pytest.mark.parametrize(
+        ("provider", "exception", "text"),
+        [
+            (
+                "openai",
+                "ContextWindowExceededError",
+                "This model's maximum context length is 8192 tokens. However, your messages"
+                " resulted in 9000 tokens. Please reduce the length of the messages.",
+            ),
+            (
+                "gemini",
+                "ContextWindowExceededError",
+                "The input token count (9000) exceeds the maximum number of tokens allowed (8192).",
+            ),
+            # LiteLLM recognises Anthropic's wording only on its Anthropic route, not
+            # behind an OpenAI-compatible endpoint: it stays a plain BadRequestError.
+            ("anthropic", "BadRequestError", "prompt is too long: 9000 tokens > 8192 maximum"),
+        ],
+    )
+    async def test_overflow_next_raises_litellms_overflow_error(
+        self, fake_llm: FakeLLMServer, provider: str, exception: str, text: str
+    ) -> None:
+        """The provider's real overflow body maps to LiteLLM's exception, text intact."""
+        fake_llm.overflow_next(1, provider=provider)
+
+        with pytest.raises(litellm.BadRequestError) as caught:
+            await complete(fake_llm)
+
+        assert type(caught.value).__name__ == exception
+        assert text in str(caught.value)
+        assert caught.value.status_code == 400
+
+    async def test_overflow_numbers_are_configurable(self, fake_llm: FakeLLMServer) -> None:
+        """actual/maximum end up in the provider text, and only n calls fail."""
+        fake_llm.overflow_next(2, actual=140_000, maximum=128_000)
+
+        for _ in range(2):
+            with pytest.raises(litellm.ContextWindowExceededError, match="128000 tokens"):
+                await complete(fake_llm)
+        response = await complete(fake_llm)
+
+        assert response.choices[0].message.content
+
+    def test_unknown_provider_is_rejected(self, fake_llm: FakeLLMServer) -> None:
+        """A provider without a known overflow body is a ValueError, not a silent default."""
+        with pytest.raises(ValueError, match="unknown provider"):
+            fake_llm.overflow_next(1, provider="nonesuch")
+
+
+class TestDefaultSummary:
+    """default_summary on plain request bodies, without the server."""
+
+    def test_json_transcript(self) -> None:
+        """A transcript given as a JSON list of messages yields one bullet per message."""
+        messages = [
+            ("user", "Build a parser for the config format. It must handle nested sections."),
+            ("assistant", "I will start with the tokenizer. Tests come first, then the grammar."),
+            ("user", "Good, then add error messages. Each one needs a line and a column."),
+        ]
+        transcript = json.dumps([{"role": r, "content": c} for r, c in messages])
+        body = {"messages": [{"role": "user", "content": transcript}]}
+
+        summary = default_summary(body)
+
+        assert "- user: Build a parser for the config format." in summary
+        assert "- assistant: I will start with the tokenizer." in summary
+        assert "- Continue from: Good, then add error messages." in summary
+        assert "nested sections" not in summary
+
+    def test_long_transcripts_are_capped(self) -> None:
+        """Hundreds of messages still give a summary of about 300 words."""
+        lines = [
+            f"user: message {n} talks about topic {n} in some detail, at length, for a while."
+            for n in range(500)
+        ]
+        body = {"messages": [{"role": "user", "content": "\n".join(lines)}]}
+
+        summary = default_summary(body)
+
+        assert len(summary.split()) <= 330
+        assert "more messages" in summary
+        assert "message 0 talks" in summary
+        assert "message 499 talks" in summary
+
+    def test_text_parts_and_no_role_headers(self) -> None:
+        """Content parts are read; without role headers each paragraph is one entry."""
+        body = {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "First paragraph about goals and limits.\n\n"},
+                        {"type": "image_url", "image_url": {"url": "data:,"}},
+                        {"type": "text", "text": "Second paragraph describing the current state."},
+                    ],
+                }
+            ]
+        }
+
+        summary = default_summary(body)
+
+        assert "- First paragraph about goals and limits." in summary
+        assert "- Continue from: Second paragraph describing the current state." in summary
+
+
+class TestTurnPayload:
+    def test_builds_a_valid_event(self) -> None:
+        """The payload is JSON-ready and validates back into the same TurnEvent."""
+        event_id = uuid.uuid4()
+        payload = turn_payload(
+            "conv-1",
+            3,
+            [{"role": "user", "content": "hi"}],
+            system_prompt="Be brief.",
+            compaction={"mode": "force"},
+            event_id=event_id,
+        )
+
+        assert payload["conversation_id"] == "conv-1"
+        assert payload["turn_seq"] == 3
+        assert payload["model"] == "gpt-4o-mini"
+        assert payload["event_id"] == str(event_id)
+        assert payload["compaction"] == {"mode": "force"}
+        assert payload["messages"][0]["content"] == "hi"
+        assert "usage" not in payload
+        assert TurnEvent.model_validate(payload).model_dump(mode="json", exclude_none=True) == payload
+
+    @pytest.mark.parametrize(
+        ("args", "fields"),
+        [
+            (("conv-1", 0, [{"role": "user", "content": "hi"}]), {}),
+            (("", 1, [{"role": "user", "content": "hi"}]), {}),
+            (("conv-1", 1, [{"role": "tool", "content": "result"}]), {}),
+            (("conv-1", 1, []), {}),
+            (
+                ("conv-1", 1, [{"role": "user", "content": "hi"}]),
+                {"compaction": {"mode": "overflow"}},
+            ),
+        ],
+        ids=[
+            "seq-0",
+            "empty-id",
+            "tool-without-call-id",
+            "empty-turn",
+            "overflow-no-error",
+        ],
+    )
+    def test_rejects_invalid_input(self, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
+        """Anything TurnEvent refuses raises ValidationError instead of a payload."""
+        with pytest.raises(ValidationError):
+            turn_payload(*args, **fields)
+
+    def test_rejects_unknown_field_names(self) -> None:
+        """A misspelt field is an error, not silently dropped (TurnEvent ignores extras)."""
+        with pytest.raises(TypeError, match="system_promt"):
+            turn_payload("conv-1", 1, [{"role": "user", "content": "hi"}], system_promt="Be brief.")

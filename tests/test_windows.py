@@ -1,0 +1,262 @@
+"""Tests for the context-window registry (compaction_worker.windows)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from typing import Any
+
+import pytest
+
+from compaction_worker import windows
+from compaction_worker._litellm import litellm
+from compaction_worker.settings import BudgetSettings
+from compaction_worker.windows import (
+    DEFAULT_FALLBACK_WINDOW,
+    WindowInfo,
+    is_known_model,
+    resolve_window,
+)
+
+LOGGER = "compaction_worker.windows"
+
+
+def unknown_model() -> str:
+    """A model string no registry knows, fresh per call (warnings are once per model)."""
+    return f"acme/unknown-{uuid.uuid4().hex}"
+
+
+def bundled(model: str, field: str) -> Any:
+    return litellm.model_cost[model][field]
+
+
+def litellm_window(model: str) -> int | None:
+    """What LiteLLM's own lookup says, None when it cannot map the name."""
+    try:
+        window: int | None = litellm.get_model_info(model).get("max_input_tokens")
+    except Exception:
+        return None
+    return window
+
+
+class TestRegistry:
+    def test_known_model(self) -> None:
+        """gpt-4o's window and output limit come from LiteLLM's bundled map."""
+        expected = WindowInfo("gpt-4o", 128_000, bundled("gpt-4o", "max_output_tokens"), "registry")
+
+        assert expected == resolve_window("gpt-4o", BudgetSettings())
+
+    @pytest.mark.parametrize(
+        ("model", "window"),
+        [
+            ("openai/gpt-4o", 128_000),
+            ("azure/gpt-4o", 128_000),
+            ("openrouter/openai/gpt-4o", 128_000),
+            ("gpt-4", 8_192),
+            ("anthropic/claude-sonnet-4-20250514", 200_000),
+            ("bedrock/anthropic.claude-3-5-sonnet-20241022-v2:0", 200_000),
+            ("gemini/gemini-2.5-pro", 1_048_576),
+            ("vertex_ai/gemini-2.5-pro", 1_048_576),
+            ("ollama/llama3", 8_192),
+            ("GPT-4o", 128_000),
+        ],
+    )
+    def test_provider_prefixed(self, model: str, window: int) -> None:
+        """Provider and router prefixes resolve to the model's registry window."""
+        info = resolve_window(model, BudgetSettings())
+
+        assert (window, "registry") == (info.window, info.source)
+
+    @pytest.mark.parametrize(
+        ("model", "window"),
+        [
+            # Anthropic's dated 3.x ids survive only as Bedrock / Vertex ids in the map.
+            ("claude-3-5-sonnet-20241022", 200_000),
+            ("claude-3-opus-20240229", 200_000),
+            ("claude-3-5-sonnet-latest", 200_000),
+            # The map only has it as "mistral/mistral-large-latest".
+            ("mistral-large-latest", bundled("mistral/mistral-large-latest", "max_input_tokens")),
+            # OpenAI's own entry has every limit set to None; Azure's does not.
+            ("o1-mini", bundled("azure/o1-mini", "max_input_tokens")),
+        ],
+    )
+    def test_aliases_litellm_misses(self, model: str, window: int) -> None:
+        """Names LiteLLM's own lookup cannot map still resolve through known aliases."""
+        info = resolve_window(model, BudgetSettings())
+
+        assert litellm_window(model) is None
+        assert (window, "registry") == (info.window, info.source)
+
+    def test_output_limit_from_registry(self) -> None:
+        """max_output_tokens is the registry's, not the window."""
+        expected = (8_192, 4_096)
+
+        info = resolve_window("gpt-4", BudgetSettings())
+
+        assert expected == (info.window, info.max_output_tokens)
+
+    @pytest.mark.parametrize("model", ["gpt-4o", "openai/gpt-4o", "claude-3-5-sonnet-20241022"])
+    def test_is_known_model(self, model: str) -> None:
+        """Models the registry maps, directly or by alias, are known."""
+        assert is_known_model(model)
+
+    @pytest.mark.parametrize("model", ["", " ", "/", "nope", "acme/unknown-model", "\x00" * 3])
+    def test_is_not_known_model(self, model: str) -> None:
+        """Anything the registry cannot map is unknown, without raising."""
+        assert not is_known_model(model)
+
+    def test_lookups_are_cached(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A second resolution of the same model does not consult LiteLLM again."""
+        calls: list[str] = []
+        real = litellm.get_model_info
+
+        def counting(model: str, *args: Any, **kwargs: Any) -> Any:
+            calls.append(model)
+            return real(model, *args, **kwargs)
+
+        monkeypatch.setattr(litellm, "get_model_info", counting)
+        windows._registry_cached.cache_clear()
+
+        resolve_window("claude-3-5-sonnet-20241022", BudgetSettings())
+        first = len(calls)
+        resolve_window("claude-3-5-sonnet-20241022", BudgetSettings())
+
+        assert first > 0
+        assert first == len(calls)
+
+    def test_lookups_never_touch_the_network(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Providers LiteLLM would query live (Ollama, Hugging Face) are looked up offline."""
+        connects: list[object] = []
+
+        def record(self: socket.socket, address: object) -> None:
+            connects.append(address)
+            raise OSError("network disabled in this test")
+
+        monkeypatch.setattr(socket.socket, "connect", record)
+        windows._registry_cached.cache_clear()
+        models = [
+            "ollama/llama3",
+            "ollama/llama3.1:8b",
+            "ollama_chat/qwen2",
+            "huggingface/meta-llama/Llama-3-8B",
+            "lemonade/some-model",
+            "hosted_vllm/some-model",
+            "gpt-4o",
+            "gemini/gemini-2.5-pro",
+            "claude-3-5-sonnet-20241022",
+        ]
+
+        expected = ["registry"] + ["fallback"] * 5 + ["registry"] * 3
+
+        sources = [resolve_window(m, BudgetSettings()).source for m in models]
+
+        assert not connects
+        assert expected == sources
+
+
+class TestPriority:
+    def test_override_beats_registry(self) -> None:
+        """A configured override replaces the registry's window but keeps its output limit."""
+        settings = BudgetSettings(window_overrides={"gpt-4o": 50_000})
+        expected = WindowInfo("gpt-4o", 50_000, bundled("gpt-4o", "max_output_tokens"), "override")
+
+        assert expected == resolve_window("gpt-4o", settings)
+
+    def test_override_matches_without_provider_prefix(self) -> None:
+        """An override keyed by the bare name applies to the provider-prefixed model."""
+        settings = BudgetSettings(window_overrides={"gpt-4o": 50_000})
+        expected = WindowInfo("openai/gpt-4o", 50_000, bundled("gpt-4o", "max_output_tokens"), "override")
+
+        assert expected == resolve_window("openai/gpt-4o", settings)
+
+    def test_exact_override_beats_bare_override(self) -> None:
+        """The override for the exact model string wins over the bare name's."""
+        settings = BudgetSettings(window_overrides={"gpt-4o": 50_000, "azure/gpt-4o": 60_000})
+        expected = 60_000
+
+        assert expected == resolve_window("azure/gpt-4o", settings).window
+
+    def test_event_beats_override(self) -> None:
+        """The event's context_window wins over configuration and registry."""
+        settings = BudgetSettings(window_overrides={"gpt-4o": 50_000})
+
+        expected = WindowInfo("gpt-4o", 9_000, bundled("gpt-4o", "max_output_tokens"), "event")
+
+        assert expected == resolve_window("gpt-4o", settings, event_window=9_000)
+
+    def test_event_window_for_unknown_model(self, caplog: pytest.LogCaptureFixture) -> None:
+        """An unknown model with an event window needs no fallback, so nothing is logged."""
+        model = unknown_model()
+
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            info = resolve_window(model, BudgetSettings(fallback_window=None), event_window=4_096)
+
+        assert WindowInfo(model, 4_096, None, "event") == info
+        assert not caplog.records
+
+    def test_override_for_unknown_model(self, caplog: pytest.LogCaptureFixture) -> None:
+        """An override makes an unknown model usable without a fallback warning."""
+        model = unknown_model()
+
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            info = resolve_window(model, BudgetSettings(window_overrides={model: 12_000}))
+
+        assert WindowInfo(model, 12_000, None, "override") == info
+        assert not caplog.records
+
+    @pytest.mark.parametrize("bad", [0, -5])
+    def test_non_positive_windows_are_ignored(self, bad: int) -> None:
+        """A zero or negative window from the event or the overrides is skipped."""
+        settings = BudgetSettings(window_overrides={"gpt-4o": bad})
+        expected = WindowInfo("gpt-4o", 128_000, bundled("gpt-4o", "max_output_tokens"), "registry")
+
+        assert expected == resolve_window("gpt-4o", settings, event_window=bad)
+
+
+class TestFallback:
+    def test_unknown_model_falls_back(self) -> None:
+        """An unknown model gets the configured fallback window and no output limit."""
+        model = unknown_model()
+
+        info = resolve_window(model, BudgetSettings(fallback_window=20_000))
+
+        assert WindowInfo(model, 20_000, None, "fallback") == info
+
+    def test_warning_logged_once_per_model(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Falling back is logged the first time per model, not on every turn."""
+        first, second = unknown_model(), unknown_model()
+
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            for _ in range(3):
+                resolve_window(first, BudgetSettings())
+            resolve_window(second, BudgetSettings())
+
+        expected = [(logging.WARNING, True, False), (logging.WARNING, False, True)]
+        records = [r for r in caplog.records if r.name == LOGGER]
+
+        assert expected == [(r.levelno, first in r.getMessage(), second in r.getMessage()) for r in records]
+
+    @pytest.mark.parametrize(
+        "model",
+        ["", " ", "/", "//", "\x00", "🙂", "openai/", "../../etc/passwd", "a" * 100_000, "x/" * 500],
+    )
+    def test_weird_strings_never_raise(self, model: str) -> None:
+        """Malformed model strings resolve to some positive window instead of raising."""
+        info = resolve_window(model, BudgetSettings())
+
+        assert info.window > 0
+        assert info.source in {"registry", "fallback"}
+
+    def test_unset_fallback_still_resolves(self) -> None:
+        """With fallback_window unset the source still says fallback, so the caller can reject."""
+        model = unknown_model()
+        expected = WindowInfo(model, DEFAULT_FALLBACK_WINDOW, None, "fallback")
+
+        assert expected == resolve_window(model, BudgetSettings(fallback_window=None))
+
+    def test_known_model_without_fallback(self) -> None:
+        """Rejecting unknown models does not affect known ones."""
+        expected = WindowInfo("gpt-4o", 128_000, bundled("gpt-4o", "max_output_tokens"), "registry")
+
+        assert expected == resolve_window("gpt-4o", BudgetSettings(fallback_window=None))
