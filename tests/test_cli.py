@@ -1,0 +1,161 @@
+"""The command line: run on embedded defaults, history, status, compact and schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_sync
+import redis.asyncio
+from aiokafka import AIOKafkaProducer
+from click.testing import CliRunner
+
+from compaction_worker.cli import main
+from compaction_worker.handlers import TurnHandler
+from compaction_worker.jobs import JobQueue
+from compaction_worker.settings import Settings
+from compaction_worker.store import Store
+from compaction_worker.testing import turn_payload
+
+pytestmark = pytest.mark.integration
+
+
+async def _noop_publish(topic: str, payload: bytes, key: bytes | None) -> None:
+    return None
+
+
+@pytest.fixture
+async def conversation(
+    redis_client: redis.asyncio.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """A stored three-turn conversation; the CLI is pointed at its Redis."""
+    monkeypatch.setenv("COMPACTION_REDIS__URL", redis_url)
+    settings = Settings()
+    store = Store(redis_client, settings.redis.key_prefix, None)
+    handler = TurnHandler(settings, store, JobQueue(store, 60), _noop_publish)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+    }
+    turns: list[list[dict[str, Any]]] = [
+        [{"role": "user", "content": "Fix the bug in a.py"}],
+        [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "def f(): return 1"},
+        ],
+        [{"role": "assistant", "content": "Fixed."}],
+    ]
+    for seq, messages in enumerate(turns, start=1):
+        payload = turn_payload("cli-conv", seq, messages, system_prompt="Be careful." if seq == 1 else None)
+        await handler.handle(json.dumps(payload).encode(), b"cli-conv")
+    return "cli-conv"
+
+
+def test_history_for_a_person(conversation: str) -> None:
+    """The effective history prints one line per message, with tool calls spelled out."""
+    result = CliRunner().invoke(main, ["history", conversation])
+    assert result.exit_code == 0, result.output
+    assert "cli-conv: version 0, full, 5 messages" in result.output
+    assert '[assistant] → read_file({"path": "a.py"})' in result.output
+    assert "[tool call_1] def f(): return 1" in result.output
+
+
+def test_history_json_and_full(conversation: str) -> None:
+    """--json gives the provider-ready messages; --full gives the transcript records."""
+    effective = json.loads(CliRunner().invoke(main, ["history", conversation, "--json"]).output)
+    assert [m["role"] for m in effective["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    full = json.loads(CliRunner().invoke(main, ["history", conversation, "--full", "--json"]).output)
+    assert [r["n"] for r in full] == [1, 2, 3, 4]
+
+
+def test_status_and_compact(conversation: str) -> None:
+    """status reports the budget; compact schedules a manual compaction."""
+    status = json.loads(CliRunner().invoke(main, ["status", conversation, "--json"]).output)
+    assert (status["last_seq"], status["messages"], status["pending_compaction"]) == (3, 4, None)
+    assert status["window"] == 128_000
+    assert CliRunner().invoke(main, ["compact", conversation]).exit_code == 0
+    status = json.loads(CliRunner().invoke(main, ["status", conversation, "--json"]).output)
+    assert status["pending_compaction"] == "manual"
+
+
+def test_unknown_conversation_is_a_clear_error(conversation: str) -> None:
+    """Asking for a conversation that does not exist fails with a message, not a traceback."""
+    result = CliRunner().invoke(main, ["history", "nope"])
+    assert result.exit_code == 1
+    assert "no conversation 'nope'" in result.output
+
+
+def test_schemas_check_passes_on_the_committed_files() -> None:
+    """The committed schemas match the models."""
+    result = CliRunner().invoke(main, ["schemas", "--check"])
+    assert result.exit_code == 0, result.output
+
+
+def test_invalid_settings_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong setting stops the CLI with a readable error."""
+    monkeypatch.setenv("COMPACTION_BUDGET__TRIGGER_FRACTION", "1.5")
+    result = CliRunner().invoke(main, ["status", "x"])
+    assert result.exit_code == 1
+    assert "invalid settings" in result.output
+
+
+@pytest.fixture
+def run_process() -> Iterator[subprocess.Popen[str]]:
+    """`compaction-worker run` with nothing configured, as the README gives it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_")}
+    env["COMPACTION_WORKER__SHUTDOWN_GRACE_SECONDS"] = "2"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "compaction_worker.cli", "run"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_run_on_embedded_defaults(run_process: subprocess.Popen[str]) -> None:
+    """`run` starts an embedded broker and Redis, says where, consumes a turn, and stops on SIGTERM."""
+    assert run_process.stdout is not None
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + 30
+    lines = []
+    while len(found) < 2 and time.monotonic() < deadline:
+        line = run_process.stdout.readline()
+        lines.append(line)
+        if m := re.search(r"export (COMPACTION_KAFKA__BOOTSTRAP_SERVERS|COMPACTION_REDIS__URL)=(\S+)", line):
+            found[m.group(1)] = m.group(2)
+    assert len(found) == 2, "".join(lines)
+
+    async def publish() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=found["COMPACTION_KAFKA__BOOTSTRAP_SERVERS"])
+        await producer.start()
+        try:
+            payload = turn_payload("from-cli", 1, [{"role": "user", "content": "hello"}])
+            await producer.send_and_wait("conversation.turn", json.dumps(payload).encode(), key=b"from-cli")
+        finally:
+            await producer.stop()
+
+    asyncio.run(publish())
+    client = redis_sync.Redis.from_url(found["COMPACTION_REDIS__URL"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not client.exists("cw:{from-cli}:transcript"):
+        time.sleep(0.2)
+    assert client.lrange("cw:{from-cli}:transcript", 0, -1), "the turn never reached Redis"
+    run_process.send_signal(signal.SIGTERM)
+    assert run_process.wait(timeout=30) == 0
