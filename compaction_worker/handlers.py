@@ -351,10 +351,11 @@ class Compactor:
         limits = strategies.Limits(
             target=int(target / scale),
             fixed_tokens=meta.fixed_tokens,
+            window=int(budget.window / scale),
             tail_max_messages=self.settings.tail.max_messages,
             tail_max_tokens=int(self.settings.tail.max_fraction * budget.window / scale),
             max_summary_tokens=self.settings.summarizer.max_summary_tokens,
-            chunk_budget=int(target / scale / 2),
+            chunk_budget=int(target / scale * self.settings.pipeline.chunk_budget_fraction),
             force=job.trigger is Trigger.MANUAL,
         )
         compaction_id = uuid.uuid4()
@@ -383,6 +384,7 @@ class Compactor:
                 self.summarizers(meta.model, counter),
                 counter.text,
                 self.settings.budget.message_overhead_tokens,
+                settings=self.settings.pipeline,
                 conversation_id=cid,
                 conversation_model=meta.model,
             )

@@ -116,6 +116,49 @@ class TailSettings(_Section):
     max_fraction: float = Field(default=0.25, gt=0, le=1)
 
 
+class PipelineSettings(_Section):
+    """Which compaction stages run and their knobs; stages run cheapest first."""
+
+    prune: bool = Field(default=True, description="Replace old tool outputs with a placeholder.")
+    prune_protect_tokens: int = Field(
+        default=40_000, ge=0, description="Most recent tool output tokens kept."
+    )
+    prune_protect_fraction: float = Field(
+        default=0.2, ge=0, le=1, description="The same, as a share of the window; the smaller wins."
+    )
+    prune_minimum_savings_tokens: int = Field(default=20_000, ge=0)
+    prune_minimum_savings_fraction: float = Field(
+        default=0.02, ge=0, le=1, description="Of the window; the smaller wins."
+    )
+    protected_tools: list[str] = Field(
+        default_factory=lambda: ["skill"], description="Tool outputs never pruned."
+    )
+    deduplicate: bool = Field(
+        default=True, description="Keep only the latest of repeated reads and identical outputs."
+    )
+    truncate_oversized: bool = Field(default=True, description="Head/tail-truncate single huge messages.")
+    oversized_fraction: float = Field(
+        default=0.25, gt=0, le=1, description="A message above this share of the window is huge."
+    )
+    summarize: bool = Field(default=True, description="Summarize older turns (LLM, then extractive).")
+    summary_share: float = Field(
+        default=0.3, gt=0, lt=1, description="Share of the room under the target for a new summary."
+    )
+    chunk_budget_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="Of the target; above it summaries fold."
+    )
+    artifact_budget_tokens: int = Field(
+        default=400, ge=0, description="Verbatim paths, commands, errors kept per chunk."
+    )
+    summary_placement: Literal["separate", "merge"] = Field(
+        default="separate",
+        description="A user summary plus an assistant acknowledgment, or merged into the first kept user message.",
+    )
+    sliding_window: bool = Field(
+        default=True, description="Last resort: drop the oldest turns, keep the first exchange."
+    )
+
+
 class SummarizerSettings(_Section):
     """The LLM that writes summaries; no model means the deterministic extractive summary."""
 
@@ -160,6 +203,7 @@ class Settings(BaseSettings):
     topics: TopicSettings = Field(default_factory=TopicSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     tail: TailSettings = Field(default_factory=TailSettings)
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -115,11 +115,13 @@ class TokenCounter:
             raw += self._raw(content)
         elif isinstance(content, list | tuple):
             for part in content:
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                kind = kind if isinstance(kind, str) else None  # a list would not hash
                 if isinstance(part, str):
                     raw += self._raw(part)
-                elif isinstance(part, Mapping) and part.get("type") in _IMAGE_TYPES:
+                elif kind in _IMAGE_TYPES:
                     fixed += self.image_tokens
-                elif isinstance(part, Mapping) and part.get("type") in _TEXT_TYPES:
+                elif kind in _TEXT_TYPES:
                     raw += self._raw(_as_text(part.get("text")))
                 else:
                     raw += self._raw(_json(part))

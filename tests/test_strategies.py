@@ -63,6 +63,7 @@ def limits(target: int, **kw: Any) -> Limits:
     defaults: dict[str, Any] = {
         "target": target,
         "fixed_tokens": 0,
+        "window": 10_000,
         "tail_max_messages": 4,
         "tail_max_tokens": 1000,
         "max_summary_tokens": 50,
@@ -187,7 +188,7 @@ class TestCompact:
         assert out.outcome is Outcome.NOOP
         assert out.draft.entries == es
         assert out.error is not None
-        assert "cannot reach the target" in out.error
+        assert "no stage can reach the target" in out.error
 
     async def test_under_target_is_noop_unless_forced(self) -> None:
         """A manual compaction summarizes even below the target (reference 000: /compact)."""

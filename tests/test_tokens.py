@@ -208,6 +208,16 @@ class TestMessage:
 
         assert raw(O200K, dumped) + 4 == GPT4O.message(message)
 
+    @pytest.mark.parametrize(
+        "content",
+        [42, {"unexpected": "shape"}, [{"type": ["not", "a", "string"]}], [None, 3.5], ["bare string"]],
+    )
+    def test_malformed_content_never_raises(self, content: Any) -> None:
+        """Content of an unexpected shape counts as its JSON (or text) instead of raising."""
+        counted = GPT4O.message({"role": "user", "content": content})
+
+        assert counted > DEFAULTS.message_overhead_tokens
+
     def test_tool_calls(self) -> None:
         """A tool call counts its name, arguments and id, plus a few tokens of structure."""
         call = {

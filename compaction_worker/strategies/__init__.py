@@ -1,0 +1,37 @@
+"""The compaction pipeline: plain functions over plain data, cheapest stage first.
+
+Each stage module holds one strategy; :func:`compact` (in ``pipeline``) runs them in cost
+order and stops as soon as the draft is under the target. The only I/O is the injected
+summarizer.
+"""
+
+from compaction_worker.strategies.draft import (
+    CompactionResult,
+    Draft,
+    Limits,
+    StageContext,
+    StageOutcome,
+    StageReport,
+    draft_tokens,
+    message_count,
+    summary_overhead,
+)
+from compaction_worker.strategies.pipeline import compact
+from compaction_worker.strategies.repair import provider_problems
+from compaction_worker.strategies.tail import select_tail, split_points
+
+__all__ = [
+    "CompactionResult",
+    "Draft",
+    "Limits",
+    "StageContext",
+    "StageOutcome",
+    "StageReport",
+    "compact",
+    "draft_tokens",
+    "message_count",
+    "provider_problems",
+    "select_tail",
+    "split_points",
+    "summary_overhead",
+]

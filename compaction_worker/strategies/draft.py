@@ -1,0 +1,114 @@
+"""What every stage shares: the limits, the draft, stage reports and results, and measuring."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from compaction_worker.events import LlmUsage, Outcome
+from compaction_worker.history import (
+    SUMMARY_ACK,
+    EffectiveHistory,
+    Entry,
+    SummaryChunk,
+    render,
+    summary_message_text,
+)
+from compaction_worker.settings import PipelineSettings
+
+CountText = Callable[[str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a compaction must achieve and the bounds it works within (tokens are estimates)."""
+
+    target: int
+    """The effective history, system prompt and tools included, must end at or under this."""
+    fixed_tokens: int
+    """System prompt and tool schemas: repeated on every request, never compacted."""
+    window: int
+    tail_max_messages: int
+    tail_max_tokens: int
+    max_summary_tokens: int
+    chunk_budget: int
+    """When the summary chunks together would exceed this, they fold into one."""
+    force: bool = False
+    """Manual compaction: summarize what lies before the tail even when under the target."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageReport:
+    """What one stage did."""
+
+    stage: str
+    tokens_saved: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A candidate effective history: summary chunks, then entries."""
+
+    chunks: tuple[SummaryChunk, ...]
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """Everything a stage may read besides the draft."""
+
+    limits: Limits
+    settings: PipelineSettings
+    count: CountText
+    overhead: int
+    """Tokens the summary turn costs beyond its chunks (see :func:`summary_overhead`)."""
+
+    def tokens(self, draft: Draft) -> int:
+        """The draft's total, system prompt and tools included, in estimate units."""
+        return self.limits.fixed_tokens + draft_tokens(draft, self.overhead)
+
+    def fits(self, draft: Draft) -> bool:
+        return self.tokens(draft) <= self.limits.target
+
+
+@dataclass(frozen=True, slots=True)
+class StageOutcome:
+    """A pure stage's result: the new draft, and its report when it changed anything."""
+
+    draft: Draft
+    report: StageReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """The outcome of one pipeline run, with everything the completion event reports."""
+
+    outcome: Outcome
+    draft: Draft
+    tokens_before: int
+    tokens_after: int
+    messages_before: int
+    messages_after: int
+    stages: tuple[str, ...] = ()
+    reports: tuple[StageReport, ...] = ()
+    summary_tokens: int = 0
+    summarizer: str | None = None
+    usage: LlmUsage = field(default_factory=LlmUsage)
+    error: str | None = None
+
+
+def summary_overhead(count: CountText, per_message: int) -> int:
+    """Tokens the summary turn costs beyond its chunks: header, intro, acknowledgment."""
+    return count(summary_message_text(())) + count(SUMMARY_ACK) + 2 * per_message
+
+
+def draft_tokens(draft: Draft, overhead: int) -> int:
+    """Estimated tokens of a draft's chunks and entries (without system prompt and tools)."""
+    chunk_tokens = sum(c.tokens for c in draft.chunks)
+    return sum(e.tokens for e in draft.entries) + (chunk_tokens + overhead if draft.chunks else 0)
+
+
+def message_count(history: EffectiveHistory) -> int:
+    """How many messages the history renders to."""
+    return len(render(history))

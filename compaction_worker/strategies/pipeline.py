@@ -1,0 +1,124 @@
+"""The pipeline: cheap stages first, then the summary, then the sliding window; stop when under target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from compaction_worker.events import LlmUsage, Outcome
+from compaction_worker.history import EffectiveHistory
+from compaction_worker.settings import PipelineSettings
+from compaction_worker.strategies.draft import (
+    CompactionResult,
+    CountText,
+    Draft,
+    Limits,
+    StageContext,
+    StageOutcome,
+    StageReport,
+    message_count,
+    summary_overhead,
+)
+from compaction_worker.strategies.summarize import summarize
+from compaction_worker.strategies.truncate import TRUNCATION_MODEL, sliding_window
+from compaction_worker.summarizer import Summarizer
+
+CheapStage = Callable[[Draft, StageContext], StageOutcome]
+"""A stage that needs no LLM: a pure function of the draft and the context."""
+
+
+def cheap_stages(settings: PipelineSettings) -> list[CheapStage]:
+    """The enabled no-LLM stages, cheapest first."""
+    return []
+
+
+async def compact(
+    history: EffectiveHistory,
+    limits: Limits,
+    summarizers: Sequence[Summarizer],
+    count: CountText,
+    per_message_tokens: int,
+    *,
+    settings: PipelineSettings | None = None,
+    conversation_id: str = "",
+    conversation_model: str = "",
+) -> CompactionResult:
+    """Run the pipeline over a history; the result says whether to commit and what."""
+    settings = settings or PipelineSettings()
+    ctx = StageContext(limits, settings, count, summary_overhead(count, per_message_tokens))
+    start = Draft(history.chunks, history.entries)
+    before = ctx.tokens(start)
+    messages_before = message_count(history)
+
+    def result(outcome: Outcome, draft: Draft, **kw: Any) -> CompactionResult:
+        return CompactionResult(
+            outcome=outcome,
+            draft=draft,
+            tokens_before=before,
+            tokens_after=ctx.tokens(draft),
+            messages_before=messages_before,
+            messages_after=message_count(history.with_parts(draft.chunks, draft.entries)),
+            **kw,
+        )
+
+    if before <= limits.target and not limits.force:
+        return result(Outcome.NOOP, start, error="already under the target")
+
+    draft = start
+    reports: list[StageReport] = []
+    for stage in cheap_stages(settings):
+        out = stage(draft, ctx)
+        if out.report is not None:
+            draft = out.draft
+            reports.append(out.report)
+            if ctx.fits(draft) and not limits.force:
+                return result(Outcome.COMPACTED, draft, stages=_names(reports), reports=tuple(reports))
+
+    errors: list[str] = []
+    usage = LlmUsage()
+    if settings.summarize:
+        summary = await summarize(
+            draft, ctx, summarizers, conversation_id=conversation_id, conversation_model=conversation_model
+        )
+        usage = summary.usage
+        errors.extend(summary.errors)
+        if summary.draft is not None and summary.report is not None:
+            if ctx.fits(summary.draft):
+                reports.append(summary.report)
+                return result(
+                    Outcome.COMPACTED,
+                    summary.draft,
+                    stages=(*_names(reports[:-1]), *summary.stages),
+                    reports=tuple(reports),
+                    summary_tokens=summary.summary_tokens,
+                    summarizer=summary.summarizer,
+                    usage=usage,
+                    error="; ".join(errors) or None,
+                )
+            errors.append(f"summary by {summary.summarizer} left the history over the target")
+
+    if reports and ctx.fits(draft):
+        # A manual compaction whose cheap stages did all there was to do.
+        return result(Outcome.COMPACTED, draft, stages=_names(reports), reports=tuple(reports), usage=usage)
+
+    if settings.sliding_window:
+        out = sliding_window(draft, ctx)
+        if out.report is not None and ctx.fits(out.draft):
+            reports.append(out.report)
+            marker = out.draft.chunks[0]
+            return result(
+                Outcome.COMPACTED,
+                out.draft,
+                stages=_names(reports),
+                reports=tuple(reports),
+                summary_tokens=marker.tokens,
+                summarizer=TRUNCATION_MODEL,
+                usage=usage,
+                error="; ".join(errors) or None,
+            )
+    errors.append("no stage can reach the target (system prompt, tools and what must stay are too large)")
+    return result(Outcome.NOOP, start, usage=usage, error="; ".join(errors))
+
+
+def _names(reports: Sequence[StageReport]) -> tuple[str, ...]:
+    return tuple(r.stage for r in reports)
