@@ -382,8 +382,7 @@ class Compactor:
                 snapshot.history,
                 limits,
                 self.summarizers(meta.model, counter),
-                counter.text,
-                self.settings.budget.message_overhead_tokens,
+                counter,
                 settings=self.settings.pipeline,
                 conversation_id=cid,
                 conversation_model=meta.model,
@@ -455,9 +454,7 @@ class Compactor:
         if result.outcome is not Outcome.COMPACTED:
             await self.store.set_meta(cid, noop_tokens=int(meta.total_tokens * meta.calibration) or 1)
             return Outcome.NOOP, meta.version, meta.context_status, result.error
-        overhead = strategies.summary_overhead(
-            counter_for(meta.model, self.settings.budget).text, self.settings.budget.message_overhead_tokens
-        )
+        overhead = strategies.summary_overhead(counter_for(meta.model, self.settings.budget))
         old = strategies.draft_tokens(
             strategies.Draft(snapshot.history.chunks, snapshot.history.entries), overhead
         )

@@ -22,6 +22,19 @@ def count(text: str) -> int:
     return max(1, len(text) // 4)
 
 
+class FakeCounter:
+    """Four characters a token, four tokens a message."""
+
+    def text(self, text: str) -> int:
+        return count(text)
+
+    def message(self, message: dict[str, Any]) -> int:
+        return count(str(message.get("content") or "")) + 4
+
+
+COUNTER = FakeCounter()
+
+
 def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
     out = []
     for i, spec in enumerate(specs, start=start):
@@ -118,7 +131,7 @@ class TestCompact:
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
         history = EffectiveHistory(chunks=(), entries=es)
         fake = FakeSummarizer()
-        out = await compact(history, limits(300), [fake], count, 4)
+        out = await compact(history, limits(300), [fake], COUNTER)
         assert out.outcome is Outcome.COMPACTED
         assert out.tokens_after <= 300 < out.tokens_before
         assert [e.n for e in out.draft.entries] == [9, 10, 11, 12]
@@ -131,7 +144,7 @@ class TestCompact:
         """A later compaction keeps the first chunk and adds one (reference 003: additive)."""
         first = SummaryChunk("x", "old", 1, 4, 1, 4, 5, "t", "m")
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=5)
-        out = await compact(EffectiveHistory((first,), es), limits(200), [FakeSummarizer()], count, 4)
+        out = await compact(EffectiveHistory((first,), es), limits(200), [FakeSummarizer()], COUNTER)
         assert next(c.id for c in out.draft.chunks) == "x"
         assert len(out.draft.chunks) == 2
         assert out.draft.chunks[1].first_n == 5
@@ -141,7 +154,7 @@ class TestCompact:
         old = tuple(SummaryChunk(str(i), "old " * 40, i, i, i, i, 60, "t", "m") for i in range(1, 4))
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=4)
         fake = FakeSummarizer()
-        out = await compact(EffectiveHistory(old, es), limits(260, chunk_budget=100), [fake], count, 4)
+        out = await compact(EffectiveHistory(old, es), limits(260, chunk_budget=100), [fake], COUNTER)
         assert out.outcome is Outcome.COMPACTED
         assert len(out.draft.chunks) == 1
         assert (out.draft.chunks[0].first_n, out.draft.chunks[0].level) == (1, 1)
@@ -154,8 +167,7 @@ class TestCompact:
             EffectiveHistory((), es),
             limits(300),
             [FakeSummarizer(fail=True, name="llm"), FakeSummarizer(name="extractive")],
-            count,
-            4,
+            COUNTER,
         )
         assert out.outcome is Outcome.COMPACTED
         assert out.summarizer == "extractive"
@@ -165,7 +177,7 @@ class TestCompact:
     async def test_truncation_when_every_summarizer_fails(self) -> None:
         """Sliding-window truncation leaves a marker chunk covering what it dropped (reference 004)."""
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
-        out = await compact(EffectiveHistory((), es), limits(300), [FakeSummarizer(fail=True)], count, 4)
+        out = await compact(EffectiveHistory((), es), limits(300), [FakeSummarizer(fail=True)], COUNTER)
         assert out.outcome is Outcome.COMPACTED
         assert out.stages == ("truncate",)
         assert "removed" in out.draft.chunks[0].text
@@ -174,7 +186,7 @@ class TestCompact:
     async def test_degrading_guard_shrinks_the_tail_to_zero(self) -> None:
         """A tail too large for the budget degrades, down to no tail at all (reference 003)."""
         es = entries(("user", 20), ("assistant", 20), ("user", 400))
-        out = await compact(EffectiveHistory((), es), limits(100), [FakeSummarizer()], count, 4)
+        out = await compact(EffectiveHistory((), es), limits(100), [FakeSummarizer()], COUNTER)
         assert out.outcome is Outcome.COMPACTED
         assert out.draft.entries == ()
         assert out.draft.chunks[0].last_n == 3
@@ -183,7 +195,7 @@ class TestCompact:
         """When system prompt and tools alone exceed the target, nothing is committed (invariant 5)."""
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 3])
         out = await compact(
-            EffectiveHistory((), es), limits(100, fixed_tokens=150), [FakeSummarizer()], count, 4
+            EffectiveHistory((), es), limits(100, fixed_tokens=150), [FakeSummarizer()], COUNTER
         )
         assert out.outcome is Outcome.NOOP
         assert out.draft.entries == es
@@ -194,8 +206,8 @@ class TestCompact:
         """A manual compaction summarizes even below the target (reference 000: /compact)."""
         es = entries(*[(r, 10) for r in ["user", "assistant"] * 6])
         history = EffectiveHistory((), es)
-        assert (await compact(history, limits(10_000), [FakeSummarizer()], count, 4)).outcome is Outcome.NOOP
-        forced = await compact(history, limits(10_000, force=True), [FakeSummarizer()], count, 4)
+        assert (await compact(history, limits(10_000), [FakeSummarizer()], COUNTER)).outcome is Outcome.NOOP
+        forced = await compact(history, limits(10_000, force=True), [FakeSummarizer()], COUNTER)
         assert forced.outcome is Outcome.COMPACTED
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from compaction_worker.events import LlmUsage, Outcome
 from compaction_worker.history import (
@@ -17,6 +18,14 @@ from compaction_worker.history import (
 from compaction_worker.settings import PipelineSettings
 
 CountText = Callable[[str], int]
+
+
+class Counter(Protocol):
+    """Counts tokens the way the store counted them at append time (tokens.TokenCounter)."""
+
+    def text(self, text: str) -> int: ...
+
+    def message(self, message: Mapping[str, Any]) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +69,17 @@ class StageContext:
 
     limits: Limits
     settings: PipelineSettings
-    count: CountText
+    counter: Counter
     overhead: int
     """Tokens the summary turn costs beyond its chunks (see :func:`summary_overhead`)."""
+
+    def count(self, text: str) -> int:
+        """Tokens of a text (a summary, a placeholder)."""
+        return self.counter.text(text)
+
+    def count_message(self, message: Mapping[str, Any]) -> int:
+        """Tokens of a whole message, as an entry's ``tokens`` holds them."""
+        return self.counter.message(message)
 
     def tokens(self, draft: Draft) -> int:
         """The draft's total, system prompt and tools included, in estimate units."""
@@ -98,9 +115,11 @@ class CompactionResult:
     error: str | None = None
 
 
-def summary_overhead(count: CountText, per_message: int) -> int:
+def summary_overhead(counter: Counter) -> int:
     """Tokens the summary turn costs beyond its chunks: header, intro, acknowledgment."""
-    return count(summary_message_text(())) + count(SUMMARY_ACK) + 2 * per_message
+    return counter.message({"role": "user", "content": summary_message_text(())}) + counter.message(
+        {"role": "assistant", "content": SUMMARY_ACK}
+    )
 
 
 def draft_tokens(draft: Draft, overhead: int) -> int:

@@ -10,7 +10,7 @@ from compaction_worker.history import EffectiveHistory
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.draft import (
     CompactionResult,
-    CountText,
+    Counter,
     Draft,
     Limits,
     StageContext,
@@ -36,8 +36,7 @@ async def compact(
     history: EffectiveHistory,
     limits: Limits,
     summarizers: Sequence[Summarizer],
-    count: CountText,
-    per_message_tokens: int,
+    counter: Counter,
     *,
     settings: PipelineSettings | None = None,
     conversation_id: str = "",
@@ -45,7 +44,7 @@ async def compact(
 ) -> CompactionResult:
     """Run the pipeline over a history; the result says whether to commit and what."""
     settings = settings or PipelineSettings()
-    ctx = StageContext(limits, settings, count, summary_overhead(count, per_message_tokens))
+    ctx = StageContext(limits, settings, counter, summary_overhead(counter))
     start = Draft(history.chunks, history.entries)
     before = ctx.tokens(start)
     messages_before = message_count(history)
