@@ -77,6 +77,12 @@ class SummaryChunk:
     """0 for a summary of messages; n > 0 for a fold of level n-1 chunks."""
     artifacts: tuple[str, ...] = field(default=())
     """Exact paths, commands, errors, URLs and ids from the span, kept verbatim."""
+    kept: tuple[int, ...] = field(default=())
+    """Ordinals inside ``first_n..last_n`` that are not covered: pinned messages kept as entries."""
+
+    def covers(self, n: int) -> bool:
+        """Whether transcript message ``n`` is represented by this chunk."""
+        return self.first_n <= n <= self.last_n and n not in self.kept
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
@@ -86,6 +92,7 @@ class SummaryChunk:
         data = json.loads(raw)
         data["stages"] = tuple(data.get("stages", ()))
         data["artifacts"] = tuple(data.get("artifacts", ()))
+        data["kept"] = tuple(data.get("kept", ()))
         return cls(**data)
 
     def render_text(self) -> str:

@@ -11,7 +11,7 @@ from compaction_worker.errors import SummarizerError
 from compaction_worker.events import LlmUsage
 from compaction_worker.history import Entry, SummaryChunk, public_message
 from compaction_worker.strategies.draft import CountText, Draft, StageContext, StageReport
-from compaction_worker.strategies.tail import select_tail
+from compaction_worker.strategies.tail import partition
 from compaction_worker.summarizer import Summarizer, SummaryRequest, SummaryResult
 
 MIN_SUMMARY_TOKENS = 32
@@ -69,8 +69,13 @@ def make_chunk(
     stages: Sequence[str],
     count: CountText,
     artifacts: Sequence[str] = (),
+    kept: Sequence[Entry] = (),
 ) -> SummaryChunk:
-    """A summary chunk covering the folded chunks (if any) and then the covered entries."""
+    """A summary chunk covering the folded chunks (if any) and the covered entries.
+
+    ``kept`` are entries inside that span that stay verbatim (pinned); the chunk does not
+    cover them, and neither does it cover what the folded chunks had kept.
+    """
     firsts = [(c.first_n, c.first_seq) for c in folded] + [(e.n, e.seq) for e in covered]
     lasts = [(c.last_n, c.last_seq) for c in folded] + [(e.n, e.seq) for e in covered]
     first_n, first_seq = min(firsts)
@@ -88,6 +93,7 @@ def make_chunk(
         stages=tuple(stages),
         level=(max(c.level for c in folded) + 1) if folded else 0,
         artifacts=tuple(artifacts),
+        kept=tuple(sorted({e.n for e in kept} | {n for c in folded for n in c.kept})),
     )
     return replace(chunk, tokens=count(chunk.render_text()))
 
@@ -111,12 +117,12 @@ async def summarize(
     folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
     kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
     tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
-    split = select_tail(draft.entries, limits.tail_max_messages, tail_budget)
-    head, tail = draft.entries[:split], draft.entries[split:]
+    parts = partition(draft.entries, limits.tail_max_messages, tail_budget)
+    head, pinned, tail = parts.head, parts.pinned, parts.tail
     if not head and not fold:
         return SummaryOutcome(None, errors=("nothing before the verbatim tail to compact",))
 
-    tail_tokens = sum(e.tokens for e in tail)
+    tail_tokens = sum(e.tokens for e in pinned) + sum(e.tokens for e in tail)
     space = room - ctx.overhead - tail_tokens - kept_chunk_tokens
     summary_cap = min(limits.max_summary_tokens, space)
     if summary_cap < MIN_SUMMARY_TOKENS:
@@ -134,9 +140,11 @@ async def summarize(
     summary, errors, usage = await summarize_with_fallback(request, summarizers)
     if summary is None:
         return SummaryOutcome(None, usage=usage, errors=tuple(errors))
-    chunk = make_chunk(summary.text, head, folded, model=summary.model, stages=stages, count=ctx.count)
+    chunk = make_chunk(
+        summary.text, head, folded, model=summary.model, stages=stages, count=ctx.count, kept=pinned
+    )
     return SummaryOutcome(
-        Draft((*kept_chunks, chunk), tuple(tail)),
+        Draft((*kept_chunks, chunk), (*pinned, *tail)),
         StageReport("summarize", replaced - chunk.tokens, summary.model),
         stages=stages,
         summarizer=summary.model,

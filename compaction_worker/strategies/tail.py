@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from compaction_worker.history import Entry
 
@@ -46,3 +47,48 @@ def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) ->
         return min(user_fits)
     other = [i for i in fits if i > 0]
     return min(other) if other else n
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """The entries split three ways: to summarize, kept because pinned, and the verbatim tail."""
+
+    head: tuple[Entry, ...]
+    pinned: tuple[Entry, ...]
+    """Pinned entries from before the tail (with their tool calls/results), in order."""
+    tail: tuple[Entry, ...]
+
+
+def partition(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> Partition:
+    """Choose the tail, then lift pinned messages (and their tool pairs) out of the head."""
+    split = select_tail(entries, max_messages, max_tokens)
+    head, tail = entries[:split], entries[split:]
+    keep = _pinned_units(head)
+    return Partition(
+        head=tuple(e for e in head if e.n not in keep),
+        pinned=tuple(e for e in head if e.n in keep),
+        tail=tuple(tail),
+    )
+
+
+def _pinned_units(entries: Sequence[Entry]) -> set[int]:
+    """Ordinals of pinned entries plus the tool calls and results that belong with them."""
+    by_call: dict[str, list[Entry]] = {}
+    caller: dict[str, Entry] = {}
+    for entry in entries:
+        for call in entry.message.get("tool_calls") or ():
+            caller[str(call.get("id"))] = entry
+        if entry.role == "tool":
+            by_call.setdefault(str(entry.message.get("tool_call_id")), []).append(entry)
+    keep: set[int] = set()
+    for entry in entries:
+        if not entry.pinned:
+            continue
+        unit = [entry]
+        if entry.role == "tool" and (call_entry := caller.get(str(entry.message.get("tool_call_id")))):
+            unit.append(call_entry)
+        for member in list(unit):
+            for call in member.message.get("tool_calls") or ():
+                unit.extend(by_call.get(str(call.get("id")), ()))
+        keep.update(e.n for e in unit)
+    return keep

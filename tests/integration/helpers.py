@@ -98,7 +98,7 @@ def coverage_problems(history: EffectiveHistory, message_count: int) -> list[str
     """Ways the effective history fails to account for every message exactly once (invariant 1)."""
     seen: list[int] = []
     for chunk in history.chunks:
-        seen.extend(range(chunk.first_n, chunk.last_n + 1))
+        seen.extend(n for n in range(chunk.first_n, chunk.last_n + 1) if chunk.covers(n))
     seen.extend(e.n for e in history.entries)
     problems = []
     if sorted(seen) != list(range(1, message_count + 1)):
