@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 __all__ = ["KINDS", "MAX_ITEM_CHARS", "MAX_LINE_CHARS", "extract_artifacts"]
@@ -36,6 +36,9 @@ _ERROR_LINES: Final[tuple[re.Pattern[str], ...]] = tuple(
     for p in (
         # Python and most JVM/JS exceptions: "KeyError: 'x'", "requests.exceptions.HTTPError: 404".
         r"^(?:[A-Za-z_][\w]*\.){0,6}[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::|$)",
+        # Exceptions named otherwise, from an errors module: "psycopg.errors.UndefinedColumn: ...",
+        # "django.core.exceptions.ImproperlyConfigured: ...", "sqlalchemy.exc.NoResultFound: ...".
+        r"^(?:[a-z_][a-z0-9_]*\.){0,5}(?:errors?|exceptions?|exc)\.[A-Z][A-Za-z0-9]+: \S",
         # Compilers, git, CLIs: "error: ...", "fatal: ...", "error[E0382]: ...", "ERROR: ...".
         r"^(?i:error|fatal)(?:\[[\w-]{1,20}\])?:\s",
         r"^(?:FAILED|FAIL|ERROR)\b",
@@ -48,7 +51,11 @@ _ERROR_LINES: Final[tuple[re.Pattern[str], ...]] = tuple(
         r" ?[1-9]\d*\b",
     )
 )
+# One pass over a line instead of one per pattern: most lines are no error at all.
+_ERROR_LINE: Final = re.compile("|".join(f"(?:{p.pattern})" for p in _ERROR_LINES))
 _TRACEBACK: Final = "Traceback (most recent call last)"
+# pytest prints the exception of a failed test behind "E" and spaces: "E       KeyError: 'id'".
+_PYTEST_ERROR: Final = re.compile(r"^E\s+(?=\S)")
 
 # --- words: paths, ids ------------------------------------------------------------------
 
@@ -78,6 +85,10 @@ _OBJECT_WORDS: Final = """
 """
 _OBJECT_NAMES: Final = frozenset(_OBJECT_WORDS.split())
 _BARE_FILENAMES: Final = frozenset({"Dockerfile", "Makefile", "Procfile", "Gemfile", "Jenkinsfile"})
+# Every id has a digit; every path a slash, a backslash, a drive colon or a dot inside a
+# word (an extension), unless it is a bare file name. A line with none of them (most
+# prose) holds no path or id, and its words need not be looked at one by one.
+_MAY_HOLD_WORDS: Final = re.compile(r"[\d/\\:]|\.\w|" + "|".join(sorted(_BARE_FILENAMES)))
 _UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _SHA: Final = re.compile(r"[0-9a-f]{7,40}")
 _TICKET: Final = re.compile(r"[A-Z][A-Z0-9]{1,9}-\d{1,6}")
@@ -92,20 +103,27 @@ Found = tuple[str, str]  # (kind, text)
 
 
 def extract_artifacts(
-    messages: Sequence[Mapping[str, Any]], max_tokens: int, count_tokens: Callable[[str], int]
+    messages: Sequence[Mapping[str, Any]],
+    max_tokens: int,
+    count_tokens: Callable[[str], int],
+    *,
+    exclude: Collection[str] = (),
 ) -> list[str]:
     """The ledger of ``messages``: ``"<kind>: <text>"`` items within ``max_tokens``.
 
     Items are de-duplicated, each keeping the position of its most recent occurrence,
     and listed by kind (``KINDS``), then by that position. When they do not all fit, the
     items kept are chosen by kind priority (``KINDS`` order) and, within a kind, most
-    recent first. The budget holds for the items joined by newlines.
+    recent first. The budget holds for the items joined by newlines. Items in ``exclude``
+    (a ledger kept elsewhere) are left out before choosing, so the budget goes to others.
     """
     if max_tokens <= 0:
         return []
+    skip = frozenset(exclude)
     last_seen: dict[Found, int] = {}
     for position, found in enumerate(_scan(messages)):
-        last_seen[found] = position
+        if not skip or _item(found) not in skip:
+            last_seen[found] = position
     if not last_seen:
         return []
     rank = {kind: i for i, kind in enumerate(KINDS)}
@@ -200,14 +218,22 @@ def _scan_text(text: str) -> Iterator[Found]:
         traceback = traceback and not ends_traceback
         if stripped.startswith("$ ") or (fence in _SHELL_FENCES and fence != "console" and stripped):
             yield from _commands([stripped[2:] if stripped.startswith("$ ") else stripped])
-        elif ends_traceback or any(p.search(stripped) for p in _ERROR_LINES):
+        elif ends_traceback or _ERROR_LINE.search(stripped):
             yield "error", _cap(stripped)
+        elif (pytest := _PYTEST_ERROR.match(stripped)) and _is_exception(message := stripped[pytest.end() :]):
+            yield "error", _cap(message)  # the exception verbatim, without pytest's prefix
         yield from _scan_words(line)
+
+
+def _is_exception(text: str) -> bool:
+    return any(p.search(text) for p in _ERROR_LINES[:2])
 
 
 def _scan_words(line: str) -> Iterator[Found]:
     for url in _URL.finditer(line):
         yield "url", _cap(url.group().rstrip(".,:;!?"))
+    if not _MAY_HOLD_WORDS.search(line):
+        return
     for word in _URL.sub(" ", line).split():
         found = _classify(word.strip(_WORD_EDGES).rstrip(".:"))
         if found is not None:
@@ -217,6 +243,11 @@ def _scan_words(line: str) -> Iterator[Found]:
 def _classify(word: str) -> Found | None:
     if len(word) < 3 or len(word) > MAX_ITEM_CHARS:
         return None
+    # Most words are prose: letters only. Such a word is no id (they all have a digit or a
+    # separator) and a path only as a bare file name; skipping the patterns for them makes
+    # extraction several times faster on long spans.
+    if word.isalpha():
+        return ("path", word) if word in _BARE_FILENAMES else None
     if _is_id(word):
         return "id", word
     if _WINDOWS_PATH.fullmatch(word):

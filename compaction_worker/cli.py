@@ -17,7 +17,7 @@ from compaction_worker.client import Client
 from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.errors import CompactionWorkerError
 from compaction_worker.events import Trigger
-from compaction_worker.history import text_of
+from compaction_worker.history import render, text_of
 from compaction_worker.settings import Settings, load_settings
 from compaction_worker.telemetry import configure_logging
 
@@ -151,7 +151,8 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
                     click.echo(f"  #{r['n']:<4} turn {r['seq']:<4} {_line(r['m'], width)}")
                 return
             snapshot = await client.snapshot(conversation_id)
-            messages = await client.messages(conversation_id)
+            # Rendered from the same snapshot as the chunks, the way Client.messages renders.
+            messages = render(snapshot.history, settings.pipeline.summary_placement)
             if as_json:
                 click.echo(
                     json.dumps(
@@ -235,6 +236,66 @@ def compact(ctx: click.Context, conversation_id: str) -> None:
             jobs = JobQueue(client.store, settings.worker.lock_ttl_seconds * 2)
             await jobs.schedule(conversation_id, Trigger.MANUAL)
             click.echo(f"manual compaction of {conversation_id} scheduled")
+
+    _run_async(go())
+
+
+@main.command()
+@click.argument("conversation_id")
+@click.option(
+    "--version",
+    "version",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The compaction to undo (a version from the compaction log); default: the latest in effect.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_json: bool) -> None:
+    """Undo a compaction: restore the history from before it, from the preserved transcript."""
+    settings = _settings(ctx)
+
+    async def go() -> None:
+        from compaction_worker.handlers import Rewinder
+        from compaction_worker.lock import Locks
+
+        # Kafka too: consumers learn of the new version from compaction.completed.
+        async with Client.connect(settings) as client:
+            if (await client.meta(conversation_id)).last_seq == 0:
+                raise click.ClickException(f"no conversation {conversation_id!r}")
+            producer = client.producer
+            assert producer is not None  # connect() opened one
+
+            async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
+                await producer.send_and_wait(topic, payload, key=key)
+
+            locks = Locks(client.store.redis, settings.worker.lock_ttl_seconds)
+            rewound = await Rewinder(settings, client.store, locks, publish).rewind(conversation_id, version)
+        done = rewound.completed
+        data = {
+            "conversation_id": conversation_id,
+            "rewound_version": rewound.rewound_version,
+            "version": done.version,
+            "context_status": done.context_status.value,
+            "chunks": rewound.chunks,
+            "restored_messages": rewound.restored_messages,
+            "messages_before": done.messages_before,
+            "messages_after": done.messages_after,
+            "tokens_before": done.tokens_before,
+            "tokens_after": done.tokens_after,
+            "over_threshold": rewound.over_threshold,
+            "compaction_id": str(done.compaction_id),
+        }
+        if as_json:
+            click.echo(json.dumps(data, indent=2))
+            return
+        click.echo(
+            f"rewound compaction {rewound.rewound_version} of {conversation_id}: now version {done.version}, "
+            f"{done.context_status.value}, {rewound.chunks} summary chunks, "
+            f"{rewound.restored_messages} messages verbatim, ~{done.tokens_before} -> ~{done.tokens_after} tokens"
+        )
+        if rewound.over_threshold:
+            click.echo("the restored history is over the threshold: the next turn schedules a compaction")
 
     _run_async(go())
 

@@ -89,8 +89,9 @@ class Client:
         return await self.store.snapshot(conversation_id)
 
     async def messages(self, conversation_id: str) -> list[dict[str, Any]]:
-        """The provider-ready messages to send to the model next."""
-        return render((await self.store.snapshot(conversation_id)).history)
+        """The provider-ready messages to send to the model next (with the configured summary placement)."""
+        history = (await self.store.snapshot(conversation_id)).history
+        return render(history, self.settings.pipeline.summary_placement)
 
     async def meta(self, conversation_id: str) -> Meta:
         """The conversation's metadata (last seq, token totals, version)."""

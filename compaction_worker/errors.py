@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # events imports this module; the annotation is all that is needed here
+    from compaction_worker.events import LlmUsage
 
 
 class CompactionWorkerError(Exception):
@@ -44,8 +48,20 @@ class LockNotAcquiredError(CompactionWorkerError):
 
 
 class SummarizerError(CompactionWorkerError):
-    """The summarizer produced nothing usable: a failed call or an invalid summary."""
+    """The summarizer produced nothing usable: a failed call or an invalid summary.
+
+    ``usage`` is what the LLM calls made before giving up cost (None when none were made):
+    failed attempts are paid for too, and the completion event reports them.
+    """
+
+    def __init__(self, message: str, *, usage: LlmUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class StoreUnavailableError(CompactionWorkerError):
     """Redis could not be reached; the caller retries, nothing was half-written."""
+
+
+class RewindError(CompactionWorkerError):
+    """A rewind that cannot be done: nothing to undo, or no such compaction version."""

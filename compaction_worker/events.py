@@ -179,12 +179,13 @@ class TurnEvent(_Event):
 
 
 class Trigger(StrEnum):
-    """Why a compaction ran."""
+    """Why a compaction ran (``rewind``: an operator restored the history from before one)."""
 
     THRESHOLD = "threshold"
     SOFT_THRESHOLD = "soft_threshold"
     MANUAL = "manual"
     REACTIVE = "reactive"
+    REWIND = "rewind"
 
 
 class Outcome(StrEnum):
@@ -229,13 +230,21 @@ class CompactionStarted(_Event):
 
 
 class CompactionCompleted(_Event):
-    """``compaction.completed``: how a compaction ended; de-duplicate by conversation and version."""
+    """``compaction.completed``: how a compaction ended; de-duplicate by conversation and version.
+
+    A rewind (trigger ``rewind``) reports ``compacted`` too: it commits a new version, whose
+    history is the larger one from before the compaction it undoes.
+    """
 
     conversation_id: ConversationId
     compaction_id: uuid.UUID
     trigger: Trigger
     outcome: Outcome
     stages: list[str] = Field(default_factory=list)
+    stage_savings: dict[str, int] = Field(
+        default_factory=dict,
+        description="Tokens each stage saved, by stage name (in the units of tokens_before).",
+    )
     tokens_before: int = Field(ge=0)
     tokens_after: int = Field(ge=0)
     messages_before: int = Field(ge=0)

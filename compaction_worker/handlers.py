@@ -1,7 +1,8 @@
-"""Orchestration: what happens to one turn, and what one compaction run does.
+"""Orchestration: what happens to one turn, what one compaction run does, and a rewind.
 
 The per-turn path (validate, append, check the budget, record a job) never waits on an
-LLM: compactions run later, from the job queue, under the conversation's lock.
+LLM: compactions run later, from the job queue, under the conversation's lock. A rewind
+(an operator's undo of a compaction) takes the same lock and commits through the same fence.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from compaction_worker import strategies
-from compaction_worker.errors import BadEventError, DeadLetterReason, StaleFenceError
+from compaction_worker.errors import BadEventError, DeadLetterReason, LockNotAcquiredError, StaleFenceError
 from compaction_worker.events import (
     CompactionCompleted,
     CompactionMode,
@@ -31,13 +32,22 @@ from compaction_worker.events import (
     Trigger,
     TurnEvent,
 )
+from compaction_worker.extractive import ExtractiveSummarizer
+from compaction_worker.history import Entry, SummaryChunk, render
 from compaction_worker.jobs import Claim, JobQueue
 from compaction_worker.lock import Locks
 from compaction_worker.overflow import detect_overflow
 from compaction_worker.settings import Settings
-from compaction_worker.store import Job, Meta, NewMessage, Snapshot, Store
-from compaction_worker.summarizer import ExtractiveSummarizer, Summarizer, make_summarizer
-from compaction_worker.tokens import Budget, TokenCounter, calibrate, compute_budget, counter_for
+from compaction_worker.store import Job, JobRequest, Meta, NewMessage, Snapshot, Store
+from compaction_worker.summarizer import Summarizer, make_summarizer
+from compaction_worker.tokens import (
+    CALIBRATION_BOUNDS,
+    Budget,
+    TokenCounter,
+    calibrate,
+    compute_budget,
+    counter_for,
+)
 from compaction_worker.windows import WindowInfo, resolve_window
 
 log = logging.getLogger(__name__)
@@ -170,14 +180,12 @@ class TurnHandler:
         if request is not None:
             await self.jobs.mark_due(cid)
             self.on_scheduled(cid)
-            log.info("compaction of %s requested (%s)", cid, request[0].value)
-            return TurnOutcome(TurnStatus.APPENDED, cid, request[0])
+            log.info("compaction of %s requested (%s)", cid, request.trigger.value)
+            return TurnOutcome(TurnStatus.APPENDED, cid, request.trigger)
         scheduled = await self._check_threshold(cid, await self.store.meta(cid))
         return TurnOutcome(TurnStatus.APPENDED, cid, scheduled)
 
-    async def _append(
-        self, event: TurnEvent, meta: Meta, request: tuple[Trigger, str | None] | None
-    ) -> tuple[str, int, int]:
+    async def _append(self, event: TurnEvent, meta: Meta, request: JobRequest | None) -> tuple[str, int, int]:
         settings = self.settings.budget
         counter = counter_for(event.model, settings)
         new = [NewMessage(m.to_dict(), counter.message(m.to_dict())) for m in event.messages]
@@ -202,9 +210,20 @@ class TurnHandler:
             fields["context_window"] = event.context_window
         if event.max_output_tokens is not None:
             fields["max_output_tokens"] = event.max_output_tokens
+        # Our estimate of the prompt of the call this turn reports on (its usage or its error).
+        estimate = meta.total_tokens + _input_part(new, event)
+        calibration = meta.calibration
         if event.usage is not None:
-            estimate = meta.total_tokens + _input_part(new, event)
-            fields["calibration"] = calibrate(meta.calibration, estimate, event.usage.prompt_tokens)
+            calibration = calibrate(calibration, estimate, event.usage.prompt_tokens)
+        if request is not None and request.trigger is Trigger.REACTIVE:
+            # The provider's count of the rejected prompt is a usage report too; the job
+            # keeps the estimate it is paired with, for the compaction to use (_reactive).
+            request = replace(request, estimate=estimate)
+            overflow = detect_overflow(request.error) if request.error else None
+            if overflow is not None and overflow.actual_tokens:
+                calibration = calibrate(calibration, estimate, overflow.actual_tokens)
+        if calibration != meta.calibration:
+            fields["calibration"] = calibration
         return await self.store.append_turn(
             event.conversation_id, event.turn_seq, new, fields, expected_count=meta.msg_count, request=request
         )
@@ -269,11 +288,11 @@ class TurnHandler:
         await self.publish(self.settings.topics.dlq, _dump(record), key)
 
 
-def _request_of(event: TurnEvent) -> tuple[Trigger, str | None] | None:
+def _request_of(event: TurnEvent) -> JobRequest | None:
     if event.compaction is None:
         return None
     trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
-    return trigger, event.compaction.error
+    return JobRequest(trigger, event.compaction.error)
 
 
 def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
@@ -342,22 +361,16 @@ class Compactor:
         meta = snapshot.meta
         counter = counter_for(meta.model, self.settings.budget)
         info, budget = budget_for(meta.model, self.settings, meta.context_window, meta.max_output_tokens)
-        target = budget.target
-        if job.trigger is Trigger.REACTIVE and job.error:
-            overflow = detect_overflow(job.error)
-            target = budget.reactive_target(overflow.max_tokens if overflow else None)
         # Limits are in our estimate's units; calibration converts provider tokens back.
-        scale = meta.calibration or 1.0
-        limits = strategies.Limits(
-            target=int(target / scale),
-            fixed_tokens=meta.fixed_tokens,
-            window=int(budget.window / scale),
-            tail_max_messages=self.settings.tail.max_messages,
-            tail_max_tokens=int(self.settings.tail.max_fraction * budget.window / scale),
-            max_summary_tokens=self.settings.summarizer.max_summary_tokens,
-            chunk_budget=int(target / scale * self.settings.pipeline.chunk_budget_fraction),
-            force=job.trigger is Trigger.MANUAL,
-        )
+        target, scale = budget.target, meta.calibration or 1.0
+        if job.trigger is Trigger.REACTIVE:
+            target, scale = _reactive(job, meta, budget)
+        limits = _limits(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
+        if job.trigger is Trigger.REACTIVE and _estimate(snapshot, counter) <= limits.target:
+            # The provider refused this history, so "already under the target" is our
+            # estimate's mistake (no numbers to calibrate with, or beyond the clamp):
+            # compact anyway, as far as the pipeline goes, instead of a no-op.
+            limits = replace(limits, force=True)
         compaction_id = uuid.uuid4()
         tokens_before = int(meta.total_tokens * scale)
         await self.publish(
@@ -410,6 +423,7 @@ class Compactor:
             trigger=job.trigger,
             outcome=outcome,
             stages=list(result.stages) if result else [],
+            stage_savings=_stage_savings(result, scale) if result and outcome is Outcome.COMPACTED else {},
             tokens_before=tokens_before,
             tokens_after=int(result.tokens_after * scale)
             if result and outcome is Outcome.COMPACTED
@@ -450,10 +464,29 @@ class Compactor:
         lock_token: str,
         job: Job,
     ) -> tuple[Outcome, int, ContextStatus, str | None]:
+        if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
+            return await self._commit(cid, snapshot, result, fence=fence, lock_token=lock_token, job=job)
         meta = snapshot.meta
-        if result.outcome is not Outcome.COMPACTED:
-            await self.store.set_meta(cid, noop_tokens=int(meta.total_tokens * meta.calibration) or 1)
-            return Outcome.NOOP, meta.version, meta.context_status, result.error
+        error = result.error
+        if result.outcome is Outcome.COMPACTED:
+            # A forced run (manual, or reactive under our estimate) can turn a short span
+            # into a summary turn that costs more than the span did: committing that would
+            # grow a history the provider may just have called too long (invariant 5).
+            error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
+        await self.store.set_meta(cid, noop_tokens=int(meta.total_tokens * meta.calibration) or 1)
+        return Outcome.NOOP, meta.version, meta.context_status, error
+
+    async def _commit(
+        self,
+        cid: str,
+        snapshot: Snapshot,
+        result: strategies.CompactionResult,
+        *,
+        fence: int,
+        lock_token: str,
+        job: Job,
+    ) -> tuple[Outcome, int, ContextStatus, str | None]:
+        meta = snapshot.meta
         overhead = strategies.summary_overhead(counter_for(meta.model, self.settings.budget))
         old = strategies.draft_tokens(
             strategies.Draft(snapshot.history.chunks, snapshot.history.entries), overhead
@@ -495,6 +528,171 @@ class Compactor:
         _, budget = budget_for(meta.model, self.settings, meta.context_window, meta.max_output_tokens)
         if int(meta.total_tokens * meta.calibration) >= budget.threshold:
             await self.jobs.schedule(cid, Trigger.THRESHOLD)
+
+
+def _limits(
+    settings: Settings, meta: Meta, budget: Budget, target: int, scale: float, *, force: bool
+) -> strategies.Limits:
+    """The pipeline's limits, in our estimate's units (``scale`` converts provider tokens back)."""
+    return strategies.Limits(
+        target=int(target / scale),
+        fixed_tokens=meta.fixed_tokens,
+        window=int(budget.window / scale),
+        tail_max_messages=settings.tail.max_messages,
+        tail_max_tokens=int(settings.tail.max_fraction * budget.window / scale),
+        max_summary_tokens=settings.summarizer.max_summary_tokens,
+        chunk_budget=int(target / scale * settings.pipeline.chunk_budget_fraction),
+        force=force,
+    )
+
+
+def _reactive(job: Job, meta: Meta, budget: Budget) -> tuple[int, float]:
+    """The target and estimate scale of a reactive compaction.
+
+    The provider's maximum, when its error states one, lowers the target. Its count of the
+    rejected prompt, against our estimate of that same prompt (stored with the job), is
+    the most direct calibration there is: the stored factor moved only part of the way
+    toward it (a moving average, like usage reports), but this compaction uses the whole
+    ratio when it is the larger, so that the compacted history does not overflow again.
+    The ratio is clamped like the factor: far outside those bounds the runtime sent more
+    than the effective history, and shrinking the history by that much would not help.
+    """
+    overflow = detect_overflow(job.error) if job.error else None
+    target = budget.reactive_target(overflow.max_tokens if overflow else None)
+    scale = meta.calibration or 1.0
+    if overflow is not None and overflow.actual_tokens and job.estimate > 0:
+        low, high = CALIBRATION_BOUNDS
+        scale = max(scale, min(high, max(low, overflow.actual_tokens / job.estimate)))
+    return target, scale
+
+
+def _estimate(snapshot: Snapshot, counter: TokenCounter) -> int:
+    """The history's total as the pipeline measures it (estimate units, fixed tokens included)."""
+    history = snapshot.history
+    overhead = strategies.summary_overhead(counter)
+    return snapshot.meta.fixed_tokens + strategies.draft_tokens(
+        strategies.Draft(history.chunks, history.entries), overhead
+    )
+
+
+def _stage_savings(result: strategies.CompactionResult, scale: float) -> dict[str, int]:
+    """Tokens each stage saved, in the event's (calibrated) units."""
+    savings: dict[str, int] = {}
+    for report in result.reports:
+        savings[report.stage] = savings.get(report.stage, 0) + int(report.tokens_saved * scale)
+    return savings
+
+
+@dataclass(frozen=True, slots=True)
+class Rewound:
+    """A committed rewind: the event it published and what it restored."""
+
+    completed: CompactionCompleted
+    rewound_version: int
+    chunks: int
+    """Summary chunks in the restored history (those that existed before the undone compaction)."""
+    restored_messages: int
+    """Transcript messages that are entries again, verbatim."""
+    over_threshold: bool
+    """The restored history is over the threshold: the next turn schedules a compaction."""
+
+
+class Rewinder:
+    """Undoes a committed compaction from the preserved transcript, under the conversation's lock."""
+
+    def __init__(self, settings: Settings, store: Store, locks: Locks, publish: Publisher) -> None:
+        self.settings = settings
+        self.store = store
+        self.locks = locks
+        self.publish = publish
+
+    async def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
+        """Restore the history from before compaction ``version`` (default: the latest in effect).
+
+        The rewind commits a new version and publishes ``compaction.started`` and
+        ``.completed`` (trigger ``rewind``) together once it is committed: it makes no LLM
+        call, so there is nothing to wait for, and consumers that pair the two still can.
+        It does not schedule a compaction: the next turn's budget check decides that.
+        Raises RewindError (nothing to rewind), LockNotAcquiredError (a compaction is
+        running) or StaleFenceError (the lock was lost before the commit).
+        """
+        cid = conversation_id
+        started_at = time.monotonic()
+        async with self.locks.held(cid, self.store.keys(cid)) as lease:
+            if lease is None:
+                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+            meta = await self.store.meta(cid)
+            _, budget = budget_for(meta.model, self.settings, meta.context_window, meta.max_output_tokens)
+            scale = meta.calibration or 1.0
+            counter = counter_for(meta.model, self.settings.budget)
+            overhead = strategies.summary_overhead(counter)
+            limits = _limits(self.settings, meta, budget, budget.target, scale, force=False)
+            ctx = strategies.StageContext(limits, self.settings.pipeline, counter, overhead)
+
+            def repair(chunks: tuple[SummaryChunk, ...], entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
+                # The pipeline's last stage, as on every compaction commit: verbatim messages
+                # next to old chunks may need a synthetic turn to stay valid (invariant 4).
+                return strategies.repair(strategies.Draft(chunks, entries), ctx).draft.entries
+
+            result = await self.store.rewind(
+                cid,
+                fence=lease.fence,
+                lock_token=lease.token,
+                version=version,
+                count=counter.message,
+                overhead=overhead,
+                repair=repair,
+            )
+        before = result.before
+        restored = before.history.with_parts(result.chunks, result.entries)
+        placement = self.settings.pipeline.summary_placement
+        compaction_id = uuid.uuid4()
+        tokens_before = int(before.meta.total_tokens * scale)
+        # The whole total after the rewind, messages appended while it ran included.
+        tokens_after = int((result.history_tokens + before.meta.fixed_tokens) * scale)
+        started = CompactionStarted(
+            conversation_id=cid,
+            compaction_id=compaction_id,
+            trigger=Trigger.REWIND,
+            model=meta.model,
+            tokens_before=tokens_before,
+            window=budget.window,
+            threshold=budget.threshold,
+            target=budget.target,
+            version=before.meta.version,
+        )
+        completed = CompactionCompleted(
+            conversation_id=cid,
+            compaction_id=compaction_id,
+            trigger=Trigger.REWIND,
+            outcome=Outcome.COMPACTED,
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            messages_before=len(render(before.history, placement)),
+            messages_after=len(render(restored, placement)),
+            window=budget.window,
+            target=budget.target,
+            version=result.version,
+            context_status=result.context_status,
+            duration_ms=int((time.monotonic() - started_at) * 1000),
+        )
+        await self.publish(self.settings.topics.started, _dump(started), cid.encode())
+        await self.publish(self.settings.topics.completed, _dump(completed), cid.encode())
+        log.info(
+            "rewound compaction %s of %s: version %s, %s -> %s tokens",
+            result.rewound,
+            cid,
+            result.version,
+            tokens_before,
+            tokens_after,
+        )
+        return Rewound(
+            completed=completed,
+            rewound_version=result.rewound,
+            chunks=len(result.chunks),
+            restored_messages=sum(1 for e in result.entries if not e.synthetic),
+            over_threshold=tokens_after >= budget.threshold,
+        )
 
 
 Handler = Callable[[bytes, bytes | None, int | None, int | None], Awaitable[TurnOutcome]]

@@ -1,9 +1,11 @@
 """The effective history as plain data: summary chunks, then entries; and how it renders.
 
 An *entry* is one transcript message as the model will see it (verbatim, or with a
-non-LLM edit such as a cleared tool output). A *summary chunk* covers a contiguous span
-of transcript messages (by ordinal ``n``) that no longer appear as entries. Rendering
-turns both into provider-ready OpenAI-style messages.
+non-LLM edit such as a cleared tool output), or a *synthetic* message that repair made up
+to keep the history valid for providers (ordinal 0: it stands for no transcript message).
+A *summary chunk* covers a contiguous span of transcript messages (by ordinal ``n``) that
+no longer appear as entries. Rendering turns both into provider-ready OpenAI-style
+messages, with the summary placed as configured.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
+
+SummaryPlacement = Literal["separate", "merge"]
+"""Where the summary goes when rendering: its own user turn plus an acknowledgment, or
+merged into the first kept user message (see :func:`render`)."""
 
 SUMMARY_HEADER = "[Conversation summary]"
 SUMMARY_INTRO = (
@@ -22,6 +28,10 @@ SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and wi
 
 # Fields that are ours, not the provider's; stripped when rendering.
 PRIVATE_FIELDS = ("pinned",)
+
+SYNTHETIC = "synthetic"
+"""The ``edit`` of an entry that repair made up (a placeholder tool call or result, a
+separator turn). It stands for no transcript message, so its ordinal is 0."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +45,8 @@ class Entry:
     message: Mapping[str, Any]
     tokens: int
     edit: str | None = None
-    """A non-LLM edit applied to it (``pruned``, ``deduplicated``, ``truncated``), if any."""
+    """A non-LLM edit applied to it (``pruned``, ``deduplicated``, ``truncated``), if any,
+    or ``synthetic`` for a message repair made up (then ``n`` is 0)."""
 
     @property
     def role(self) -> str:
@@ -44,6 +55,11 @@ class Entry:
     @property
     def pinned(self) -> bool:
         return bool(self.message.get("pinned", False))
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether repair made this message up: it is no transcript message and covers none."""
+        return self.edit == SYNTHETIC or self.n < 1
 
     def to_json(self) -> str:
         return json.dumps(
@@ -81,8 +97,12 @@ class SummaryChunk:
     """Ordinals inside ``first_n..last_n`` that are not covered: pinned messages kept as entries."""
 
     def covers(self, n: int) -> bool:
-        """Whether transcript message ``n`` is represented by this chunk."""
-        return self.first_n <= n <= self.last_n and n not in self.kept
+        """Whether transcript message ``n`` is represented by this chunk.
+
+        Ordinals start at 1; a synthetic entry (ordinal 0) is never covered, even by a
+        chunk whose span a careless caller computed from it.
+        """
+        return n >= 1 and self.first_n <= n <= self.last_n and n not in self.kept
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
@@ -149,13 +169,24 @@ def summary_message_text(chunks: Sequence[SummaryChunk]) -> str:
     return f"{SUMMARY_HEADER}\n{SUMMARY_INTRO}\n\n{body}"
 
 
-def render(history: EffectiveHistory) -> list[dict[str, Any]]:
-    """Provider-ready messages: one system message, the summary turn, then the entries.
+def is_summary_text(text: str) -> bool:
+    """Whether a message text carries summary chunks (it starts with the tag, whatever the placement)."""
+    return text.lstrip().startswith(SUMMARY_HEADER)
+
+
+def render(history: EffectiveHistory, placement: SummaryPlacement = "separate") -> list[dict[str, Any]]:
+    """Provider-ready messages: one system message, the summary, then the entries.
 
     System-role entries are hoisted into the leading system message (a second system
-    message mid-history is rejected by some providers). The summary is a user message,
-    followed by a short assistant acknowledgment unless the next message is already the
-    assistant's, so roles keep alternating.
+    message mid-history is rejected by some providers). The summary never becomes a
+    system message; it is tagged with ``SUMMARY_HEADER`` in either placement:
+
+    - ``separate`` (reference 000): a user message, followed by a short assistant
+      acknowledgment unless the next message is already the assistant's, so roles keep
+      alternating.
+    - ``merge`` (reference 001): when the first kept non-system message is a user message
+      with text, the summary is prepended to that text (string content, or the first text
+      part of list content) and no acknowledgment is needed; otherwise as ``separate``.
     """
     system_texts = [history.system_prompt] if history.system_prompt else []
     body: list[dict[str, Any]] = []
@@ -168,8 +199,29 @@ def render(history: EffectiveHistory) -> list[dict[str, Any]]:
     if system_texts:
         out.append({"role": "system", "content": "\n\n".join(system_texts)})
     if history.chunks:
-        out.append({"role": "user", "content": summary_message_text(history.chunks)})
-        if not body or body[0]["role"] != "assistant":
-            out.append({"role": "assistant", "content": SUMMARY_ACK})
+        summary = summary_message_text(history.chunks)
+        merged = _prepend_text(body[0], summary) if placement == "merge" and body else None
+        if merged is not None:
+            body[0] = merged
+        else:
+            out.append({"role": "user", "content": summary})
+            if not body or body[0]["role"] != "assistant":
+                out.append({"role": "assistant", "content": SUMMARY_ACK})
     out.extend(body)
     return out
+
+
+def _prepend_text(message: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """``message`` with ``text`` before its own, or None unless it is a user message with text."""
+    if message.get("role") != "user":
+        return None
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": f"{text}\n\n{content}" if content else text}
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                own = part.get("text") or ""
+                merged_part = {**part, "text": f"{text}\n\n{own}" if own else text}
+                return {**message, "content": [*content[:i], merged_part, *content[i + 1 :]]}
+    return None

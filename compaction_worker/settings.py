@@ -157,6 +157,20 @@ class PipelineSettings(_Section):
     sliding_window: bool = Field(
         default=True, description="Last resort: drop the oldest turns, keep the first exchange."
     )
+    oversized_keep_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Of the window: what a huge message is cut to (head and tail); at most oversized_fraction.",
+    )
+    max_tool_output_bytes: int | None = Field(
+        default=51_200,
+        ge=1024,
+        description="Tool outputs over this many UTF-8 bytes are cut; None: no limit.",
+    )
+    max_tool_output_lines: int | None = Field(
+        default=2000, ge=10, description="Tool outputs over this many lines are cut; None: no limit."
+    )
 
 
 class SummarizerSettings(_Section):

@@ -3,7 +3,9 @@
 The per-turn path costs O(new messages): an append pushes the new records and bumps the
 running token total; nothing re-reads or re-counts the history. The compaction commit is
 one atomic script that checks the fence and the lock, replaces exactly the entries the
-compaction read, and keeps every entry appended while it ran (invariants 1 and 3).
+compaction read, and keeps every entry appended while it ran (invariants 1 and 3). A
+rewind goes through the same checks: it rebuilds the history from before one compaction
+out of the preserved transcript and that compaction's log record.
 """
 
 from __future__ import annotations
@@ -11,14 +13,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from redis.asyncio import Redis
 
-from compaction_worker.errors import StaleFenceError
+from compaction_worker.errors import RewindError, StaleFenceError
 from compaction_worker.events import ContextStatus, Trigger
 from compaction_worker.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.keys import ConversationKeys, conversation_keys
@@ -35,19 +37,21 @@ local function push(key, items, first, last)
 end
 """
 
-# Sets the job hash unless a request of equal or higher priority is already pending.
+# Sets the job hash unless a request of equal or higher priority is already pending. The
+# error and the estimate are written together, so a job never pairs one request's error
+# with another's estimate.
 _LUA_SET_JOB = """
-local function set_job(key, id, priority, trigger, requested_at, error)
+local function set_job(key, id, priority, trigger, requested_at, error, estimate)
   local current = redis.call('HGET', key, 'priority')
   if current and tonumber(current) >= tonumber(priority) then return 0 end
   redis.call('HSET', key, 'id', id, 'priority', priority, 'trigger', trigger,
-    'requested_at', requested_at, 'error', error)
+    'requested_at', requested_at, 'error', error, 'estimate', estimate)
   return 1
 end
 """
 
-# KEYS: job. ARGV: id, priority, trigger, requested_at, error.
-_SET_JOB = _LUA_SET_JOB + "return set_job(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])"
+# KEYS: job. ARGV: id, priority, trigger, requested_at, error, estimate.
+_SET_JOB = _LUA_SET_JOB + "return set_job(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])"
 
 # KEYS: job. ARGV: id. Deletes the job only if it is the one that ran.
 _FINISH_JOB = """
@@ -92,7 +96,7 @@ local history = redis.call('HINCRBY', meta, 'history_tokens', tonumber(ARGV[4]))
 redis.call('HDEL', KEYS[4], ARGV[1])
 if ARGV[8] ~= '' then
   local job = cjson.decode(ARGV[8])
-  set_job(KEYS[7], job.id, job.priority, job.trigger, job.requested_at, job.error)
+  set_job(KEYS[7], job.id, job.priority, job.trigger, job.requested_at, job.error, job.estimate)
 end
 local ttl = tonumber(ARGV[6])
 if ttl > 0 then
@@ -102,12 +106,13 @@ return {'appended', seq, history}
 """
 )
 
+# The shared head of the commit and rewind scripts: refuse a stale writer, then replace
+# all chunks and the first ``consumed`` entries, keeping the entries appended since the
+# writer's snapshot (``suffix``) after the new ones.
 # KEYS: meta, chunks, entries, compactions, lock, fence
-# ARGV: fence, lock_token, expected_version, consumed, n_chunks, n_entries, token_delta,
+# ARGV: fence, lock_token, expected_version, consumed, n_chunks, n_entries, tokens,
 #       status, record, now, then n_chunks chunks, then n_entries entries
-_COMMIT = (
-    _LUA_PUSH
-    + """
+_LUA_REPLACE = """
 if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'stale_fence'} end
 if redis.call('GET', KEYS[5]) ~= ARGV[2] then return {'lock_lost'} end
 local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -125,12 +130,36 @@ redis.call('DEL', KEYS[2], KEYS[3])
 if nc > 0 then push(KEYS[2], chunks, 1, nc) end
 if ne > 0 then push(KEYS[3], entries, 1, ne) end
 if #suffix > 0 then push(KEYS[3], suffix, 1, #suffix) end
-local history = redis.call('HINCRBY', KEYS[1], 'history_tokens', tonumber(ARGV[7]))
+"""
+
+_LUA_NEW_VERSION = """
 redis.call('HSET', KEYS[1], 'version', version + 1, 'context_status', ARGV[8],
   'updated_at', ARGV[10], 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
 redis.call('RPUSH', KEYS[4], ARGV[9])
 return {'committed', version + 1, history, #suffix}
 """
+
+# ARGV[7] is the change in history tokens: a compaction knows exactly what it replaced.
+_COMMIT = (
+    _LUA_PUSH
+    + _LUA_REPLACE
+    + """
+local history = redis.call('HINCRBY', KEYS[1], 'history_tokens', tonumber(ARGV[7]))
+"""
+    + _LUA_NEW_VERSION
+)
+
+# ARGV[7] is the tokens of the new chunks and entries; the total is recomputed from them
+# and the entries appended meanwhile, so a rewind also repairs any drift in the total.
+_REWIND = (
+    _LUA_PUSH
+    + _LUA_REPLACE
+    + """
+local history = tonumber(ARGV[7])
+for i = 1, #suffix do history = history + tonumber(cjson.decode(suffix[i]).t) end
+redis.call('HSET', KEYS[1], 'history_tokens', history)
+"""
+    + _LUA_NEW_VERSION
 )
 
 
@@ -233,10 +262,29 @@ class Job:
     trigger: Trigger
     requested_at: float
     error: str | None = None
+    estimate: int = 0
+    """Our estimate (uncalibrated) of the prompt a reactive request's error is about; 0 if unknown."""
 
 
-def _job_args(trigger: Trigger, error: str | None) -> list[str]:
-    return [secrets.token_hex(8), str(JOB_PRIORITY[trigger]), trigger.value, repr(time.time()), error or ""]
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A compaction request carried by a turn, recorded by the append script with the turn."""
+
+    trigger: Trigger
+    error: str | None = None
+    estimate: int = 0
+    """See :attr:`Job.estimate`."""
+
+
+def _job_args(request: JobRequest) -> list[str]:
+    return [
+        secrets.token_hex(8),
+        str(JOB_PRIORITY[request.trigger]),
+        request.trigger.value,
+        repr(time.time()),
+        request.error or "",
+        str(request.estimate),
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +317,25 @@ class CommitResult:
     appended_during: int
 
 
+@dataclass(frozen=True, slots=True)
+class RewindResult:
+    """A committed rewind: which compaction it undid, and the history before and after."""
+
+    version: int
+    """The new version (the one before it plus one; versions never go back)."""
+    rewound: int
+    """The version of the compaction whose prior history was restored."""
+    before: Snapshot
+    """The conversation as the rewind read it."""
+    chunks: tuple[SummaryChunk, ...]
+    entries: tuple[Entry, ...]
+    """The restored entries, repaired (without those appended while the rewind ran)."""
+    history_tokens: int
+    """The recomputed total of the history after the rewind, appended entries included."""
+    context_status: ContextStatus
+    appended_during: int
+
+
 JOB_PRIORITY = {
     Trigger.SOFT_THRESHOLD: 0,
     Trigger.THRESHOLD: 1,
@@ -277,13 +344,78 @@ JOB_PRIORITY = {
 }
 
 
-def _job_json(request: tuple[Trigger, str | None] | None) -> str:
+def _job_json(request: JobRequest | None) -> str:
     if request is None:
         return ""
-    job_id, priority, trigger, requested_at, error = _job_args(*request)
+    job_id, priority, trigger, requested_at, error, estimate = _job_args(request)
     return json.dumps(
-        {"id": job_id, "priority": priority, "trigger": trigger, "requested_at": requested_at, "error": error}
+        {
+            "id": job_id,
+            "priority": priority,
+            "trigger": trigger,
+            "requested_at": requested_at,
+            "error": error,
+            "estimate": estimate,
+        }
     )
+
+
+def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapping[str, Any]:
+    """The compaction record a rewind undoes: ``version``'s, or the latest one still in effect.
+
+    Restoring the history from before compaction V also restores which compactions are in
+    effect: those that were just before V. So after "compact v1, compact v2, rewind", the
+    next default rewind undoes v1, like a repeated undo. Raises RewindError when there is
+    nothing to undo, no such version, or the version is itself a rewind.
+    """
+    in_effect: list[Mapping[str, Any]] = []
+    before: dict[int, list[Mapping[str, Any]]] = {}
+    for record in log:
+        if "version" not in record:
+            continue  # not a record this module wrote
+        if record.get("trigger") == Trigger.REWIND.value:
+            in_effect = list(before.get(int(record["rewound_version"]), []))
+        else:
+            before[int(record["version"])] = list(in_effect)
+            in_effect.append(record)
+    if version is None:
+        if not in_effect:
+            raise RewindError("nothing to undo: no committed compaction is in effect")
+        return in_effect[-1]
+    for record in log:
+        if record.get("version") == version:
+            if record.get("trigger") == Trigger.REWIND.value:
+                raise RewindError(
+                    f"version {version} is a rewind, not a compaction; rewind the compaction "
+                    f"it undid (version {record['rewound_version']}) or one before it"
+                )
+            return record
+    versions = ", ".join(
+        str(r["version"]) for r in log if "version" in r and r.get("trigger") != Trigger.REWIND.value
+    )
+    raise RewindError(
+        f"no compaction version {version}" + (f" (compactions: {versions})" if versions else " (none yet)")
+    )
+
+
+def restore_entries(
+    chunks: Sequence[SummaryChunk],
+    records: Sequence[Mapping[str, Any]],
+    count: Callable[[Mapping[str, Any]], int],
+) -> tuple[Entry, ...]:
+    """Every transcript record no chunk covers, as a verbatim entry (any non-LLM edit undone).
+
+    Token counts come from the record, where the append stored the count it used; records
+    written before counts were stored are counted again with ``count``.
+    """
+    entries = []
+    for r in records:
+        n = int(r["n"])
+        if any(c.covers(n) for c in chunks):
+            continue
+        tokens = int(r["t"]) if "t" in r else count(r["m"])
+        entries.append(Entry(n=n, seq=int(r["seq"]), message=r["m"], tokens=tokens))
+    return tuple(entries)
 
 
 def _s(value: bytes | str) -> str:
@@ -303,6 +435,7 @@ class Store:
         self.retention_ms = (retention_seconds or 0) * 1000
         self._append = redis.register_script(_APPEND)
         self._commit = redis.register_script(_COMMIT)
+        self._rewind = redis.register_script(_REWIND)
         self._set_job = redis.register_script(_SET_JOB)
         self._finish_job = redis.register_script(_FINISH_JOB)
 
@@ -325,7 +458,7 @@ class Store:
         meta_fields: Mapping[str, str | int | float],
         *,
         expected_count: int,
-        request: tuple[Trigger, str | None] | None = None,
+        request: JobRequest | None = None,
     ) -> tuple[str, int, int]:
         """Append one turn if it is the next in sequence; returns (status, last_seq, history_tokens).
 
@@ -341,7 +474,8 @@ class Store:
         for i, new in enumerate(messages, start=expected_count + 1):
             records.append(
                 json.dumps(
-                    {"n": i, "seq": turn_seq, "m": new.message, "at": now},
+                    # "t": the count the entry gets, so a rewind restores it exactly.
+                    {"n": i, "seq": turn_seq, "m": new.message, "at": now, "t": new.tokens},
                     separators=(",", ":"),
                     ensure_ascii=False,
                 )
@@ -380,9 +514,12 @@ class Store:
         history = int(result[2]) if len(result) > 2 else 0
         return status, last, history
 
-    async def set_job(self, conversation_id: str, trigger: Trigger, error: str | None = None) -> bool:
+    async def set_job(
+        self, conversation_id: str, trigger: Trigger, error: str | None = None, estimate: int = 0
+    ) -> bool:
         """Record a compaction request; True if it is new or stronger than the pending one."""
-        changed = await self._set_job(keys=[self.keys(conversation_id).job], args=_job_args(trigger, error))
+        args = _job_args(JobRequest(trigger, error, estimate))
+        changed = await self._set_job(keys=[self.keys(conversation_id).job], args=args)
         return bool(changed)
 
     async def job(self, conversation_id: str) -> Job | None:
@@ -397,6 +534,7 @@ class Store:
             trigger=Trigger(data["trigger"]),
             requested_at=float(data.get("requested_at") or 0),
             error=data.get("error") or None,
+            estimate=int(data.get("estimate") or 0),
         )
 
     async def finish_job(self, conversation_id: str, job_id: str) -> bool:
@@ -432,20 +570,13 @@ class Store:
             pipe.lrange(keys.chunks, 0, -1)
             pipe.lrange(keys.entries, 0, -1)
             raw_meta, raw_chunks, raw_entries = await pipe.execute()
-        meta = Meta.from_hash(raw_meta)
-        chunks = tuple(SummaryChunk.from_json(c) for c in raw_chunks)
-        entries = tuple(Entry.from_json(e) for e in raw_entries)
-        history = EffectiveHistory(
-            chunks=chunks,
-            entries=entries,
-            version=meta.version,
-            system_prompt=meta.system_prompt,
-            tools=meta.tools,
-        )
-        return Snapshot(meta=meta, history=history, chunk_tokens=sum(c.tokens for c in chunks))
+        return _snapshot(raw_meta, raw_chunks, raw_entries)
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
-        """Transcript records ``{"n", "seq", "m", "at"}`` in order (list indexes, inclusive)."""
+        """Transcript records ``{"n", "seq", "m", "at", "t"}`` in order (list indexes, inclusive).
+
+        ``t`` (the message's token count) is absent from records appended before it was stored.
+        """
         raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
         return [json.loads(r) for r in raw]
 
@@ -498,6 +629,111 @@ class Store:
             version=int(result[1]), history_tokens=int(result[2]), appended_during=int(result[3])
         )
 
+    async def rewind(
+        self,
+        conversation_id: str,
+        *,
+        fence: int,
+        lock_token: str,
+        version: int | None,
+        count: Callable[[Mapping[str, Any]], int],
+        overhead: int,
+        repair: Callable[[tuple[SummaryChunk, ...], tuple[Entry, ...]], tuple[Entry, ...]] | None = None,
+    ) -> RewindResult:
+        """Restore the effective history from before compaction ``version`` (default: the latest in effect).
+
+        The history becomes that compaction's ``chunks_before`` and, verbatim, every
+        transcript message they do not cover, including messages appended since; it is
+        committed as a new version with a ``rewind`` record in the log. ``count`` counts a
+        transcript message that has no stored count; ``overhead`` is what the summary turn
+        costs beyond its chunks (the same as the compaction that wrote them used);
+        ``repair``, when given, makes the restored entries valid for every provider
+        (verbatim messages next to old chunks can need a synthetic turn between them). Raises
+        RewindError when there is nothing to rewind, and StaleFenceError, writing nothing,
+        when the fence moved, the lock expired or the history changed version meanwhile.
+        """
+        keys = self.keys(conversation_id)
+        # One transaction, so the transcript and the entries agree on what was appended.
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.meta)
+            pipe.lrange(keys.chunks, 0, -1)
+            pipe.lrange(keys.entries, 0, -1)
+            pipe.lrange(keys.transcript, 0, -1)
+            pipe.lrange(keys.compactions, 0, -1)
+            raw_meta, raw_chunks, raw_entries, raw_transcript, raw_log = await pipe.execute()
+        before = _snapshot(raw_meta, raw_chunks, raw_entries)
+        target = rewind_target([json.loads(r) for r in raw_log], version)
+        if "chunks_before" not in target:
+            raise RewindError(
+                f"the log record of version {target['version']} cannot be rewound (no chunks_before)"
+            )
+        chunks = tuple(SummaryChunk.from_json(c) for c in target["chunks_before"])
+        entries = restore_entries(chunks, [json.loads(r) for r in raw_transcript], count)
+        if repair is not None:
+            entries = repair(chunks, entries)
+        restored_tokens = sum(e.tokens for e in entries) + (
+            sum(c.tokens for c in chunks) + overhead if chunks else 0
+        )
+        status = ContextStatus.SUMMARIZED if chunks else ContextStatus.FULL
+        meta = before.meta
+        record = {
+            "version": meta.version + 1,
+            "trigger": Trigger.REWIND.value,
+            "at": time.time(),
+            "rewound_version": int(target["version"]),
+            "stages": [],
+            "tokens_before": meta.total_tokens,
+            "tokens_after": restored_tokens + meta.fixed_tokens,
+            "chunks_before": [c.to_json() for c in before.history.chunks],
+            "covered_through_n": max((c.last_n for c in chunks), default=0),
+        }
+        result = await self._rewind(
+            keys=[keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence],
+            args=[
+                fence,
+                lock_token,
+                meta.version,
+                before.entry_count,
+                len(chunks),
+                len(entries),
+                restored_tokens,
+                status.value,
+                json.dumps(record, separators=(",", ":"), ensure_ascii=False),
+                _now(),
+                *(c.to_json() for c in chunks),
+                *(e.to_json() for e in entries),
+            ],
+        )
+        status_text = _s(result[0])
+        if status_text != "committed":
+            raise StaleFenceError(f"rewind refused for {conversation_id}: {status_text}")
+        return RewindResult(
+            version=int(result[1]),
+            rewound=int(target["version"]),
+            before=before,
+            chunks=chunks,
+            entries=entries,
+            history_tokens=int(result[2]),
+            context_status=status,
+            appended_during=int(result[3]),
+        )
+
     async def delete(self, conversation_id: str) -> int:
         """Remove every key of a conversation (operator command); returns keys removed."""
         return int(await self.redis.delete(*self.keys(conversation_id).all()))
+
+
+def _snapshot(
+    raw_meta: Mapping[bytes | str, bytes | str], raw_chunks: Sequence[bytes], raw_entries: Sequence[bytes]
+) -> Snapshot:
+    meta = Meta.from_hash(raw_meta)
+    chunks = tuple(SummaryChunk.from_json(c) for c in raw_chunks)
+    entries = tuple(Entry.from_json(e) for e in raw_entries)
+    history = EffectiveHistory(
+        chunks=chunks,
+        entries=entries,
+        version=meta.version,
+        system_prompt=meta.system_prompt,
+        tools=meta.tools,
+    )
+    return Snapshot(meta=meta, history=history, chunk_tokens=sum(c.tokens for c in chunks))

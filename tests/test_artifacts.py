@@ -148,6 +148,23 @@ class TestErrors:
         items = ledger("Process finished with exit code 0\nA KeyError is raised when a key is missing.")
         assert not [i for i in items if i.startswith("error:")]
 
+    def test_pytest_failure_lines_keep_the_exception_without_the_prefix(self) -> None:
+        """pytest's "E   <exception>" lines give the exception verbatim; its other E lines do not."""
+        output = "E       KeyError: 'order_id'\nE        +  where 1 = total()\nE       assert 1 == 2"
+        assert ledger(output) == ["error: KeyError: 'order_id'"]
+
+    def test_exceptions_from_an_errors_module(self) -> None:
+        """Exception classes not named *Error count when an errors module qualifies them."""
+        items = ledger(
+            "psycopg.errors.UndefinedColumn: column orders.customer_id does not exist\n"
+            "sqlalchemy.exc.NoResultFound: No row was found when one was required\n"
+            "app.config.Settings: loaded from the environment"
+        )
+        assert items == [
+            "error: psycopg.errors.UndefinedColumn: column orders.customer_id does not exist",
+            "error: sqlalchemy.exc.NoResultFound: No row was found when one was required",
+        ]
+
 
 class TestUrlsAndIds:
     """URLs and identifiers."""
@@ -198,6 +215,16 @@ class TestLedger:
         budget = count("error: error: it broke\ncmd: make new")
         assert len(full) == 5
         assert ledger(*texts, budget=budget) == ["error: error: it broke", "cmd: make new"]
+
+    def test_excluded_items_are_skipped_before_the_budget(self) -> None:
+        """Items kept elsewhere are left out and leave their room to others."""
+        messages = [{"role": "user", "content": "see src/a.py, src/b.py and src/c.py"}]
+        per_item = count("path: src/a.py") + 1
+        assert extract_artifacts(messages, 2 * per_item, count) == ["path: src/b.py", "path: src/c.py"]
+        assert extract_artifacts(messages, 2 * per_item, count, exclude={"path: src/c.py"}) == [
+            "path: src/a.py",
+            "path: src/b.py",
+        ]
 
     def test_zero_budget_and_no_messages(self) -> None:
         """No budget or no messages give an empty ledger."""

@@ -1,4 +1,4 @@
-"""The command line: run on embedded defaults, history, status, compact and schemas."""
+"""The command line: run on embedded defaults, history, status, compact, rewind and schemas."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from typing import Any
 import pytest
 import redis as redis_sync
 import redis.asyncio
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
 from compaction_worker.cli import main
-from compaction_worker.handlers import TurnHandler
+from compaction_worker.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.extractive import ExtractiveSummarizer
+from compaction_worker.handlers import Compactor, TurnHandler
 from compaction_worker.jobs import JobQueue
+from compaction_worker.lock import Locks
 from compaction_worker.settings import Settings
 from compaction_worker.store import Store
 from compaction_worker.testing import turn_payload
@@ -93,6 +96,100 @@ def test_unknown_conversation_is_a_clear_error(conversation: str) -> None:
     result = CliRunner().invoke(main, ["history", "nope"])
     assert result.exit_code == 1
     assert "no conversation 'nope'" in result.output
+
+
+@pytest.fixture
+async def compacted(
+    redis_client: redis.asyncio.Redis,
+    redis_url: str,
+    kafka_bootstrap: str,
+    make_topics: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[str, Settings]:
+    """A twelve-turn conversation with one committed compaction; the CLI is pointed at its Redis and broker."""
+    started, completed = await make_topics("started", "completed")
+    for name, value in {
+        "REDIS__URL": redis_url,
+        "KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "KAFKA__ENABLE_IDEMPOTENCE": "false",
+        "TOPICS__STARTED": started,
+        "TOPICS__COMPLETED": completed,
+    }.items():
+        monkeypatch.setenv(f"COMPACTION_{name}", value)
+    settings = Settings()
+    store = Store(redis_client, settings.redis.key_prefix, None)
+    jobs = JobQueue(store, 60)
+    handler = TurnHandler(settings, store, jobs, _noop_publish)
+    cid = "cli-rewind"
+    for seq in range(1, 13):
+        role = "user" if seq % 2 else "assistant"
+        text = f"{role} turn {seq}: " + " ".join(f"point{seq}-{i}" for i in range(150))
+        await handler.handle(
+            json.dumps(turn_payload(cid, seq, [{"role": role, "content": text}])).encode(), None
+        )
+    await jobs.schedule(cid, Trigger.MANUAL)
+    compactor = Compactor(
+        settings,
+        store,
+        Locks(redis_client, 30),
+        jobs,
+        _noop_publish,
+        summarizers=lambda _m, c: [ExtractiveSummarizer(c.text)],
+    )
+    claim = await jobs.claim(cid)
+    assert claim is not None
+    done = await compactor.run(claim)
+    assert done is not None
+    assert done.outcome is Outcome.COMPACTED, done.error
+    return cid, settings
+
+
+async def _first_record(settings: Settings, topic: str) -> bytes:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=settings.kafka.bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        record = await asyncio.wait_for(consumer.getone(), timeout=30)
+    finally:
+        await consumer.stop()
+    assert isinstance(record.value, bytes)
+    return record.value
+
+
+def test_rewind_undoes_the_latest_compaction(compacted: tuple[str, Settings]) -> None:
+    """`rewind` restores the history from before the compaction and tells consumers the new version."""
+    cid, settings = compacted
+    result = CliRunner().invoke(main, ["rewind", cid])
+    assert result.exit_code == 0, result.output
+    assert f"rewound compaction 1 of {cid}: now version 2, full, 0 summary chunks, 12 messages verbatim" in (
+        result.output
+    )
+    event = CompactionCompleted.model_validate_json(
+        asyncio.run(_first_record(settings, settings.topics.completed))
+    )
+    assert (event.conversation_id, event.trigger, event.version) == (cid, Trigger.REWIND, 2)
+    history = json.loads(CliRunner().invoke(main, ["history", cid, "--json"]).output)
+    assert (history["version"], history["chunks"], len(history["messages"])) == (2, [], 12)
+
+
+def test_rewind_json_and_refusals(compacted: tuple[str, Settings]) -> None:
+    """--json prints the result; nothing left to undo and unknown versions fail with a clear message."""
+    cid, _ = compacted
+    unknown = CliRunner().invoke(main, ["rewind", cid, "--version", "5"])
+    assert unknown.exit_code == 1
+    assert "no compaction version 5 (compactions: 1)" in unknown.output
+    result = CliRunner().invoke(main, ["rewind", cid, "--version", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["rewound_version"], data["version"], data["context_status"]) == (1, 2, "full")
+    assert (data["restored_messages"], data["messages_after"]) == (12, 12)
+    assert data["tokens_after"] > data["tokens_before"]
+    again = CliRunner().invoke(main, ["rewind", cid])
+    assert again.exit_code == 1
+    assert "nothing to undo" in again.output
+    missing = CliRunner().invoke(main, ["rewind", "nope"])
+    assert "no conversation 'nope'" in missing.output
 
 
 def test_schemas_check_passes_on_the_committed_files() -> None:

@@ -1,8 +1,11 @@
-"""The pipeline's pure parts: tail selection, the compaction run, and provider checks."""
+"""The compaction run end to end over small hand-built histories.
+
+Tail selection is tested in ``tests/strategies/test_tail.py``, repair and the provider
+checks in ``tests/strategies/test_repair.py``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from compaction_worker.errors import SummarizerError
@@ -12,8 +15,6 @@ from compaction_worker.strategies import (
     Limits,
     compact,
     provider_problems,
-    select_tail,
-    split_points,
 )
 from compaction_worker.summarizer import SummaryRequest, SummaryResult
 
@@ -84,45 +85,6 @@ def limits(target: int, **kw: Any) -> Limits:
     }
     defaults.update(kw)
     return Limits(**defaults)
-
-
-class TestSplitPoints:
-    def test_never_between_call_and_result(self) -> None:
-        """A tail cannot start while a tool call is unanswered."""
-        es = entries(("user", 1), call("a"), result("a"), ("assistant", 1), ("user", 1))
-        assert split_points(es) == [0, 1, 3, 4]
-
-    def test_parallel_calls_close_after_the_last_result(self) -> None:
-        """Two parallel calls keep the boundary closed until both results are in."""
-        two = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": "a", "type": "function", "function": {"name": "x", "arguments": "{}"}},
-                {"id": "b", "type": "function", "function": {"name": "y", "arguments": "{}"}},
-            ],
-        }
-        es = entries(("user", 1), two, result("a"), result("b"), ("user", 1))
-        assert split_points(es) == [0, 1, 4]
-
-
-class TestSelectTail:
-    def test_bounded_by_message_count_and_snapped_to_user(self) -> None:
-        """The tail holds at most N messages and starts at a user message (reference 000)."""
-        es = entries(*[(r, 10) for r in ["user", "assistant"] * 5])
-        assert select_tail(es, max_messages=5, max_tokens=10_000) == 6
-
-    def test_bounded_by_tokens(self) -> None:
-        """The token bound wins when it is tighter (reference 000: whichever is more restrictive)."""
-        es = entries(("user", 10), ("assistant", 10), ("user", 10), ("assistant", 500))
-        assert select_tail(es, max_messages=6, max_tokens=100) == 4
-
-    def test_single_long_tool_turn_can_still_compact(self) -> None:
-        """With one user message, an assistant boundary is used (better than reference 000)."""
-        es = entries(("user", 10), call("a"), result("a"), call("b"), result("b"), ("assistant", 10))
-        split = select_tail(es, max_messages=3, max_tokens=1000)
-        assert split == 3
-        assert es[split].role == "assistant"
 
 
 class TestCompact:
@@ -209,24 +171,3 @@ class TestCompact:
         assert (await compact(history, limits(10_000), [FakeSummarizer()], COUNTER)).outcome is Outcome.NOOP
         forced = await compact(history, limits(10_000, force=True), [FakeSummarizer()], COUNTER)
         assert forced.outcome is Outcome.COMPACTED
-
-
-class TestProviderProblems:
-    def test_valid_history(self) -> None:
-        """A well-formed history has no problems."""
-        msgs: Sequence[dict[str, Any]] = [
-            {"role": "system", "content": "s"},
-            {"role": "user", "content": "u"},
-            call("a"),
-            result("a"),
-            {"role": "assistant", "content": "x"},
-        ]
-        assert provider_problems(msgs) == []
-
-    def test_orphans_and_roles(self) -> None:
-        """Orphan results, unanswered calls, leading assistants and mid-history systems are reported."""
-        msgs = [{"role": "assistant", "content": "hi"}, result("z"), {"role": "system", "content": "s"}]
-        problems = provider_problems(msgs)
-        assert any("first non-system" in p for p in problems)
-        assert any("without its call" in p for p in problems)
-        assert any("system message after" in p for p in problems)

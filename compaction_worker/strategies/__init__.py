@@ -17,8 +17,8 @@ from compaction_worker.strategies.draft import (
     summary_overhead,
 )
 from compaction_worker.strategies.pipeline import compact
-from compaction_worker.strategies.repair import provider_problems
-from compaction_worker.strategies.tail import select_tail, split_points
+from compaction_worker.strategies.repair import provider_problems, repair
+from compaction_worker.strategies.tail import partition, select_tail, split_points
 
 __all__ = [
     "CompactionResult",
@@ -30,7 +30,9 @@ __all__ = [
     "compact",
     "draft_tokens",
     "message_count",
+    "partition",
     "provider_problems",
+    "repair",
     "select_tail",
     "split_points",
     "summary_overhead",

@@ -12,6 +12,7 @@ from compaction_worker.history import (
     EffectiveHistory,
     Entry,
     SummaryChunk,
+    SummaryPlacement,
     render,
     summary_message_text,
 )
@@ -116,7 +117,11 @@ class CompactionResult:
 
 
 def summary_overhead(counter: Counter) -> int:
-    """Tokens the summary turn costs beyond its chunks: header, intro, acknowledgment."""
+    """Tokens the summary turn costs beyond its chunks: header, intro, acknowledgment.
+
+    That is the ``separate`` placement's cost; ``merge`` saves the acknowledgment and a
+    message's overhead, so this bounds both placements from above.
+    """
     return counter.message({"role": "user", "content": summary_message_text(())}) + counter.message(
         {"role": "assistant", "content": SUMMARY_ACK}
     )
@@ -128,6 +133,6 @@ def draft_tokens(draft: Draft, overhead: int) -> int:
     return sum(e.tokens for e in draft.entries) + (chunk_tokens + overhead if draft.chunks else 0)
 
 
-def message_count(history: EffectiveHistory) -> int:
-    """How many messages the history renders to."""
-    return len(render(history))
+def message_count(history: EffectiveHistory, placement: SummaryPlacement = "separate") -> int:
+    """How many messages the history renders to with the given summary placement."""
+    return len(render(history, placement))

@@ -8,6 +8,7 @@ from typing import Any
 from compaction_worker.events import LlmUsage, Outcome
 from compaction_worker.history import EffectiveHistory
 from compaction_worker.settings import PipelineSettings
+from compaction_worker.strategies.dedup import deduplicate
 from compaction_worker.strategies.draft import (
     CompactionResult,
     Counter,
@@ -19,6 +20,9 @@ from compaction_worker.strategies.draft import (
     message_count,
     summary_overhead,
 )
+from compaction_worker.strategies.oversized import truncate_oversized
+from compaction_worker.strategies.prune import prune_tool_outputs
+from compaction_worker.strategies.repair import repair
 from compaction_worker.strategies.summarize import summarize
 from compaction_worker.strategies.truncate import TRUNCATION_MODEL, sliding_window
 from compaction_worker.summarizer import Summarizer
@@ -29,7 +33,14 @@ CheapStage = Callable[[Draft, StageContext], StageOutcome]
 
 def cheap_stages(settings: PipelineSettings) -> list[CheapStage]:
     """The enabled no-LLM stages, cheapest first."""
-    return []
+    stages: list[CheapStage] = []
+    if settings.prune:
+        stages.append(prune_tool_outputs)
+    if settings.deduplicate:
+        stages.append(deduplicate)
+    if settings.truncate_oversized:
+        stages.append(truncate_oversized)
+    return stages
 
 
 async def compact(
@@ -47,16 +58,27 @@ async def compact(
     ctx = StageContext(limits, settings, counter, summary_overhead(counter))
     start = Draft(history.chunks, history.entries)
     before = ctx.tokens(start)
-    messages_before = message_count(history)
+    placement = settings.summary_placement
+    messages_before = message_count(history, placement)
+
+    def fits(draft: Draft) -> bool:
+        # Judged after repair: the synthetic messages it may add cost tokens too.
+        return ctx.fits(repair(draft, ctx).draft)
 
     def result(outcome: Outcome, draft: Draft, **kw: Any) -> CompactionResult:
+        if outcome is Outcome.COMPACTED:  # repair runs last on every committed draft
+            repaired = repair(draft, ctx)
+            draft = repaired.draft
+            if repaired.report is not None:
+                kw["stages"] = (*kw.get("stages", ()), repaired.report.stage)
+                kw["reports"] = (*kw.get("reports", ()), repaired.report)
         return CompactionResult(
             outcome=outcome,
             draft=draft,
             tokens_before=before,
             tokens_after=ctx.tokens(draft),
             messages_before=messages_before,
-            messages_after=message_count(history.with_parts(draft.chunks, draft.entries)),
+            messages_after=message_count(history.with_parts(draft.chunks, draft.entries), placement),
             **kw,
         )
 
@@ -70,7 +92,7 @@ async def compact(
         if out.report is not None:
             draft = out.draft
             reports.append(out.report)
-            if ctx.fits(draft) and not limits.force:
+            if fits(draft) and not limits.force:
                 return result(Outcome.COMPACTED, draft, stages=_names(reports), reports=tuple(reports))
 
     errors: list[str] = []
@@ -82,7 +104,7 @@ async def compact(
         usage = summary.usage
         errors.extend(summary.errors)
         if summary.draft is not None and summary.report is not None:
-            if ctx.fits(summary.draft):
+            if fits(summary.draft):
                 reports.append(summary.report)
                 return result(
                     Outcome.COMPACTED,
@@ -96,13 +118,13 @@ async def compact(
                 )
             errors.append(f"summary by {summary.summarizer} left the history over the target")
 
-    if reports and ctx.fits(draft):
+    if reports and fits(draft):
         # A manual compaction whose cheap stages did all there was to do.
         return result(Outcome.COMPACTED, draft, stages=_names(reports), reports=tuple(reports), usage=usage)
 
     if settings.sliding_window:
         out = sliding_window(draft, ctx)
-        if out.report is not None and ctx.fits(out.draft):
+        if out.report is not None and fits(out.draft):
             reports.append(out.report)
             marker = out.draft.chunks[0]
             return result(

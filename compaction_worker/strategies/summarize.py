@@ -1,12 +1,21 @@
-"""The summary stage: older turns become an additive chunk; chunks fold when over their budget."""
+"""The summary stage: older turns become an additive chunk; chunks fold when over their budget.
+
+Reference 003: each span is summarized once and its chunk kept (additive); only when the
+chunks together would outgrow their budget are they folded, with the new span, into one
+(recursive). Every chunk carries a verbatim artifact ledger (exact paths, commands,
+errors, URLs and ids of what it covers, see :mod:`compaction_worker.artifacts`), because
+summaries paraphrase what must stay exact; a fold merges the ledgers of what it folds.
+"""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from compaction_worker.artifacts import KINDS, extract_artifacts
 from compaction_worker.errors import SummarizerError
 from compaction_worker.events import LlmUsage
 from compaction_worker.history import Entry, SummaryChunk, public_message
@@ -34,7 +43,10 @@ class SummaryOutcome:
 async def summarize_with_fallback(
     request: SummaryRequest, summarizers: Sequence[Summarizer]
 ) -> tuple[SummaryResult | None, list[str], LlmUsage]:
-    """Try each summarizer in order; returns the first valid result, the errors, and total usage."""
+    """Try each summarizer in order; returns the first valid result, the errors, and total usage.
+
+    The usage includes the calls of summarizers that failed: they were paid for.
+    """
     errors: list[str] = []
     usage = LlmUsage()
     for summarizer in summarizers:
@@ -42,6 +54,8 @@ async def summarize_with_fallback(
             result = await summarizer.summarize(request)
         except SummarizerError as e:
             errors.append(f"{summarizer.name}: {e}")
+            if e.usage is not None:
+                usage = add_usage(usage, e.usage)
             continue
         usage = add_usage(usage, result.usage)
         return result, errors, usage
@@ -60,6 +74,42 @@ def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:
     )
 
 
+def merge_ledgers(ledgers: Sequence[Sequence[str]], budget: int, count: CountText) -> tuple[str, ...]:
+    """One ledger from several, given newest first, within ``budget`` tokens (items joined by newlines).
+
+    Items are de-duplicated (the newest copy counts). When they do not all fit, an item's
+    rank is its kind's place in ``KINDS`` plus its age (0 for the newest ledger): one step
+    older weighs as much as one step down in kind, so a recent command outranks an old
+    error but not a recent one, and old items give way gradually as folds repeat. Within
+    one ledger, later items of a kind are the more recent (see ``extract_artifacts``).
+    The result is listed like a fresh ledger: by kind, oldest first.
+    """
+    if budget <= 0:
+        return ()
+    kind_rank = {kind: i for i, kind in enumerate(KINDS)}
+    found: dict[str, tuple[int, int, int]] = {}  # item -> (kind rank, age, position)
+    for age, ledger in enumerate(ledgers):
+        for position, item in enumerate(ledger):
+            if item not in found:
+                found[item] = (kind_rank.get(item.split(":", 1)[0], len(KINDS)), age, position)
+    ranked = sorted(found, key=lambda it: (found[it][0] + found[it][1], found[it][1], -found[it][2]))
+    chosen: list[str] = []
+    used = 0
+    for item in ranked:
+        cost = count(item) + 1  # +1 for the newline joining it to the next
+        if used + cost <= budget + 1:
+            chosen.append(item)
+            used += cost
+
+    def listed(items: list[str]) -> list[str]:
+        return sorted(items, key=lambda it: (found[it][0], -found[it][1], found[it][2]))
+
+    # Token counts are not exactly additive; the joined text is what must fit.
+    while chosen and count("\n".join(listed(chosen))) > budget:
+        chosen.pop()
+    return tuple(listed(chosen))
+
+
 def make_chunk(
     text: str,
     covered: Sequence[Entry],
@@ -74,7 +124,8 @@ def make_chunk(
     """A summary chunk covering the folded chunks (if any) and the covered entries.
 
     ``kept`` are entries inside that span that stay verbatim (pinned); the chunk does not
-    cover them, and neither does it cover what the folded chunks had kept.
+    cover them, nor what the folded chunks had kept and it does not cover now. Its ``tokens``
+    are those of its rendering: span header, summary and ledger.
     """
     firsts = [(c.first_n, c.first_seq) for c in folded] + [(e.n, e.seq) for e in covered]
     lasts = [(c.last_n, c.last_seq) for c in folded] + [(e.n, e.seq) for e in covered]
@@ -93,9 +144,35 @@ def make_chunk(
         stages=tuple(stages),
         level=(max(c.level for c in folded) + 1) if folded else 0,
         artifacts=tuple(artifacts),
-        kept=tuple(sorted({e.n for e in kept} | {n for c in folded for n in c.kept})),
+        # What a folded chunk kept stays kept, unless it is covered now (no longer pinned).
+        kept=tuple(
+            sorted({e.n for e in kept} | ({n for c in folded for n in c.kept} - {e.n for e in covered}))
+        ),
     )
     return replace(chunk, tokens=count(chunk.render_text()))
+
+
+def span_ledger(
+    head: Sequence[Entry], folded: Sequence[SummaryChunk], budget: int, count: CountText
+) -> tuple[str, ...]:
+    """The ledger of a new chunk: its span's artifacts, merged with the folded chunks' ledgers."""
+    messages = [public_message(e.message) for e in head]
+    if not folded:
+        return tuple(extract_artifacts(messages, budget, count))
+    # All of the span's items compete with the folded ones, not a pre-trimmed few.
+    fresh = extract_artifacts(messages, sys.maxsize, count)
+    return merge_ledgers([fresh, *(c.artifacts for c in reversed(folded))], budget, count)
+
+
+def _frame(
+    head: Sequence[Entry], folded: Sequence[SummaryChunk], ledger: Sequence[str], count: CountText
+) -> tuple[int, int]:
+    """Tokens of the rendered chunk around its summary: the span heading, and the ledger block."""
+    bare = make_chunk("", head, folded, model="", stages=(), count=count)
+    if not ledger:
+        return bare.tokens, 0
+    full = make_chunk("", head, folded, model="", stages=(), count=count, artifacts=ledger)
+    return bare.tokens, full.tokens - bare.tokens
 
 
 async def summarize(
@@ -112,7 +189,10 @@ async def summarize(
     # What the new summary may cost: capped by settings, and by a share of the room so
     # that a small window still keeps a verbatim tail.
     reserve = min(limits.max_summary_tokens, max(0, int(room * ctx.settings.summary_share)))
-    fold = bool(draft.chunks) and sum(c.tokens for c in draft.chunks) + reserve > limits.chunk_budget
+    # The new chunk also carries a ledger, at most about as large as its summary (below).
+    chunk_reserve = reserve + min(ctx.settings.artifact_budget_tokens, reserve)
+    existing = sum(c.tokens for c in draft.chunks)
+    fold = bool(draft.chunks) and existing + chunk_reserve > limits.chunk_budget
     kept_chunks: tuple[SummaryChunk, ...] = () if fold else draft.chunks
     folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
     kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
@@ -124,24 +204,41 @@ async def summarize(
 
     tail_tokens = sum(e.tokens for e in pinned) + sum(e.tokens for e in tail)
     space = room - ctx.overhead - tail_tokens - kept_chunk_tokens
-    summary_cap = min(limits.max_summary_tokens, space)
-    if summary_cap < MIN_SUMMARY_TOKENS:
-        return SummaryOutcome(None, errors=(f"no room for a summary: {space} tokens left under the target",))
     replaced = sum(e.tokens for e in head) + sum(c.tokens for c in folded)
+    # The ledger takes at most half of what is left beyond a minimal summary, both of the
+    # room and of what the chunk replaces: the summary always keeps the larger share.
+    ledger_budget = min(
+        ctx.settings.artifact_budget_tokens, max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
+    )
     stages = ("summarize", "fold") if fold else ("summarize",)
+    ledger = span_ledger(head, folded, ledger_budget, ctx.count)
+    heading, ledger_tokens = _frame(head, folded, ledger, ctx.count)
+    if min(limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
+        return SummaryOutcome(None, errors=(f"no room for a summary: {space} tokens left under the target",))
+    # The chunk is heading, summary and ledger: the summary gets what the other two leave.
+    summary_cap = min(limits.max_summary_tokens, space - ledger_tokens - heading)
     request = SummaryRequest(
         conversation_id=conversation_id,
         messages=[public_message(e.message) for e in head],
         previous_summaries=[c.text for c in folded],
         max_summary_tokens=summary_cap,
-        replaced_tokens=replaced,
+        # The whole chunk must be smaller than what it replaces; 0 would mean "unknown".
+        replaced_tokens=max(1, replaced - ledger_tokens - heading),
         conversation_model=conversation_model,
+        ledger=ledger,
     )
     summary, errors, usage = await summarize_with_fallback(request, summarizers)
     if summary is None:
         return SummaryOutcome(None, usage=usage, errors=tuple(errors))
     chunk = make_chunk(
-        summary.text, head, folded, model=summary.model, stages=stages, count=ctx.count, kept=pinned
+        summary.text,
+        head,
+        folded,
+        model=summary.model,
+        stages=stages,
+        count=ctx.count,
+        artifacts=ledger,
+        kept=pinned,
     )
     return SummaryOutcome(
         Draft((*kept_chunks, chunk), (*pinned, *tail)),

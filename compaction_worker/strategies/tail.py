@@ -1,4 +1,21 @@
-"""Where the verbatim tail starts: bounded, snapped to a clean boundary, never splitting a tool pair."""
+"""Where the verbatim tail starts, and what else stays verbatim: pinned messages.
+
+The tail is bounded by a message count and by tokens, whichever is tighter (reference
+000), snapped to a user-turn boundary, never splitting a tool call from its result; when
+even the shortest clean tail is over budget it degrades, down to nothing (reference 003's
+degrading guard). Pinned messages (reference 003, "Alternative B") are never summarized:
+wherever they are, they stay as entries, with their tool calls and results.
+
+How pinned messages are budgeted: the token bound is a bound on everything that stays
+verbatim, so pinned messages before the tail count against it (the tail shrinks to make
+room for them, and degrades to nothing when they alone fill it). They do not count
+against the message bound, which is about recency: they are kept for what they say, not
+for when they were said. A pinned message inside the tail is simply part of it.
+
+One thing overrides the bounds: when the last assistant message's tool calls are still
+unanswered, the tail starts at it at the latest. Their results come with the runtime's
+next turn; summarized calls would leave those results orphaned.
+"""
 
 from __future__ import annotations
 
@@ -6,47 +23,67 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compaction_worker.history import Entry
+from compaction_worker.strategies.repair import call_ids, open_call_index, tool_pairs
 
 
 def split_points(entries: Sequence[Entry]) -> list[int]:
     """Indexes where a verbatim tail may start without splitting a tool call from its result.
 
-    A user message always starts a clean boundary when every earlier tool call has its
-    result before it; an assistant message does too, under the same condition (this lets a
-    single long tool-calling turn compact, which a user-only rule cannot).
+    A user or assistant message is a clean boundary unless some tool call before it has
+    its result at or after it (an assistant boundary lets a single long tool-calling turn
+    compact, which a user-only rule cannot). A call that is never answered constrains
+    nothing: it cannot be split from a result it does not have, and letting it block
+    every later boundary would keep a malformed conversation from ever compacting.
     """
-    open_calls: set[str] = set()
+    crossing = [0] * (len(entries) + 1)
+    for call, result in tool_pairs(entries):
+        crossing[call + 1] += 1
+        crossing[result + 1] -= 1
     points: list[int] = []
+    depth = 0
     for i, entry in enumerate(entries):
-        role = entry.role
-        if not open_calls and role in ("user", "assistant"):
+        depth += crossing[i]
+        if depth == 0 and entry.role in ("user", "assistant"):
             points.append(i)
-        if role == "assistant":
-            for call in entry.message.get("tool_calls") or ():
-                open_calls.add(str(call.get("id")))
-        elif role == "tool":
-            open_calls.discard(str(entry.message.get("tool_call_id")))
     return points
 
 
 def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> int:
     """The index where the verbatim tail starts: the longest clean tail within both bounds.
 
-    User-message boundaries are preferred; an assistant boundary is used only when no user
-    boundary gives a non-empty head. When even the shortest clean tail is over the bounds,
-    the tail degrades to nothing (reference 003's degrading guard). Returns ``len(entries)``
-    for an empty tail.
+    ``max_tokens`` bounds the tail plus the pinned entries before it (see the module
+    docstring). User-message boundaries are preferred; an assistant boundary is used only
+    when no user boundary leaves something to summarize. When even the shortest clean
+    tail is over the bounds, the tail degrades to nothing (reference 003's degrading
+    guard), except that the last assistant message's open tool calls, and the results
+    already in, always stay: their remaining results arrive with the next turn and would
+    be orphans without them. Returns ``len(entries)`` for an empty tail.
     """
     n = len(entries)
-    suffix_tokens = [0] * (n + 1)
+    keep = pinned_indexes(entries)
+    suffix = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
-        suffix_tokens[i] = suffix_tokens[i + 1] + entries[i].tokens
-    fits = [i for i in split_points(entries) if n - i <= max_messages and suffix_tokens[i] <= max_tokens]
-    user_fits = [i for i in fits if entries[i].role == "user" and i > 0]
-    if user_fits:
-        return min(user_fits)
-    other = [i for i in fits if i > 0]
-    return min(other) if other else n
+        suffix[i] = suffix[i + 1] + entries[i].tokens
+    pinned_before = [0] * (n + 1)
+    summarizable_before = [0] * (n + 1)
+    for i, entry in enumerate(entries):
+        kept = i in keep
+        pinned_before[i + 1] = pinned_before[i] + (entry.tokens if kept else 0)
+        summarizable_before[i + 1] = summarizable_before[i] + (not kept and not entry.synthetic)
+    points = split_points(entries)
+    floor = n
+    if (open_index := open_call_index(entries)) is not None:
+        floor = max((p for p in points if p <= open_index), default=0)
+    fits = [
+        i
+        for i in points
+        if i <= floor
+        and summarizable_before[i] > 0
+        and n - i <= max_messages
+        and suffix[i] + pinned_before[i] <= max_tokens
+    ]
+    users = [i for i in fits if entries[i].role == "user"]
+    return min(users or fits or [floor])
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,41 +91,48 @@ class Partition:
     """The entries split three ways: to summarize, kept because pinned, and the verbatim tail."""
 
     head: tuple[Entry, ...]
+    """What the summary replaces: transcript messages before the tail, not pinned."""
     pinned: tuple[Entry, ...]
     """Pinned entries from before the tail (with their tool calls/results), in order."""
     tail: tuple[Entry, ...]
 
 
 def partition(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> Partition:
-    """Choose the tail, then lift pinned messages (and their tool pairs) out of the head."""
+    """Choose the tail, then lift pinned messages (and their tool pairs) out of the head.
+
+    Synthetic entries (made up by an earlier repair) before the tail are dropped rather
+    than summarized: they stand for no transcript message, and what they paired with is
+    summarized too (or pinned, and then they stay with it).
+    """
     split = select_tail(entries, max_messages, max_tokens)
-    head, tail = entries[:split], entries[split:]
-    keep = _pinned_units(head)
+    keep = pinned_indexes(entries[:split])
+    head = entries[:split]
     return Partition(
-        head=tuple(e for e in head if e.n not in keep),
-        pinned=tuple(e for e in head if e.n in keep),
-        tail=tuple(tail),
+        head=tuple(e for i, e in enumerate(head) if i not in keep and not e.synthetic),
+        pinned=tuple(e for i, e in enumerate(head) if i in keep),
+        tail=tuple(entries[split:]),
     )
 
 
-def _pinned_units(entries: Sequence[Entry]) -> set[int]:
-    """Ordinals of pinned entries plus the tool calls and results that belong with them."""
-    by_call: dict[str, list[Entry]] = {}
-    caller: dict[str, Entry] = {}
-    for entry in entries:
-        for call in entry.message.get("tool_calls") or ():
-            caller[str(call.get("id"))] = entry
-        if entry.role == "tool":
-            by_call.setdefault(str(entry.message.get("tool_call_id")), []).append(entry)
+def pinned_indexes(entries: Sequence[Entry]) -> set[int]:
+    """Indexes of pinned entries plus the tool calls and results that belong with them.
+
+    A pinned tool result brings its call, and so the call's other (parallel) results; a
+    pinned tool-calling message brings its results. Pairs are found by position, so
+    reused call ids and synthetic entries from an earlier repair pair correctly.
+    """
+    results_of: dict[int, list[int]] = {}
+    call_of: dict[int, int] = {}
+    for call, result in tool_pairs(entries):
+        results_of.setdefault(call, []).append(result)
+        call_of[result] = call
     keep: set[int] = set()
-    for entry in entries:
+    for i, entry in enumerate(entries):
         if not entry.pinned:
             continue
-        unit = [entry]
-        if entry.role == "tool" and (call_entry := caller.get(str(entry.message.get("tool_call_id")))):
-            unit.append(call_entry)
-        for member in list(unit):
-            for call in member.message.get("tool_calls") or ():
-                unit.extend(by_call.get(str(call.get("id")), ()))
-        keep.update(e.n for e in unit)
+        caller = call_of.get(i, i)
+        keep.add(i)
+        keep.add(caller)
+        if call_ids(entries[caller].message):
+            keep.update(results_of.get(caller, ()))
     return keep

@@ -99,7 +99,8 @@ def coverage_problems(history: EffectiveHistory, message_count: int) -> list[str
     seen: list[int] = []
     for chunk in history.chunks:
         seen.extend(n for n in range(chunk.first_n, chunk.last_n + 1) if chunk.covers(n))
-    seen.extend(e.n for e in history.entries)
+    # Synthetic entries (made up by repair, ordinal 0) stand for no transcript message.
+    seen.extend(e.n for e in history.entries if not e.synthetic)
     problems = []
     if sorted(seen) != list(range(1, message_count + 1)):
         missing = sorted(set(range(1, message_count + 1)) - set(seen))

@@ -58,7 +58,14 @@ async def test_turns_twice_over_the_real_broker(
             done = completed[cid]
             compacted = [c for c in done if c.outcome is Outcome.COMPACTED]
             assert len(compacted) >= 2, f"{cid}: {[(c.outcome, c.error) for c in done]}"
-            assert all(c.summarizer_model == "openai/fake-summarizer" for c in compacted)
+            # Each compaction summarized through the LLM, or stopped at the cheap stages
+            # (tool-output pruning, de-duplication) because they reached the target alone.
+            cheap = {"prune", "deduplicate", "truncate_oversized"}
+            assert all(
+                c.summarizer_model == "openai/fake-summarizer"
+                or (c.summarizer_model is None and c.stages and set(c.stages) <= cheap)
+                for c in compacted
+            ), [(c.stages, c.summarizer_model) for c in compacted]
             # After each compaction, the effective history was under the target (below the threshold).
             assert all(c.tokens_after <= c.target < c.tokens_before for c in compacted)
             # Started and completed pair up with the same numbers; versions count up by one.

@@ -1,0 +1,223 @@
+"""Oversized single messages are cut to a head and a tail, so that no one message resists compaction.
+
+Reference 000 ("Known limitations": compaction cuts at message boundaries, so one very
+large message, typically a massive tool result, resists eviction) and reference 004
+("Tool Output Limits": 50 KB / 2,000 lines). No LLM call. Rules:
+
+- A message is *huge* when its tokens exceed ``oversized_fraction * window``; its text is
+  cut until the whole message is at most ``oversized_keep_fraction * window`` tokens
+  (capped at the huge threshold).
+- A tool output is also cut when it exceeds ``max_tool_output_bytes`` (UTF-8) or
+  ``max_tool_output_lines``, whatever the window: reference 004 applies those limits to
+  every tool output, and this stage only runs when the history is over its budget.
+- The cut keeps equal halves of head and tail (tool output starts with what was run and
+  ends with the result or the error; a paste starts with what it is), snapped to line
+  breaks near the cut, with a notice between them:
+  ``[... 48,000 characters (1,200 lines) omitted; the full text is preserved in the
+  transcript ...]``.
+
+Which messages:
+
+- Tool outputs: always (both rules), including the newest: a massive result is exactly
+  the message reference 000 says cannot be evicted.
+- User messages: the huge rule, except the latest user message. That is the request the
+  model must answer; cutting it would silently change the question, whereas leaving it
+  whole gives an honest outcome (compaction without it, or a no-op the runtime can
+  surface). Earlier huge pastes have been answered and are cut like any other message.
+- Assistant messages: the huge rule on their text. Tool-call arguments are never cut:
+  they must stay valid JSON for providers that parse them.
+- System messages, pinned messages and summary chunks: never.
+
+List contents: each text part is cut in proportion to its share of the text; image parts
+are kept (a fixed, bounded cost that a text notice cannot stand in for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction_worker.history import Entry
+from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
+from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, TEXT_TYPES, outcome, plural, rewrite
+
+EDIT = "truncated"
+STAGE = "truncate_oversized"
+
+NOTICE_RESERVE_BYTES = 200
+"""Bytes set aside for the notice and its line breaks, so a cut output stays within its limit."""
+MIN_KEEP_BYTES = 256
+"""The least text a cut keeps, even when the message's other parts already use its budget."""
+ATTEMPTS = 3
+"""Re-cuts when the kept text is denser in tokens than the message's average."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What one message must be cut to; None where no limit applies."""
+
+    tokens: int | None
+    bytes: int | None
+    lines: int | None
+
+
+def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
+    """Cut huge messages (and tool outputs over the size limits) to a head and a tail."""
+    settings, window = ctx.settings, ctx.limits.window
+    huge = int(settings.oversized_fraction * window)
+    keep = int(min(settings.oversized_keep_fraction, settings.oversized_fraction) * window)
+    entries = draft.entries
+    last_user = max((i for i, e in enumerate(entries) if e.role == "user"), default=-1)
+    edited: dict[int, Entry] = {}
+    for i, entry in enumerate(entries):
+        if entry.pinned or entry.edit == EDIT or entry.edit in PLACEHOLDER_EDITS:
+            continue
+        if entry.role not in ("user", "assistant", "tool") or i == last_user:
+            continue
+        tool = entry.role == "tool"
+        caps = Caps(
+            tokens=keep if entry.tokens > huge else None,
+            bytes=settings.max_tool_output_bytes if tool else None,
+            lines=settings.max_tool_output_lines if tool else None,
+        )
+        if caps != Caps(None, None, None) and (new := shrink(entry, caps, ctx)) is not None:
+            edited[i] = new
+    return outcome(draft, ctx, edited, STAGE, plural(len(edited), "message"))
+
+
+def shrink(entry: Entry, caps: Caps, ctx: StageContext) -> Entry | None:
+    """The entry with its text cut to the caps, or None when it is within them or cannot shrink."""
+    content = entry.message.get("content")
+    texts = _texts(content)
+    if not texts:
+        return None
+    total_bytes = sum(len(t.encode()) for t in texts)
+    max_bytes = total_bytes if caps.bytes is None else caps.bytes
+    if caps.tokens is not None:
+        # The entry's count already includes the text: count the message without it (cheap)
+        # rather than the text itself (a second pass over what may be megabytes).
+        other = ctx.count_message({**entry.message, "content": _without_text(content)})
+        text_tokens = max(1, entry.tokens - other)
+        # What the text may cost once images, tool calls and overhead are paid for.
+        room = caps.tokens - other
+        max_bytes = min(max_bytes, max(MIN_KEEP_BYTES, total_bytes * room // text_tokens))
+    best: Entry | None = None
+    for _ in range(ATTEMPTS):
+        cut = cut_content(content, max_bytes, caps.lines)
+        if cut is None:
+            break
+        best = rewrite(entry, cut, EDIT, ctx)
+        if caps.tokens is None or best.tokens <= caps.tokens:
+            break
+        max_bytes = max(MIN_KEEP_BYTES, int(max_bytes * caps.tokens / best.tokens * 0.9))
+    return best if best is not None and best.tokens < entry.tokens else None
+
+
+def cut_content(content: object, max_bytes: int, max_lines: int | None) -> str | list[Any] | None:
+    """The content with its text cut to the limits (text parts share them), or None if within."""
+    if isinstance(content, str):
+        return cut_text(content, max_bytes, max_lines)
+    if not isinstance(content, list | tuple):
+        return None
+    texts = _texts(content)
+    total_bytes = max(1, sum(len(t.encode()) for t in texts))
+    total_lines = max(1, sum(t.count("\n") + 1 for t in texts))
+    out: list[Any] = []
+    changed = False
+    for part in content:
+        text = _part_text(part)
+        if text is None:
+            out.append(part)
+            continue
+        share_bytes = max_bytes * len(text.encode()) // total_bytes
+        share_lines = None if max_lines is None else max(3, max_lines * (text.count("\n") + 1) // total_lines)
+        cut = cut_text(text, share_bytes, share_lines)
+        changed |= cut is not None
+        out.append(part if cut is None else {**part, "text": cut})
+    return out if changed else None
+
+
+def cut_text(text: str, max_bytes: int, max_lines: int | None) -> str | None:
+    """Head, notice, tail: at most ``max_bytes`` UTF-8 bytes and ``max_lines`` lines; None if within."""
+    raw = text.encode()
+    over_bytes = len(raw) > max_bytes
+    over_lines = max_lines is not None and text.count("\n") + 1 > max_lines
+    if not over_bytes and not over_lines:
+        return None
+    # Once cutting, both limits hold for the result, notice included: a cut for lines
+    # must not push a text near the byte limit over it, nor a cut for bytes add lines.
+    head_end, tail_start = len(text), 0
+    body = max(0, max_bytes - NOTICE_RESERVE_BYTES)
+    if len(raw) > body:
+        head_bytes = body // 2
+        tail_bytes = body - head_bytes
+        # Decoding a byte prefix/suffix drops a character split by the cut.
+        head_end = len(raw[:head_bytes].decode("utf-8", "ignore"))
+        tail_start = len(text) - len(raw[len(raw) - tail_bytes :].decode("utf-8", "ignore"))
+    if max_lines is not None:
+        head_lines = (max_lines - 1) // 2  # one line for the notice
+        head_end = min(head_end, _end_of_lines(text, head_lines))
+        tail_start = max(tail_start, _start_of_last_lines(text, max_lines - 1 - head_lines))
+    # Whole lines read better than a cut mid-line, when a line break is close to the cut.
+    if 0 < head_end < len(text) and text[head_end] != "\n":
+        nl = text.rfind("\n", 0, head_end)
+        if nl >= head_end // 2:
+            head_end = nl
+    if 0 < tail_start < len(text) and text[tail_start - 1] != "\n":
+        nl = text.find("\n", tail_start)
+        if nl != -1 and nl + 1 - tail_start <= (len(text) - tail_start) // 2:
+            tail_start = nl + 1
+    if head_end >= tail_start:
+        return None
+    middle = text[head_end:tail_start]
+    lines = max(0, middle.count("\n") - 1)
+    what = f"{len(middle):,} characters" + (f" ({plural(lines, 'line')})" if lines else "")
+    notice = f"[... {what} omitted; the full text is preserved in the transcript ...]"
+    return f"{text[:head_end]}\n{notice}\n{text[tail_start:]}"
+
+
+def _end_of_lines(text: str, count: int) -> int:
+    """Where the first ``count`` lines end (before their last line break)."""
+    if count <= 0:
+        return 0
+    pos = -1
+    for _ in range(count):
+        pos = text.find("\n", pos + 1)
+        if pos == -1:
+            return len(text)
+    return pos
+
+
+def _start_of_last_lines(text: str, count: int) -> int:
+    """Where the last ``count`` lines start."""
+    if count <= 0:
+        return len(text)
+    pos = len(text)
+    for _ in range(count):
+        pos = text.rfind("\n", 0, pos)
+        if pos == -1:
+            return 0
+    return pos + 1
+
+
+def _part_text(part: object) -> str | None:
+    if isinstance(part, Mapping) and part.get("type") in TEXT_TYPES and isinstance(part.get("text"), str):
+        return str(part["text"])
+    return None
+
+
+def _without_text(content: object) -> object:
+    if isinstance(content, str):
+        return ""
+    if isinstance(content, list | tuple):
+        return [{**p, "text": ""} if _part_text(p) is not None else p for p in content]
+    return content
+
+
+def _texts(content: object) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, Sequence):
+        return [t for t in map(_part_text, content) if t is not None]
+    return []

@@ -1,0 +1,97 @@
+"""Tool-output pruning: old tool results become a placeholder; the call/result pairing stays.
+
+Reference 002 (microcompact) and reference 004 (stage 1, "Tool Output Pruning"): the
+cheapest stage, no LLM call. Rules:
+
+- Tool results are walked newest first. They are protected while their tokens add up to
+  at most ``min(prune_protect_tokens, prune_protect_fraction * window)``; from the first
+  one that does not fit, every older one is cleared (recency, not size, decides).
+- The results of the agent's current step (the latest assistant message with tool calls,
+  when no user message came after it) are always protected, even over the budget: the
+  model is acting on them now, and clearing them makes an agent re-run the same calls.
+  They still count toward the budget. Reference 002 protects recent turns the same way.
+- Results of ``protected_tools`` (named by the matching call), pinned entries, and
+  results that already hold a placeholder are left alone and do not use the budget.
+- A result is cleared only when the placeholder saves at least 30% of its tokens (see
+  :data:`~compaction_worker.strategies.edits.MIN_ENTRY_SAVING`); short outputs stay.
+- The whole stage applies only when the saving reaches
+  ``min(prune_minimum_savings_tokens, prune_minimum_savings_fraction * window)``:
+  clearing outputs loses information (the originals stay in the transcript, not in the
+  history), which a small saving does not pay for. Otherwise the draft is unchanged.
+
+The cleared content, images included, becomes one string:
+``[Old tool result cleared: read_file, 1,234 tokens; the full output is preserved in the
+transcript]``. Images in an old tool result (screenshots) are part of the stale output and
+cost a fixed amount each, so they go too; the placeholder says how many there were.
+"""
+
+from __future__ import annotations
+
+from compaction_worker.history import Entry
+from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
+from compaction_worker.strategies.edits import (
+    PLACEHOLDER_EDITS,
+    image_count,
+    outcome,
+    plural,
+    rewrite,
+    tool_calls,
+    tool_name,
+    worth_it,
+)
+
+EDIT = "pruned"
+STAGE = "prune"
+
+
+def placeholder(tool: str, entry: Entry) -> str:
+    """What a cleared tool result says instead of its output."""
+    images = image_count(entry.message.get("content"))
+    size = f"{entry.tokens:,} tokens" + (f" and {plural(images, 'image')}" if images else "")
+    return f"[Old tool result cleared: {tool}, {size}; the full output is preserved in the transcript]"
+
+
+def prune_tool_outputs(draft: Draft, ctx: StageContext) -> StageOutcome:
+    """Clear tool results older than the protected recent ones, if that saves enough."""
+    settings, window = ctx.settings, ctx.limits.window
+    protect = min(settings.prune_protect_tokens, int(settings.prune_protect_fraction * window))
+    minimum = min(
+        settings.prune_minimum_savings_tokens, int(settings.prune_minimum_savings_fraction * window)
+    )
+    protected_tools = frozenset(settings.protected_tools)
+    entries = draft.entries
+    calls = tool_calls(entries)
+    current = _current_step(entries)
+
+    edited: dict[int, Entry] = {}
+    used, exhausted = 0, False
+    for i in range(len(entries) - 1, -1, -1):
+        entry = entries[i]
+        if entry.role != "tool" or entry.pinned or entry.edit in PLACEHOLDER_EDITS:
+            continue
+        tool = tool_name(entry, calls)
+        if tool in protected_tools:
+            continue
+        call_id = str(entry.message.get("tool_call_id"))
+        if not exhausted and (call_id in current or used + entry.tokens <= protect):
+            used += entry.tokens
+            continue
+        exhausted = True
+        new = rewrite(entry, placeholder(tool, entry), EDIT, ctx)
+        if worth_it(entry, new):
+            edited[i] = new
+
+    saved = sum(entries[i].tokens - e.tokens for i, e in edited.items())
+    if saved < max(1, minimum):
+        return StageOutcome(draft)
+    return outcome(draft, ctx, edited, STAGE, plural(len(edited), "tool output"))
+
+
+def _current_step(entries: tuple[Entry, ...]) -> frozenset[str]:
+    """Call ids of the latest assistant message with tool calls, unless a user message followed it."""
+    for entry in reversed(entries):
+        if entry.role == "user":
+            return frozenset()
+        if entry.role == "assistant" and entry.message.get("tool_calls"):
+            return frozenset(str(c.get("id")) for c in entry.message["tool_calls"])
+    return frozenset()

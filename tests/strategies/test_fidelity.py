@@ -1,0 +1,64 @@
+"""Artifact fidelity over ten compaction cycles, without an LLM (the issue's definition of done).
+
+The session, the cycles and the measure live in ``benchmarks/fidelity.py``, which prints
+the same table; run with ``-s`` to see it here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _benchmark() -> ModuleType:
+    """benchmarks/fidelity.py, loaded from its path: benchmarks/ is a directory of scripts."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
+    spec = importlib.util.spec_from_file_location("fidelity_benchmark", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
+
+
+fidelity = _benchmark()
+
+
+@pytest.mark.slow
+async def test_additive_summaries_with_ledgers_keep_planted_artifacts() -> None:
+    """Reference 003 and the issue: additive chunks with ledgers keep >= 95% verbatim after 10 cycles.
+
+    Every cycle must really summarize (one new chunk per cycle for the additive run, a
+    fold every cycle after the first for the recursive one); the recursive-only run is
+    printed beside it and must do worse (reference 003's PoC: recursive summaries dilute
+    early context).
+    """
+    additive, recursive = await fidelity.additive_and_recursive(cycles=10)
+    print()
+    print(fidelity.format_runs([additive, recursive]))
+    for cycle in additive.cycles:
+        assert cycle.stages == ("summarize",)
+        assert cycle.chunks == cycle.cycle
+        assert cycle.tokens_after < cycle.tokens_before
+    for cycle in recursive.cycles[1:]:
+        assert cycle.stages == ("summarize", "fold")
+        assert cycle.chunks == 1
+    assert additive.cycles[-1].planted >= 500
+    assert additive.final >= 0.95
+    assert recursive.final < additive.final
+
+
+async def test_the_measure_sees_losses() -> None:
+    """A summary that keeps nothing verbatim and no ledger loses most artifacts: the check can fail."""
+    no_ledger = fidelity.SUMMARY_ONLY.model_copy(update={"artifact_budget_tokens": 0})
+    run = await fidelity.run_fidelity(
+        "nothing kept", cycles=2, pipeline=no_ledger, summarizer=fidelity.ParaphrasingSummarizer()
+    )
+    last = run.cycles[-1]
+    assert run.final < 0.5
+    assert set(last.missing) == {"path", "cmd", "error", "id", "url"}

@@ -1,0 +1,261 @@
+"""Properties of the whole pipeline over generated conversations (DESIGN invariants 1, 4, 5, 6).
+
+Every run draws a valid conversation (``conversations.py``: all roles, parallel tool calls,
+images, tiny to huge tool outputs, earlier summary chunks, pinned messages, an open call at
+the end, optionally reused call ids), limits with a target anywhere from far below to
+above its size, a summary placement, and a summarizer that succeeds, fails (forcing the
+sliding window), or fails and hands over to the extractive one; then checks what
+``compact()`` returned. About 4,700 runs in all, in under a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compaction_worker.errors import SummarizerError
+from compaction_worker.events import LlmUsage, Outcome
+from compaction_worker.extractive import ExtractiveSummarizer
+from compaction_worker.history import EffectiveHistory, SummaryPlacement, render
+from compaction_worker.settings import BudgetSettings, PipelineSettings
+from compaction_worker.strategies import CompactionResult, Limits, compact, provider_problems
+from compaction_worker.strategies.draft import Counter, Draft, StageContext, summary_overhead
+from compaction_worker.strategies.repair import SYNTHETIC_GAP
+from compaction_worker.strategies.truncate import MARKER_RESERVE, QUOTE_TOKENS, TRUNCATION_MODEL
+from compaction_worker.summarizer import (
+    Summarizer,
+    SummaryRequest,
+    SummaryResult,
+    looks_like_error_text,
+    validate_summary,
+)
+from compaction_worker.tokens import counter_for
+
+from .conversations import Conversation, conversations, coverage_problems, limits_for
+from .helpers import COUNTER
+
+PLACEMENTS: tuple[SummaryPlacement, ...] = ("separate", "merge")
+CHECKS = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+class ShortSummarizer:
+    """Always succeeds when a valid summary can exist: a short, deterministic text."""
+
+    name = "short-llm"
+
+    def __init__(self, counter: Counter) -> None:
+        self.count = counter.text
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        for text in (
+            f"## Current state\n- {len(request.messages)} messages and "
+            f"{len(request.previous_summaries)} earlier summaries, condensed.",
+            "## Current state\n- condensed",
+        ):
+            tokens = self.count(text)
+            try:
+                validate_summary(text, tokens, request)
+            except SummarizerError:
+                continue
+            return SummaryResult(text, self.name, tokens, LlmUsage(calls=1))
+        raise SummarizerError("no valid summary fits")  # as a real summarizer would say
+
+
+class FailingSummarizer:
+    """The LLM is down."""
+
+    name = "down-llm"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        raise SummarizerError("service unavailable")
+
+
+class Recorder:
+    """Wraps a summarizer and keeps every request it answered, to check the chunks against."""
+
+    def __init__(self, inner: Summarizer) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.answered: list[tuple[SummaryRequest, SummaryResult]] = []
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        result = await self.inner.summarize(request)
+        self.answered.append((request, result))
+        return result
+
+
+def summarizers(kind: str, counter: Counter) -> list[Recorder]:
+    if kind == "succeeds":
+        return [Recorder(ShortSummarizer(counter))]
+    if kind == "fails":
+        return [Recorder(FailingSummarizer())]
+    return [Recorder(FailingSummarizer()), Recorder(ExtractiveSummarizer(counter.text))]
+
+
+@dataclass(frozen=True)
+class Case:
+    conversation: Conversation
+    limits: Limits
+    placement: SummaryPlacement
+
+
+@st.composite
+def cases(draw: st.DrawFn, counter: Counter = COUNTER, max_turns: int = 8, **kw: Any) -> Case:
+    conversation = draw(conversations(counter, max_turns=max_turns, **kw))
+    tokens = sum(e.tokens for e in conversation.entries) + sum(c.tokens for c in conversation.chunks)
+    return Case(conversation, draw(limits_for(tokens)), draw(st.sampled_from(PLACEMENTS)))
+
+
+def run(case: Case, kind: str, counter: Counter = COUNTER) -> tuple[CompactionResult, list[Recorder]]:
+    used = summarizers(kind, counter)
+    result = asyncio.run(
+        compact(
+            case.conversation.history,
+            case.limits,
+            used,
+            counter,
+            settings=PipelineSettings(summary_placement=case.placement),
+        )
+    )
+    return result, used
+
+
+def reachable(case: Case, counter: Counter) -> bool:
+    """Whether the sliding window alone must reach the target: what no stage may drop
+    (pinned messages with their pairs, an open call at the end), a marker, the summary
+    turn, and room for a repair separator next to each kept message, all fit."""
+    c = case.conversation
+    keep = sum(e.tokens for e in c.entries if e.n in c.must_keep)
+    separator = counter.message({"role": "user", "content": SYNTHETIC_GAP})
+    slack = separator * (len(c.must_keep) + 2)
+    overhead = summary_overhead(counter)
+    return case.limits.fixed_tokens + overhead + MARKER_RESERVE + keep + slack <= case.limits.target
+
+
+def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counter: Counter) -> None:
+    """Every property the pipeline promises, for one run."""
+    c, limits = case.conversation, case.limits
+    ctx = StageContext(limits, PipelineSettings(), counter, summary_overhead(counter))
+    for placement in PLACEMENTS:  # the generator's own promise: the input is valid
+        assert provider_problems(render(c.history, placement)) == []
+    assert result.outcome in (Outcome.COMPACTED, Outcome.NOOP), result.error
+    before = ctx.tokens(Draft(c.chunks, c.entries))
+    assert result.tokens_before == before
+    assert result.messages_before == len(render(c.history, case.placement))
+
+    if result.outcome is Outcome.NOOP:
+        # Invariant 5: nothing is committed, so the draft is exactly the input ...
+        assert result.draft.chunks == c.chunks
+        assert result.draft.entries == c.entries
+        # ... and a noop is only allowed when no stage could reach the target.
+        if before > limits.target:
+            assert not reachable(case, counter), result.error
+        return
+
+    draft = result.draft
+    # Invariant 5: under the target, by the same measure as before.
+    assert result.tokens_after == ctx.tokens(draft)
+    assert result.tokens_after <= limits.target
+    for entry in draft.entries:
+        assert entry.tokens == counter.message(entry.message), f"stale token count on {entry.n}"
+    # Invariant 4, in both placements (the last assistant's calls may stay open).
+    after = EffectiveHistory(chunks=draft.chunks, entries=draft.entries)
+    for placement in PLACEMENTS:
+        assert provider_problems(render(after, placement)) == [], placement
+    assert result.messages_after == len(render(after, case.placement))
+    # Invariant 1: every original message is an entry or covered by a chunk, once.
+    assert coverage_problems(c, draft.chunks, draft.entries) == []
+    # Invariant 6: every new chunk is a validated summary within its cap, or the marker.
+    old = {chunk.id for chunk in c.chunks}
+    answered = [pair for r in used for pair in r.answered]
+    for chunk in draft.chunks:
+        assert chunk.tokens == counter.text(chunk.render_text())
+        if chunk.id in old:
+            continue
+        assert chunk.text.strip()
+        assert not looks_like_error_text(chunk.text)
+        if chunk.model == TRUNCATION_MODEL:
+            # The marker's notice, and at most two trimmed quotes of the conversation's start.
+            assert chunk.tokens <= 2 * MARKER_RESERVE + 2 * QUOTE_TOKENS
+            continue
+        request = next(req for req, res in answered if res.text == chunk.text and res.model == chunk.model)
+        validate_summary(chunk.text, counter.text(chunk.text), request)
+        assert request.max_summary_tokens <= limits.max_summary_tokens
+
+
+@settings(CHECKS, max_examples=1500)
+@given(case=cases())
+def test_with_a_summarizer_that_succeeds(case: Case) -> None:
+    """Invariants 1, 4, 5 and 6 hold when the LLM summary works."""
+    result, used = run(case, "succeeds")
+    check(case, result, used, COUNTER)
+
+
+@settings(CHECKS, max_examples=1500)
+@given(case=cases())
+def test_with_a_summarizer_that_fails(case: Case) -> None:
+    """Invariants 1, 4, 5 and 6 hold when only the sliding window is left (reference 004, stage 4)."""
+    result, used = run(case, "fails")
+    check(case, result, used, COUNTER)
+
+
+@settings(CHECKS, max_examples=800)
+@given(case=cases())
+def test_with_the_extractive_fallback(case: Case) -> None:
+    """Invariants 1, 4, 5 and 6 hold when the LLM fails and the extractive summary takes over."""
+    result, used = run(case, "extractive")
+    check(case, result, used, COUNTER)
+
+
+REAL = counter_for("gpt-4o-mini", BudgetSettings())
+
+
+@settings(CHECKS, max_examples=300)
+@given(
+    case=cases(counter=REAL, max_turns=5, max_output_words=3_000),
+    kind=st.sampled_from(("succeeds", "fails", "extractive")),
+)
+def test_with_a_real_tokenizer(case: Case, kind: str) -> None:
+    """The same with tiktoken counts, which do not add up the way word counts do."""
+    result, used = run(case, kind, REAL)
+    check(case, result, used, REAL)
+
+
+@settings(CHECKS, max_examples=300)
+@given(case=cases(reuse_ids=True), kind=st.sampled_from(("succeeds", "fails", "extractive")))
+def test_with_reused_call_ids(case: Case, kind: str) -> None:
+    """The same when every round names its calls ``call_0``, ``call_1``... again."""
+    result, used = run(case, kind)
+    check(case, result, used, COUNTER)
+
+
+@settings(CHECKS, max_examples=300)
+@given(data=st.data())
+def test_rolling_compaction(data: st.DataObject) -> None:
+    """A compacted history that grows and compacts again keeps every promise (reference 000: rolling)."""
+    # The first part ends closed: the generator's next turns do not answer open calls.
+    case = data.draw(cases(max_turns=5, open_end=False))
+    kind = data.draw(st.sampled_from(("succeeds", "fails", "extractive")))
+    first, _ = run(case, kind)
+    if first.outcome is not Outcome.COMPACTED:
+        return
+    c = case.conversation
+    more = data.draw(conversations(COUNTER, max_turns=4, start=max(c.transcript) + 1, open_end=True))
+    grown = Conversation(
+        history=EffectiveHistory(first.draft.chunks, (*first.draft.entries, *more.entries)),
+        transcript={**c.transcript, **more.transcript},
+        pinned=c.pinned | more.pinned,
+        must_keep=c.must_keep | more.must_keep,
+    )
+    tokens = sum(e.tokens for e in grown.entries) + sum(ch.tokens for ch in grown.chunks)
+    second = Case(grown, data.draw(limits_for(tokens)), case.placement)
+    result, used = run(second, kind)
+    check(second, result, used, COUNTER)

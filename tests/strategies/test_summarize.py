@@ -1,0 +1,294 @@
+"""The summary stage: additive chunks, folds, the artifact ledger, the summary cap and usage."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from compaction_worker.artifacts import extract_artifacts
+from compaction_worker.errors import SummarizerError
+from compaction_worker.events import LlmUsage, Outcome
+from compaction_worker.history import EffectiveHistory, SummaryChunk, public_message
+from compaction_worker.strategies.draft import Draft, StageContext
+from compaction_worker.strategies.pipeline import compact
+from compaction_worker.strategies.summarize import merge_ledgers, summarize
+from compaction_worker.summarizer import SummaryRequest, SummaryResult
+
+from .helpers import COUNTER, Chat, context, words
+
+FILLER = words(50)
+
+
+class Scripted:
+    """A summarizer that answers with ``words`` words (or its whole cap), or fails with a usage."""
+
+    def __init__(
+        self,
+        words: int | None = 20,
+        *,
+        name: str = "scripted",
+        usage: LlmUsage | None = None,
+        fail: bool = False,
+    ) -> None:
+        self.words, self.name, self.fail = words, name, fail
+        self.usage = usage or LlmUsage()
+        self.requests: list[SummaryRequest] = []
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        self.requests.append(request)
+        if self.fail:
+            raise SummarizerError(f"{self.name} failed", usage=self.usage)
+        size = request.max_summary_tokens if self.words is None else self.words
+        text = " ".join(f"s{i}" for i in range(size))
+        return SummaryResult(text, self.name, COUNTER.text(text), self.usage)
+
+
+def chat(turns: int, start: int = 1, say: str = FILLER) -> Chat:
+    """``turns`` user/assistant pairs of about 55 tokens each."""
+    c = Chat(start=start)
+    for i in range(turns):
+        c.user(f"u{start + 2 * i} {say}").assistant(f"a{start + 2 * i} {say}")
+    return c
+
+
+def old_chunk(first: int, last: int, tokens: int, text: str = "earlier", **kw: Any) -> SummaryChunk:
+    """A stored chunk standing for messages ``first..last``."""
+    return SummaryChunk(
+        id=f"c{first}",
+        text=text,
+        first_seq=first,
+        last_seq=last,
+        first_n=first,
+        last_n=last,
+        tokens=tokens,
+        created_at="2024-01-01T00:00:00+00:00",
+        model="fake",
+        **kw,
+    )
+
+
+def ctx_with(**limits: Any) -> StageContext:
+    """The helpers' context over a 4,000-token window, with some limits overridden.
+
+    Target 2,000; the reserve for a new summary is min(500, 0.3 * 2,000) = 500 and for its
+    ledger min(400, 500) = 400, so chunks fold once they exceed 1,000 - 900 = 100 tokens.
+    """
+    ctx = context(window=4_000, target=2_000)
+    return replace(ctx, limits=replace(ctx.limits, **{"chunk_budget": 1_000, **limits}))
+
+
+class TestAdditive:
+    """Reference 003: additive summarization, each span summarized once."""
+
+    async def test_a_span_becomes_a_chunk_after_the_chunks_kept(self) -> None:
+        """Reference 003: a later compaction appends a chunk; the earlier one is kept as it was."""
+        first = old_chunk(1, 1, 50)
+        draft = chat(10, start=2).draft((first,))
+        scripted = Scripted()
+        out = await summarize(draft, ctx_with(), [scripted])
+        assert out.draft is not None
+        assert out.stages == ("summarize",)
+        kept, new = out.draft.chunks
+        assert kept is first
+        assert (new.first_n, new.last_n, new.level) == (2, 15, 0)
+        assert [e.n for e in out.draft.entries] == list(range(16, 22))
+        request = scripted.requests[0]
+        assert request.previous_summaries == []
+        assert [m["content"] for m in request.messages] == [e.message["content"] for e in draft.entries[:14]]
+
+    async def test_each_span_is_summarized_once(self) -> None:
+        """Reference 003: the second compaction sends only the new span, never the first again."""
+        scripted = Scripted()
+        ctx = ctx_with(chunk_budget=5_000)
+        first = await summarize(chat(10).draft(), ctx, [scripted])
+        assert first.draft is not None
+        grown = Draft(first.draft.chunks, (*first.draft.entries, *chat(10, start=21).entries))
+        second = await summarize(grown, ctx, [scripted])
+        assert second.draft is not None
+        assert second.draft.chunks[0] == first.draft.chunks[0]
+        assert len(second.draft.chunks) == 2
+        sent_first = {m["content"] for m in scripted.requests[0].messages}
+        sent_second = {m["content"] for m in scripted.requests[1].messages}
+        assert sent_first.isdisjoint(sent_second)
+        assert second.draft.chunks[1].first_n == first.draft.chunks[0].last_n + 1
+
+
+class TestFold:
+    """Reference 003: recursive re-summarization when the chunks outgrow their budget."""
+
+    async def test_chunks_at_their_budget_stay_additive(self) -> None:
+        """Chunks plus the new chunk's reserve exactly at the budget: no fold."""
+        chunks = (old_chunk(1, 1, 60), old_chunk(2, 2, 40))
+        out = await summarize(chat(10, start=3).draft(chunks), ctx_with(), [Scripted()])
+        assert out.draft is not None
+        assert out.draft.chunks[:2] == chunks
+        assert out.stages == ("summarize",)
+
+    async def test_chunks_over_their_budget_fold_into_one(self) -> None:
+        """Reference 003: one token over, every chunk and the new span become one chunk, a level up."""
+        chunks = (old_chunk(1, 1, 61, "first summary"), old_chunk(2, 2, 40, "second summary", level=1))
+        scripted = Scripted()
+        out = await summarize(chat(10, start=3).draft(chunks), ctx_with(), [scripted])
+        assert out.draft is not None
+        (chunk,) = out.draft.chunks
+        assert (chunk.first_n, chunk.last_n, chunk.level) == (1, 16, 2)
+        assert out.stages == ("summarize", "fold")
+        assert scripted.requests[0].previous_summaries == ["first summary", "second summary"]
+        assert out.report is not None
+        assert (
+            out.report.tokens_saved
+            == sum(c.tokens for c in chunks)
+            + sum(e.tokens for e in chat(10, start=3).entries[:14])
+            - chunk.tokens
+        )
+
+
+ARTIFACTS = (
+    "Run `pytest tests/test_orders.py -k total` please; the code is in src/orders/total.py.",
+    "$ pytest tests/test_orders.py -k total\nValueError: order 4412 total is negative\n1 failed",
+    "I pushed commit 3f9a2c1d7e and opened https://ci.example.com/builds/9001 for it.",
+)
+
+
+def artifact_chat(start: int = 1, texts: tuple[str, ...] = ARTIFACTS) -> Chat:
+    """Turns that mention exact paths, commands, errors, ids and URLs, then filler turns."""
+    c = Chat(start=start)
+    for i, text in enumerate(texts):
+        (c.user if i % 2 == 0 else c.assistant)(text)
+    if len(texts) % 2:
+        c.assistant("noted")
+    for i in range(8):
+        c.user(f"filler {i} {FILLER}").assistant(f"reply {i} {FILLER}")
+    return c
+
+
+class TestLedger:
+    """The verbatim artifact ledger each chunk carries (issue: LLM summaries drop them)."""
+
+    async def test_new_chunk_keeps_its_span_artifacts_verbatim(self) -> None:
+        """The ledger is extract_artifacts of exactly the summarized span, and it is rendered."""
+        draft = artifact_chat().draft()
+        ctx = ctx_with()
+        out = await summarize(draft, ctx, [Scripted()])
+        assert out.draft is not None
+        (chunk,) = out.draft.chunks
+        head = [public_message(e.message) for e in draft.entries if chunk.covers(e.n)]
+        assert chunk.artifacts == tuple(
+            extract_artifacts(head, ctx.settings.artifact_budget_tokens, COUNTER.text)
+        )
+        assert "error: ValueError: order 4412 total is negative" in chunk.artifacts
+        assert "cmd: pytest tests/test_orders.py -k total" in chunk.artifacts
+        assert "path: src/orders/total.py" in chunk.artifacts
+        assert "url: https://ci.example.com/builds/9001" in chunk.artifacts
+        assert "id: 3f9a2c1d7e" in chunk.artifacts
+        assert "- error: ValueError: order 4412 total is negative" in chunk.render_text()
+        assert chunk.tokens == COUNTER.text(chunk.render_text())
+
+    async def test_ledger_stays_within_its_budget_errors_first(self) -> None:
+        """Many artifacts, a small budget: the ledger fits it and keeps the error over paths."""
+        paths = " ".join(f"src/pkg/module_{i}.py" for i in range(200))
+        texts = (f"Look at {paths}", "KeyError: 'order_id'", "fine")
+        draft = artifact_chat(texts=texts).draft()
+        ctx = replace(
+            ctx_with(), settings=ctx_with().settings.model_copy(update={"artifact_budget_tokens": 30})
+        )
+        out = await summarize(draft, ctx, [Scripted()])
+        assert out.draft is not None
+        ledger = out.draft.chunks[0].artifacts
+        assert COUNTER.text("\n".join(ledger)) <= 30
+        assert ledger[0] == "error: KeyError: 'order_id'"
+        assert len(ledger) > 5
+
+    async def test_fold_merges_the_ledgers(self) -> None:
+        """A fold keeps the folded chunks' items and the new span's, each once, by kind."""
+        older = old_chunk(1, 1, 80, artifacts=("error: ImportError: no module named yaml", "path: old/a.py"))
+        newer = old_chunk(2, 2, 80, artifacts=("path: src/orders/total.py", "cmd: make lint"))
+        out = await summarize(artifact_chat(start=3).draft((older, newer)), ctx_with(), [Scripted()])
+        assert out.draft is not None
+        (chunk,) = out.draft.chunks
+        ledger = chunk.artifacts
+        for item in (*older.artifacts, *newer.artifacts, "error: ValueError: order 4412 total is negative"):
+            assert item in ledger
+        assert len(ledger) == len(set(ledger))
+        kinds = [item.split(":", 1)[0] for item in ledger]
+        assert kinds == sorted(kinds, key=["error", "cmd", "path", "url", "id"].index)
+
+    def test_merge_prefers_recent_and_important_within_the_budget(self) -> None:
+        """Rank is kind plus age: a recent error first, then a recent path over an old one."""
+        newest = ["path: new.py", "error: E1: now"]
+        oldest = ["path: old.py", "error: E0: before"]
+        per_item = COUNTER.text("error: E1: now") + 1
+        kept = merge_ledgers([newest, oldest], 3 * per_item, COUNTER.text)
+        assert kept == ("error: E0: before", "error: E1: now", "path: new.py")
+        assert merge_ledgers([newest, newest], 100, COUNTER.text) == ("error: E1: now", "path: new.py")
+        assert merge_ledgers([newest], 0, COUNTER.text) == ()
+
+
+class TestSummaryCap:
+    """The summary is capped so that heading, summary and ledger together fit the room."""
+
+    async def test_cap_leaves_room_for_the_ledger(self) -> None:
+        """With a tight target the cap shrinks by exactly the ledger's rendered cost."""
+        target = 800
+        plain = Scripted()
+        with_artifacts = Scripted()
+        filler_texts = ("plain request " + FILLER, "plain reply " + FILLER, "more " + FILLER)
+        await summarize(artifact_chat(texts=filler_texts).draft(), ctx_with(target=target), [plain])
+        out = await summarize(artifact_chat().draft(), ctx_with(target=target), [with_artifacts])
+        assert out.draft is not None
+        chunk = out.draft.chunks[0]
+        ledger_cost = COUNTER.text(chunk.render_text()) - COUNTER.text(
+            replace(chunk, artifacts=()).render_text()
+        )
+        assert ledger_cost > 0
+        cap_plain = plain.requests[0].max_summary_tokens
+        cap_ledger = with_artifacts.requests[0].max_summary_tokens
+        assert cap_plain < 500  # bound by the room, not by max_summary_tokens
+        assert cap_plain - cap_ledger == ledger_cost
+
+    async def test_summary_that_fills_its_cap_still_fits(self) -> None:
+        """A summary exactly at its cap, plus heading and ledger, leaves the draft under the target."""
+        ctx = ctx_with(target=800)
+        out = await summarize(artifact_chat().draft(), ctx, [Scripted(words=None)])
+        assert out.draft is not None
+        assert out.draft.chunks[0].artifacts
+        assert ctx.tokens(out.draft) == ctx.limits.target
+
+    async def test_what_it_replaces_bounds_the_summary_minus_the_ledger(self) -> None:
+        """The summary must leave the whole chunk smaller than what it replaces."""
+        scripted = Scripted()
+        out = await summarize(artifact_chat().draft(), ctx_with(), [scripted])
+        assert out.draft is not None
+        chunk = out.draft.chunks[0]
+        frame = COUNTER.text(replace(chunk, text="").render_text())
+        replaced = sum(e.tokens for e in artifact_chat().entries if chunk.covers(e.n))
+        assert scripted.requests[0].replaced_tokens == replaced - frame
+
+
+class TestUsage:
+    """What the summarizer calls cost is reported, failed attempts included."""
+
+    async def test_failed_attempts_are_added_to_the_winner(self) -> None:
+        """A failed LLM's calls and the fallback's are summed, cost included."""
+        failed = Scripted(
+            name="llm", fail=True, usage=LlmUsage(calls=3, prompt_tokens=900, total_tokens=900, cost_usd=0.02)
+        )
+        fallback = Scripted(
+            name="extractive", usage=LlmUsage(calls=1, prompt_tokens=10, completion_tokens=5, total_tokens=15)
+        )
+        out = await summarize(chat(10).draft(), ctx_with(), [failed, fallback])
+        assert out.summarizer == "extractive"
+        assert out.usage == LlmUsage(
+            calls=4, prompt_tokens=910, completion_tokens=5, total_tokens=915, cost_usd=0.02
+        )
+        assert out.errors == ("llm: llm failed",)
+
+    async def test_usage_is_reported_when_every_summarizer_fails(self) -> None:
+        """No summary, but the calls were made: the compaction result still reports them."""
+        failed = Scripted(fail=True, usage=LlmUsage(calls=2, prompt_tokens=40, total_tokens=40))
+        history = EffectiveHistory((), chat(10).draft().entries)
+        ctx = ctx_with(target=600)
+        result = await compact(history, ctx.limits, [failed], COUNTER)
+        assert result.outcome is Outcome.COMPACTED
+        assert result.stages == ("truncate",)
+        assert result.usage == LlmUsage(calls=2, prompt_tokens=40, total_tokens=40)

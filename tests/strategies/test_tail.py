@@ -1,0 +1,243 @@
+"""Tail selection and the partition: bounds, boundaries, tool pairs, the degrading guard, pinned messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compaction_worker.history import SYNTHETIC, Entry
+from compaction_worker.strategies.repair import open_call_index, tool_pairs
+from compaction_worker.strategies.tail import partition, pinned_indexes, select_tail, split_points
+
+from .conversations import Conversation, conversations
+from .helpers import COUNTER
+
+
+def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
+    """Entries from ``(role, tokens)`` pairs (content "role n") or whole messages (10 tokens)."""
+    out = []
+    for i, spec in enumerate(specs, start=start):
+        message = spec if isinstance(spec, dict) else {"role": spec[0], "content": f"{spec[0]} {i}"}
+        tokens = 10 if isinstance(spec, dict) else spec[1]
+        out.append(Entry(n=i, seq=i, message=message, tokens=tokens))
+    return tuple(out)
+
+
+def call(*call_ids: str, pinned: bool = False) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": c, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+            for c in call_ids
+        ],
+    }
+    if pinned:
+        message["pinned"] = True
+    return message
+
+
+def result(call_id: str, pinned: bool = False) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": "output"}
+    if pinned:
+        message["pinned"] = True
+    return message
+
+
+def pinned(role: str, text: str = "remember this") -> dict[str, Any]:
+    return {"role": role, "content": text, "pinned": True}
+
+
+def ns(es: Sequence[Entry]) -> list[int]:
+    return [e.n for e in es]
+
+
+class TestSplitPoints:
+    def test_never_between_call_and_result(self) -> None:
+        """A tail cannot start while a tool call is unanswered."""
+        es = entries(("user", 1), call("a"), result("a"), ("assistant", 1), ("user", 1))
+        assert split_points(es) == [0, 1, 3, 4]
+
+    def test_parallel_calls_close_after_the_last_result(self) -> None:
+        """Two parallel calls keep the boundary closed until both results are in."""
+        es = entries(("user", 1), call("a", "b"), result("a"), result("b"), ("user", 1))
+        assert split_points(es) == [0, 1, 4]
+
+    def test_a_late_result_keeps_the_boundary_closed(self) -> None:
+        """A result that arrives after other messages still stays on its call's side."""
+        es = entries(("user", 1), call("a"), ("user", 1), result("a"), ("user", 1))
+        assert split_points(es) == [0, 1, 4]
+
+    def test_a_call_never_answered_blocks_nothing(self) -> None:
+        """A malformed unanswered call must not keep every later boundary closed."""
+        es = entries(("user", 1), call("a"), ("user", 1), ("assistant", 1))
+        assert split_points(es) == [0, 1, 2, 3]
+
+    def test_reused_ids_pair_by_position(self) -> None:
+        """Runtimes that name every call ``call_0`` still pair each result with its own call."""
+        es = entries(("user", 1), call("x"), result("x"), ("user", 1), call("x"), result("x"), ("user", 1))
+        assert tool_pairs(es) == [(1, 2), (4, 5)]
+        assert split_points(es) == [0, 1, 3, 4, 6]
+
+
+class TestSelectTail:
+    def test_bounded_by_message_count_and_snapped_to_user(self) -> None:
+        """The tail holds at most N messages and starts at a user message (reference 000)."""
+        es = entries(*[(r, 10) for r in ["user", "assistant"] * 5])
+        assert select_tail(es, max_messages=5, max_tokens=10_000) == 6
+
+    def test_bounded_by_tokens(self) -> None:
+        """The token bound wins when it is tighter (reference 000: whichever is more restrictive)."""
+        es = entries(("user", 10), ("assistant", 10), ("user", 10), ("assistant", 500))
+        assert select_tail(es, max_messages=6, max_tokens=100) == 4
+
+    def test_single_long_tool_turn_can_still_compact(self) -> None:
+        """With one user message, an assistant boundary is used (better than reference 000)."""
+        es = entries(("user", 10), call("a"), result("a"), call("b"), result("b"), ("assistant", 10))
+        split = select_tail(es, max_messages=3, max_tokens=1000)
+        assert split == 3
+        assert es[split].role == "assistant"
+
+    def test_degrades_to_nothing(self) -> None:
+        """When even the shortest clean tail is over budget, it degrades to empty (reference 003)."""
+        es = entries(("user", 10), ("assistant", 10), ("user", 500))
+        assert select_tail(es, max_messages=6, max_tokens=100) == 3
+
+    def test_pinned_tokens_count_against_the_token_bound(self) -> None:
+        """Pinned messages before the tail stay verbatim too, so the tail makes room for them."""
+        es = entries(pinned("user"), ("assistant", 10), ("user", 30), ("assistant", 30), ("user", 30))
+        assert select_tail(es, max_messages=6, max_tokens=100) == 2
+        heavy = (Entry(n=1, seq=1, message=pinned("user"), tokens=50), *es[1:])
+        assert select_tail(heavy, max_messages=6, max_tokens=100) == 4
+
+    def test_pinned_alone_over_the_bound_degrades_the_tail(self) -> None:
+        """Pinned messages that fill the budget leave no verbatim tail (they stay regardless)."""
+        es = (
+            Entry(n=1, seq=1, message=pinned("user"), tokens=200),
+            *entries(("assistant", 5), ("user", 5), start=2),
+        )
+        assert select_tail(es, max_messages=6, max_tokens=100) == 3
+
+    def test_pinned_messages_do_not_count_against_the_message_bound(self) -> None:
+        """The message bound is about recency; pinned messages are kept for what they say."""
+        es = entries(
+            pinned("user"), pinned("assistant"), ("user", 5), ("assistant", 5), ("user", 5), ("assistant", 5)
+        )
+        assert select_tail(es, max_messages=2, max_tokens=1000) == 4
+
+    def test_a_head_of_only_pinned_messages_is_not_a_split(self) -> None:
+        """A split that leaves nothing to summarize is no split: the tail degrades past it."""
+        es = entries(pinned("user"), ("assistant", 500), ("user", 500))
+        assert select_tail(es, max_messages=6, max_tokens=100) == 3
+
+    def test_open_calls_at_the_end_stay(self) -> None:
+        """The last assistant's unanswered calls stay in the tail even when over budget: their
+        results arrive with the next turn and would be orphans if the calls were summarized."""
+        es = entries(("user", 10), ("assistant", 10), ("user", 10), call("a", "b"), result("a"))
+        assert open_call_index(es) == 3
+        assert select_tail(es, max_messages=1, max_tokens=1) == 3
+        assert select_tail(es, max_messages=6, max_tokens=1000) == 2
+
+    def test_synthetic_entries_are_not_worth_a_split(self) -> None:
+        """Repair's made-up messages are no reason to compact: they stand for nothing."""
+        gap = Entry(n=0, seq=1, message={"role": "user", "content": "[Continue.]"}, tokens=3, edit=SYNTHETIC)
+        es = (gap, *entries(("assistant", 10), ("user", 10), start=2))
+        assert select_tail(es, max_messages=6, max_tokens=1000) == 2
+
+
+class TestPartition:
+    def test_pinned_messages_are_lifted_out_of_the_head(self) -> None:
+        """Pinned messages before the tail are kept, in order, between summary and tail (reference 003, Alternative B)."""
+        es = entries(
+            ("user", 10), pinned("assistant"), ("user", 10), pinned("user"), ("assistant", 10), ("user", 10)
+        )
+        parts = partition(es, max_messages=1, max_tokens=1000)
+        assert ns(parts.head) == [1, 3, 5]
+        assert ns(parts.pinned) == [2, 4]
+        assert ns(parts.tail) == [6]
+
+    def test_a_pinned_result_brings_its_call_and_siblings(self) -> None:
+        """A pinned tool result keeps its call, and so the call's other parallel results."""
+        es = entries(
+            ("user", 10),
+            call("a", "b"),
+            result("a"),
+            result("b", pinned=True),
+            ("assistant", 10),
+            ("user", 10),
+        )
+        parts = partition(es, max_messages=1, max_tokens=1000)
+        assert ns(parts.pinned) == [2, 3, 4]
+        assert ns(parts.head) == [1, 5]
+
+    def test_a_pinned_call_brings_its_results(self) -> None:
+        """A pinned tool-calling message keeps every result of its calls."""
+        es = entries(("user", 10), call("a", "b", pinned=True), result("a"), result("b"), ("user", 10))
+        assert ns(partition(es, max_messages=1, max_tokens=1000).pinned) == [2, 3, 4]
+
+    def test_a_pinned_message_in_the_tail_just_stays(self) -> None:
+        """Nothing is lifted from the tail: it is verbatim already."""
+        es = entries(("user", 10), ("assistant", 10), pinned("user"), ("assistant", 10))
+        parts = partition(es, max_messages=6, max_tokens=1000)
+        assert (ns(parts.head), ns(parts.pinned), ns(parts.tail)) == ([1, 2], [], [3, 4])
+
+    def test_synthetic_entries_in_the_head_are_dropped(self) -> None:
+        """An earlier repair's made-up messages are not summarized (they stand for no message)."""
+        gap = Entry(n=0, seq=2, message={"role": "user", "content": "[Continue.]"}, tokens=3, edit=SYNTHETIC)
+        es = (
+            *entries(("user", 10), ("assistant", 10)),
+            gap,
+            *entries(("assistant", 10), ("user", 10), start=3),
+        )
+        parts = partition(es, max_messages=1, max_tokens=1000)
+        assert ns(parts.head) == [1, 2, 3]
+        assert ns(parts.tail) == [4]
+
+    def test_pinned_indexes_with_reused_ids(self) -> None:
+        """A pinned result keeps its own call, not another call that reused the id."""
+        es = entries(("user", 1), call("x"), result("x", pinned=True), ("user", 1), call("x"), result("x"))
+        assert pinned_indexes(es) == {1, 2}
+
+
+# --- properties over generated conversations ------------------------------------------------
+
+
+def _pairs_by_part(parts: Sequence[Sequence[Entry]], es: Sequence[Entry]) -> list[str]:
+    part_of = {id(e): k for k, part in enumerate(parts) for e in part}
+    return [
+        f"pair {es[c].n}->{es[r].n} split"
+        for c, r in tool_pairs(es)
+        if part_of.get(id(es[c]), -1) != part_of.get(id(es[r]), -2)
+    ]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    conversation=conversations(COUNTER),
+    max_messages=st.integers(1, 12),
+    max_tokens=st.sampled_from((0, 10, 100, 1_000, 10_000, 100_000)),
+)
+def test_partition_properties(conversation: Conversation, max_messages: int, max_tokens: int) -> None:
+    """For any valid conversation: nothing is lost, no tool pair is split, pinned messages and the
+    open call at the end stay, and the bounds hold unless the degrading guard or the open call forced them."""
+    es = conversation.entries
+    parts = partition(es, max_messages, max_tokens)
+    split = len(es) - len(parts.tail)
+    kept = [e for e in es[:split] if e not in parts.head and e not in parts.pinned]
+    assert all(e.synthetic for e in kept)  # only synthetic entries may be dropped
+    assert sorted(map(id, (*parts.head, *parts.pinned, *kept))) == sorted(map(id, es[:split]))
+    assert _pairs_by_part((parts.head, parts.pinned, parts.tail), es) == []
+    assert split == len(es) or split in split_points(es)
+    assert all(e.n in conversation.must_keep for e in parts.pinned)
+    for e in parts.head:
+        assert e.n not in conversation.must_keep
+    open_index = open_call_index(es)
+    if open_index is not None:
+        assert split <= open_index
+    forced = open_index is not None and split == max(p for p in split_points(es) if p <= open_index)
+    if parts.tail and not forced:
+        assert len(parts.tail) <= max_messages
+        assert sum(e.tokens for e in (*parts.pinned, *parts.tail)) <= max_tokens
