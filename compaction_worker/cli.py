@@ -256,8 +256,8 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
     settings = _settings(ctx)
 
     async def go() -> None:
-        from compaction_worker.handlers import Rewinder
         from compaction_worker.lock import Locks
+        from compaction_worker.rewind import Rewinder
 
         # Kafka too: consumers learn of the new version from compaction.completed.
         async with Client.connect(settings) as client:

@@ -22,7 +22,7 @@ import tiktoken
 from compaction_worker import _litellm  # noqa: F401
 from compaction_worker.history import PRIVATE_FIELDS
 from compaction_worker.settings import BudgetSettings
-from compaction_worker.windows import WindowInfo
+from compaction_worker.windows import WindowInfo, resolve_window
 
 DEFAULT_OUTPUT_RESERVE = 4096
 CALIBRATION_WEIGHT = 0.3
@@ -320,3 +320,11 @@ def calibrate(factor: float, estimated: int, reported: int) -> float:
     ratio = reported / estimated
     updated = (1 - CALIBRATION_WEIGHT) * factor + CALIBRATION_WEIGHT * ratio
     return min(high, max(low, updated))
+
+
+def budget_for(
+    model: str, settings: BudgetSettings, context_window: int | None, max_output: int | None
+) -> tuple[WindowInfo, Budget]:
+    """The window and budget of a conversation's model, with the event's overrides applied."""
+    info = resolve_window(model, settings, context_window)
+    return info, compute_budget(info, settings, max_output)

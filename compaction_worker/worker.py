@@ -22,15 +22,16 @@ from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 from redis.asyncio import Redis
 
+from compaction_worker.compactor import Compactor
 from compaction_worker.connections import connect_redis, kafka_client_args, kafka_security
 from compaction_worker.embedded import create_topics
-from compaction_worker.handlers import Compactor, TurnHandler, TurnOutcome
 from compaction_worker.jobs import JobQueue
 from compaction_worker.lock import Locks
 from compaction_worker.settings import Settings
 from compaction_worker.store import Store
 from compaction_worker.summarizer import Summarizer
 from compaction_worker.tokens import TokenCounter
+from compaction_worker.turns import TurnHandler, TurnOutcome
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,15 @@ from typing import Any, Protocol
 import pytest
 import redis.asyncio
 
+from compaction_worker.compactor import Compactor
 from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
 from compaction_worker.errors import ConfigError
+from compaction_worker.jobs import JobQueue
+from compaction_worker.settings import Settings
+from compaction_worker.store import Store
 from compaction_worker.testing import FakeLLMServer
+from compaction_worker.turns import TurnHandler
+from tests import orchestration
 
 # --- where the servers come from --------------------------------------------------------
 
@@ -150,3 +156,23 @@ def fake_llm(fake_llm_server: FakeLLMServer) -> FakeLLMServer:
     """The session's FakeLLMServer, reset: no recorded requests, no delay, default replies."""
     fake_llm_server.reset()
     return fake_llm_server
+
+
+# --- the turn, compaction and rewind tests' parts (tests/orchestration.py) ------------
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return orchestration.test_settings()
+
+
+@pytest.fixture
+def published() -> orchestration.Published:
+    return orchestration.Published()
+
+
+@pytest.fixture
+def parts(
+    redis_client: redis.asyncio.Redis, settings: Settings, published: orchestration.Published
+) -> tuple[TurnHandler, Compactor, Store, JobQueue]:
+    return orchestration.make_parts(redis_client, settings, published)

@@ -20,14 +20,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
 from compaction_worker.cli import main
+from compaction_worker.compactor import Compactor
 from compaction_worker.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.extractive import ExtractiveSummarizer
-from compaction_worker.handlers import Compactor, TurnHandler
 from compaction_worker.jobs import JobQueue
 from compaction_worker.lock import Locks
 from compaction_worker.settings import Settings
 from compaction_worker.store import Store
 from compaction_worker.testing import turn_payload
+from compaction_worker.turns import TurnHandler
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,10 @@ from compaction_worker.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.handlers import budget_for
 from compaction_worker.overflow import detect_overflow
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, provider_overflow_error
-from compaction_worker.tokens import calibrate, counter_for
+from compaction_worker.tokens import budget_for, calibrate, counter_for
 from compaction_worker.worker import Worker, build_worker, ensure_topics
 
 from .helpers import coverage_problems, settle, worker_settings
@@ -181,7 +180,7 @@ async def test_overflow_turn_compacts_to_the_reactive_target(
 ) -> None:
     """An overflow turn under the normal target still compacts, to the target the error implies, and turns go on."""
     worker, client, settings = running.worker, running.client, running.settings
-    _, budget = budget_for(MODEL, settings, WINDOW, MAX_OUTPUT)
+    _, budget = budget_for(MODEL, settings.budget, WINDOW, MAX_OUTPUT)
     cid = f"reactive-{provider}-{uuid.uuid4().hex[:6]}"
     handled = worker.handled
     # Our own count says how many turns make GROW_TO, so they go out in one batch.
