@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import click
 
 from compaction_worker import specification
-from compaction_worker.client import Client
+from compaction_worker.client import Client, context_stats
 from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.errors import CompactionWorkerError
 from compaction_worker.events import Trigger
@@ -197,18 +198,27 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             if meta.last_seq == 0:
                 raise click.ClickException(f"no conversation {conversation_id!r}")
             job = await client.store.job(conversation_id)
+            stats = context_stats(conversation_id, meta, settings)
             data = {
                 "conversation_id": conversation_id,
                 "model": meta.model,
                 "last_seq": meta.last_seq,
                 "messages": meta.msg_count,
-                "tokens": meta.total_tokens,
+                "tokens": stats.tokens,
+                "usage_ratio": stats.usage_ratio,
+                "tokens_by_part": stats.breakdown,
                 "calibration": meta.calibration,
-                "window": meta.window,
-                "threshold": meta.threshold,
+                "window": stats.window,
+                "available": stats.available,
+                "threshold": stats.threshold,
+                "soft_threshold": stats.soft_threshold,
+                "target": stats.target,
+                "should_compact": stats.should_compact,
                 "version": meta.version,
                 "context_status": meta.context_status.value,
                 "failures": meta.failures,
+                "llm_failures": meta.llm_failures,
+                "circuit_open": meta.breaker_until > time.time(),
                 "pending_compaction": job.trigger.value if job else None,
             }
             if as_json:

@@ -8,18 +8,78 @@ copy. Both sides only need the same settings as the worker.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from compaction_worker.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.connections import connect_redis, kafka_client_args
 from compaction_worker.errors import ConfigError
 from compaction_worker.events import CompactionMode, CompactionRequest, TurnEvent
 from compaction_worker.history import render
 from compaction_worker.settings import Settings
 from compaction_worker.store import Meta, Snapshot, Store
+from compaction_worker.tokens import conversation_budget, counter_for
+
+
+@dataclass(frozen=True, slots=True)
+class ContextStats:
+    """A conversation's context meter: how full its window is, of what, and whether it will compact.
+
+    Tokens are calibrated estimates (provider units when usage reports came in).
+    """
+
+    conversation_id: str
+    model: str
+    window: int
+    available: int
+    """The window less the output reserve: what the prompt may use."""
+    threshold: int
+    soft_threshold: int | None
+    target: int
+    tokens: int
+    """The whole next prompt: system prompt, tool schemas, framing and the effective history."""
+    breakdown: dict[str, int]
+    """``tokens`` by part: ``system``, ``tools``, ``framing``, ``history``."""
+    usage_ratio: float
+    """``tokens`` over ``window``: the meter a UI shows."""
+    should_compact: bool
+    """At or over the threshold: the next turn schedules a compaction (automatic compaction on)."""
+    version: int
+    context_status: str
+
+
+def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> ContextStats:
+    """The context meter of a conversation from its stored metadata (pure; no I/O)."""
+    _, budget = conversation_budget(meta, settings.budget)
+    scale = meta.calibration or 1.0
+    parts = {
+        "system": meta.system_tokens,
+        "tools": meta.tools_tokens,
+        "framing": meta.overhead_tokens,
+        "history": meta.history_tokens,
+    }
+    breakdown = {name: int(tokens * scale) for name, tokens in parts.items()}
+    tokens = int(meta.total_tokens * scale)
+    return ContextStats(
+        conversation_id=conversation_id,
+        model=meta.model,
+        window=budget.window,
+        available=budget.available,
+        threshold=budget.threshold,
+        soft_threshold=budget.soft_threshold,
+        target=budget.target,
+        tokens=tokens,
+        breakdown=breakdown,
+        usage_ratio=round(tokens / budget.window, 4) if budget.window else 0.0,
+        should_compact=settings.budget.auto_compact and tokens >= budget.threshold,
+        version=meta.version,
+        context_status=meta.context_status.value,
+    )
 
 
 class Client:
@@ -96,6 +156,27 @@ class Client:
     async def meta(self, conversation_id: str) -> Meta:
         """The conversation's metadata (last seq, token totals, version)."""
         return await self.store.meta(conversation_id)
+
+    async def context_stats(self, conversation_id: str) -> ContextStats:
+        """The context meter: window, tokens by part, usage ratio, whether it will compact."""
+        return context_stats(conversation_id, await self.store.meta(conversation_id), self.settings)
+
+    async def fit_files(self, conversation_id: str, files: Mapping[str, str]) -> list[FittedFile]:
+        """Files (text by name) fitted to the room the conversation's next turn has (reference 004).
+
+        The budget is 60% of what its window has left after the next prompt and the output
+        reserve; see :mod:`compaction_worker.attachments` for how files are previewed, cut or
+        dropped. A conversation not stored yet (the first message) gets the fallback window.
+        """
+        meta = await self.store.meta(conversation_id)
+        stats = context_stats(conversation_id, meta, self.settings)
+        budget = file_budget(stats.window, stats.tokens, stats.window - stats.available)
+        counter = counter_for(stats.model, self.settings.budget)
+        # The meter's tokens are calibrated to the provider's; the counter's are not, so the
+        # budget goes back into the counter's units and a TokenCounter's bound (its
+        # multiplier: tiktoken never exceeds a token per byte) stays valid for the fast path.
+        scaled = math.floor(budget / (meta.calibration or 1.0))
+        return fit_files(files, scaled, counter.text, max_tokens_per_byte=counter.multiplier)
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""

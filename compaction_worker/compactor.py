@@ -6,7 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker import strategies
@@ -22,6 +22,7 @@ from compaction_worker.events import (
 from compaction_worker.extractive import ExtractiveSummarizer
 from compaction_worker.jobs import Claim, JobQueue
 from compaction_worker.lock import Locks
+from compaction_worker.outbox import Outbox, pack
 from compaction_worker.overflow import detect_overflow
 from compaction_worker.publisher import Publisher, encode
 from compaction_worker.settings import Settings
@@ -31,11 +32,39 @@ from compaction_worker.tokens import (
     CALIBRATION_BOUNDS,
     Budget,
     TokenCounter,
-    budget_for,
+    conversation_budget,
     counter_for,
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What one run's events report, fixed before the pipeline starts."""
+
+    conversation_id: str
+    compaction_id: uuid.UUID
+    trigger: Trigger
+    window: int
+    target: int
+    scale: float
+    tokens_before: int
+    started_at: float
+    circuit_open: bool
+
+
+def next_llm_failures(
+    previous: int, result: strategies.CompactionResult, summarizers: int, circuit_open: bool
+) -> int:
+    """The circuit breaker's count after a run: +1 when the primary (LLM) summarizer failed, 0 when it worked.
+
+    Unchanged when the LLM was not asked: the circuit was open, there is no fallback
+    (nothing to switch to), or no summary was needed (the cheap stages sufficed).
+    """
+    if circuit_open or summarizers < 2 or result.summarizers_tried == 0:
+        return previous
+    return previous + 1 if result.summarizer_failures else 0
 
 
 class Compactor:
@@ -57,6 +86,7 @@ class Compactor:
         self.jobs = jobs
         self.publish = publish
         self.summarizers = summarizers or self.default_summarizers
+        self.outbox = Outbox(store, publish, settings.worker.lock_ttl_seconds)
 
     def default_summarizers(self, model: str, counter: TokenCounter) -> Sequence[Summarizer]:
         """The configured summarizer, then the deterministic extractive one as the fallback."""
@@ -76,21 +106,26 @@ class Compactor:
             if lease is None:
                 await self.jobs.postpone(claim, self.settings.worker.lock_ttl_seconds / 2)
                 return None
-            completed = await self._compact(job, lease.fence, lease.token)
+            completed, retry_in = await self._compact(job, lease.fence, lease.token)
         await self.jobs.finish(claim, job)
         if completed.outcome is Outcome.COMPACTED:
             await self._reschedule_if_still_over(cid)
+        elif retry_in is not None:
+            # Without this, a failed run's conversation stays over its threshold until a
+            # turn happens to arrive after the backoff.
+            await self._reschedule_if_still_over(cid, delay=retry_in)
         return completed
 
-    async def _compact(self, job: Job, fence: int, lock_token: str) -> CompactionCompleted:
+    async def _compact(
+        self, job: Job, fence: int, lock_token: str
+    ) -> tuple[CompactionCompleted, float | None]:
+        """Run the pipeline and commit; also returns, after a failure, when to try again."""
         cid = job.conversation_id
         started_at = time.monotonic()
         snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
         counter = counter_for(meta.model, self.settings.budget)
-        info, budget = budget_for(
-            meta.model, self.settings.budget, meta.context_window, meta.max_output_tokens
-        )
+        info, budget = conversation_budget(meta, self.settings.budget)
         # Limits are in our estimate's units; calibration converts provider tokens back.
         target, scale = budget.target, meta.calibration or 1.0
         if job.trigger is Trigger.REACTIVE:
@@ -101,17 +136,30 @@ class Compactor:
             # estimate's mistake (no numbers to calibrate with, or beyond the clamp):
             # compact anyway, as far as the pipeline goes, instead of a no-op.
             limits = replace(limits, force=True)
-        compaction_id = uuid.uuid4()
-        tokens_before = int(meta.total_tokens * scale)
+        summarizers = list(self.summarizers(meta.model, counter))
+        circuit_open = len(summarizers) > 1 and meta.breaker_until > time.time()
+        if circuit_open:  # the LLM kept failing for this conversation: only the fallback runs
+            summarizers = summarizers[-1:]
+        run = _Run(
+            conversation_id=cid,
+            compaction_id=uuid.uuid4(),
+            trigger=job.trigger,
+            window=budget.window,
+            target=target,
+            scale=scale,
+            tokens_before=int(meta.total_tokens * scale),
+            started_at=started_at,
+            circuit_open=circuit_open,
+        )
         await self.publish(
             self.settings.topics.started,
             encode(
                 CompactionStarted(
                     conversation_id=cid,
-                    compaction_id=compaction_id,
+                    compaction_id=run.compaction_id,
                     trigger=job.trigger,
                     model=meta.model,
-                    tokens_before=tokens_before,
+                    tokens_before=run.tokens_before,
                     window=budget.window,
                     threshold=budget.threshold,
                     target=target,
@@ -120,82 +168,110 @@ class Compactor:
             ),
             cid.encode(),
         )
+        result: strategies.CompactionResult | None = None
+        llm_failures = meta.llm_failures
         try:
+            originals = await self.store.originals(cid, strategies.edited_ordinals(snapshot.history))
             result = await strategies.compact(
                 snapshot.history,
                 limits,
-                self.summarizers(meta.model, counter),
+                summarizers,
                 counter,
                 settings=self.settings.pipeline,
+                originals=originals,
                 conversation_id=cid,
                 conversation_model=meta.model,
             )
-            outcome, version, status, error = await self._settle(
-                cid, snapshot, result, fence=fence, lock_token=lock_token, job=job
-            )
+            llm_failures = next_llm_failures(meta.llm_failures, result, len(summarizers), circuit_open)
+            await self._record_llm_health(cid, meta, llm_failures)
+            if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
+                completed = await self._commit(
+                    run, snapshot, result, fence=fence, lock_token=lock_token, llm_failures=llm_failures
+                )
+            else:
+                completed = await self._noop(run, snapshot, result, llm_failures)
         except StaleFenceError as e:
-            result = None
-            outcome, version, status, error = Outcome.FAILED, meta.version, meta.context_status, str(e)
+            completed = self._event(
+                run,
+                Outcome.FAILED,
+                version=meta.version,
+                status=meta.context_status,
+                result=result,
+                error=str(e),
+                llm_failures=llm_failures,
+            )
         except Exception as e:  # a compaction failure is an event, never a dead worker
             log.exception("compaction of %s failed", cid)
-            result = None
-            outcome, version, status, error = (
+            error = f"{type(e).__name__}: {e}"
+            completed = self._event(
+                run,
                 Outcome.FAILED,
-                meta.version,
-                meta.context_status,
-                f"{type(e).__name__}: {e}",
+                version=meta.version,
+                status=meta.context_status,
+                result=None,
+                error=error,
+                llm_failures=llm_failures,
             )
-        if outcome is Outcome.FAILED:
-            await self._record_failure(cid, meta)
-        completed = CompactionCompleted(
-            conversation_id=cid,
-            compaction_id=compaction_id,
-            trigger=job.trigger,
-            outcome=outcome,
-            stages=list(result.stages) if result else [],
-            stage_savings=_stage_savings(result, scale) if result and outcome is Outcome.COMPACTED else {},
-            tokens_before=tokens_before,
-            tokens_after=int(result.tokens_after * scale)
-            if result and outcome is Outcome.COMPACTED
-            else tokens_before,
-            messages_before=result.messages_before if result else 0,
-            messages_after=(result.messages_after if outcome is Outcome.COMPACTED else result.messages_before)
-            if result
-            else 0,
-            summary_tokens=result.summary_tokens if result and outcome is Outcome.COMPACTED else 0,
-            summarizer_model=result.summarizer if result else None,
-            llm_usage=result.usage if result else LlmUsage(),
-            window=budget.window,
-            target=target,
-            version=version,
-            context_status=status,
-            duration_ms=int((time.monotonic() - started_at) * 1000),
-            error=error,
-        )
-        await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+        retry_in: float | None = None
+        # A newer fence means another writer owns the conversation now (it took the lock
+        # after ours expired): its state is not ours to stamp, and it reschedules itself.
+        if completed.outcome is Outcome.FAILED and not await self._superseded(cid, fence):
+            retry_in = await self._record_failure(cid, meta)
+        if completed.outcome is not Outcome.COMPACTED:  # a commit publishes through the outbox
+            await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
         log.info(
-            "compaction of %s: %s, %s -> %s tokens (window %s, target %s)",
+            "compaction of %s: %s, %s -> %s tokens (window %s, target %s)%s",
             cid,
-            outcome.value,
+            completed.outcome.value,
             completed.tokens_before,
             completed.tokens_after,
             info.window,
             target,
+            " with the LLM skipped (circuit open)" if circuit_open else "",
         )
-        return completed
+        return completed, retry_in
 
-    async def _settle(
+    def _event(
         self,
-        cid: str,
-        snapshot: Snapshot,
-        result: strategies.CompactionResult,
+        run: _Run,
+        outcome: Outcome,
         *,
-        fence: int,
-        lock_token: str,
-        job: Job,
-    ) -> tuple[Outcome, int, ContextStatus, str | None]:
-        if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
-            return await self._commit(cid, snapshot, result, fence=fence, lock_token=lock_token, job=job)
+        version: int,
+        status: ContextStatus,
+        result: strategies.CompactionResult | None,
+        error: str | None,
+        llm_failures: int,
+    ) -> CompactionCompleted:
+        """The ``compaction.completed`` event of a run; only a commit reports savings."""
+        compacted = outcome is Outcome.COMPACTED and result is not None
+        return CompactionCompleted(
+            conversation_id=run.conversation_id,
+            compaction_id=run.compaction_id,
+            trigger=run.trigger,
+            outcome=outcome,
+            stages=list(result.stages) if result else [],
+            stage_savings=_stage_savings(result, run.scale) if compacted and result else {},
+            tokens_before=run.tokens_before,
+            tokens_after=int(result.tokens_after * run.scale) if compacted and result else run.tokens_before,
+            messages_before=result.messages_before if result else 0,
+            messages_after=(result.messages_after if compacted else result.messages_before) if result else 0,
+            summary_tokens=result.summary_tokens if compacted and result else 0,
+            summarizer_model=result.summarizer if result else None,
+            llm_usage=result.usage if result else LlmUsage(),
+            window=run.window,
+            target=run.target,
+            version=version,
+            context_status=status,
+            duration_ms=int((time.monotonic() - run.started_at) * 1000),
+            error=error,
+            circuit_open=run.circuit_open,
+            llm_failures=llm_failures,
+        )
+
+    async def _noop(
+        self, run: _Run, snapshot: Snapshot, result: strategies.CompactionResult, llm_failures: int
+    ) -> CompactionCompleted:
+        """Commit nothing; remember the size that could not shrink, so that it is not retried in a loop."""
         meta = snapshot.meta
         error = result.error
         if result.outcome is Outcome.COMPACTED:
@@ -203,29 +279,51 @@ class Compactor:
             # into a summary turn that costs more than the span did: committing that would
             # grow a history the provider may just have called too long (invariant 5).
             error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
-        await self.store.set_meta(cid, noop_tokens=int(meta.total_tokens * meta.calibration) or 1)
-        return Outcome.NOOP, meta.version, meta.context_status, error
+        await self.store.set_meta(
+            run.conversation_id, noop_tokens=int(meta.total_tokens * meta.calibration) or 1
+        )
+        return self._event(
+            run,
+            Outcome.NOOP,
+            version=meta.version,
+            status=meta.context_status,
+            result=result,
+            error=error,
+            llm_failures=llm_failures,
+        )
 
     async def _commit(
         self,
-        cid: str,
+        run: _Run,
         snapshot: Snapshot,
         result: strategies.CompactionResult,
         *,
         fence: int,
         lock_token: str,
-        job: Job,
-    ) -> tuple[Outcome, int, ContextStatus, str | None]:
-        meta = snapshot.meta
+        llm_failures: int,
+    ) -> CompactionCompleted:
+        """The fenced commit, with its completion event in the outbox; then the event is published."""
+        cid, meta = run.conversation_id, snapshot.meta
         overhead = strategies.summary_overhead(counter_for(meta.model, self.settings.budget))
         old = strategies.draft_tokens(
             strategies.Draft(snapshot.history.chunks, snapshot.history.entries), overhead
         )
         new = strategies.draft_tokens(result.draft, overhead)
         status = ContextStatus.SUMMARIZED if result.draft.chunks else ContextStatus.FULL
+        # The commit succeeds only at exactly this version (the script checks it).
+        completed = self._event(
+            run,
+            Outcome.COMPACTED,
+            version=meta.version + 1,
+            status=status,
+            result=result,
+            error=result.error,
+            llm_failures=llm_failures,
+        )
         record: Mapping[str, Any] = {
             "version": meta.version + 1,
-            "trigger": job.trigger.value,
+            "trigger": run.trigger.value,
+            "compaction_id": str(run.compaction_id),
             "at": time.time(),
             "stages": list(result.stages),
             "tokens_before": result.tokens_before,
@@ -233,7 +331,9 @@ class Compactor:
             "chunks_before": [c.to_json() for c in snapshot.history.chunks],
             "covered_through_n": max((c.last_n for c in result.draft.chunks), default=0),
         }
-        committed = await self.store.commit(
+        field = str(run.compaction_id)
+        score = await self.outbox.expect(cid)
+        await self.store.commit(
             cid,
             fence=fence,
             lock_token=lock_token,
@@ -244,20 +344,48 @@ class Compactor:
             token_delta=new - old,
             status=status,
             record=record,
+            outbox=(field, pack(self.settings.topics.completed, encode(completed))),
         )
-        return Outcome.COMPACTED, committed.version, status, result.error
+        await self.outbox.deliver(cid, field, score)
+        return completed
 
-    async def _record_failure(self, cid: str, meta: Meta) -> None:
+    async def _record_llm_health(self, cid: str, meta: Meta, llm_failures: int) -> None:
+        """Open the circuit after ``breaker_failures`` failed LLM runs in a row; a success closes it."""
+        if llm_failures == meta.llm_failures:
+            return
+        fields: dict[str, str | int | float] = {"llm_failures": llm_failures}
+        threshold = self.settings.summarizer.breaker_failures
+        if llm_failures == 0:
+            fields["breaker_until"] = 0
+        elif threshold and llm_failures >= threshold:
+            fields["breaker_until"] = time.time() + self.settings.summarizer.breaker_cooldown_seconds
+            log.warning(
+                "%s: the LLM failed %s runs in a row; using the fallback for a while", cid, llm_failures
+            )
+        await self.store.set_meta(cid, **fields)
+
+    async def _superseded(self, cid: str, fence: int) -> bool:
+        """Whether another writer acquired the conversation since our fence."""
+        current: bytes | str | None = await self.store.redis.get(self.store.keys(cid).fence)
+        return int(current or 0) != fence
+
+    async def _record_failure(self, cid: str, meta: Meta) -> float:
+        """Count the failure and back off; returns the backoff in seconds."""
         failures = meta.failures + 1
-        backoff = min(300.0, self.settings.worker.retry_backoff_seconds * 2 ** min(failures, 8))
+        backoff = min(300.0, self.settings.worker.retry_backoff_seconds * 2.0 ** min(failures, 8))
         await self.store.set_meta(cid, failures=failures, retry_after=time.time() + backoff)
+        return backoff
 
-    async def _reschedule_if_still_over(self, cid: str) -> None:
-        """Turns appended during the compaction may have pushed it over again."""
+    async def _reschedule_if_still_over(self, cid: str, delay: float = 0.0) -> None:
+        """Schedule another run (after ``delay``) if the conversation is over its threshold.
+
+        After a commit, turns appended during the compaction may have pushed it over again;
+        after a failure, it is still over.
+        """
         meta = await self.store.meta(cid)
-        _, budget = budget_for(meta.model, self.settings.budget, meta.context_window, meta.max_output_tokens)
+        _, budget = conversation_budget(meta, self.settings.budget)
         if int(meta.total_tokens * meta.calibration) >= budget.threshold:
-            await self.jobs.schedule(cid, Trigger.THRESHOLD)
+            await self.jobs.schedule(cid, Trigger.THRESHOLD, delay_seconds=delay)
 
 
 def limits_for(

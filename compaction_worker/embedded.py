@@ -39,18 +39,20 @@ INSTALL_HINT = "pip install 'compaction-worker[embedded]'"
 
 # Runs the server as a child of /bin/sh and kills it once our end of the shell's stdin pipe
 # closes, which the kernel does when this process exits for any reason (SIGKILL included).
-# The shell also forwards SIGTERM and reaps the server, so ``stop()`` returns only after
-# the port is free: in containers PID 1 often reaps nothing, and an unreaped server would
-# linger as a zombie. A trapped signal interrupts ``wait`` while the server still runs,
-# hence the loop; ``wait`` also reports the status of a server that already exited.
+# The shell also turns SIGTERM into the server's stop signal (its first argument) and
+# reaps the server, so ``stop()`` returns only after the port is free: in containers PID 1
+# often reaps nothing, and an unreaped server would linger as a zombie. A trapped signal
+# interrupts ``wait`` while the server still runs, hence the loop; ``wait`` also reports
+# the status of a server that already exited.
 _GUARD_SCRIPT = """
+sig=$1; shift
 exec 3<&0 </dev/null
 "$@" 3<&- &
 child=$!
-{ read -r _ <&3; kill -TERM "$child" 2>/dev/null; } &
+{ read -r _ <&3; kill -"$sig" "$child" 2>/dev/null; } &
 guard=$!
 exec 3<&-
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
+trap 'kill -"$sig" "$child" 2>/dev/null' TERM INT HUP
 while :; do
     wait "$child"; status=$?
     kill -0 "$child" 2>/dev/null || break
@@ -61,6 +63,10 @@ exit "$status"
 """
 
 _POLL_SECONDS = 0.02
+# After our server exits, the kernel holds its port for a moment: connections the server
+# closed wait for their clients' side (seen with tansu under reconnecting consumers), so
+# a restart on the same port waits this long for it before calling the port taken.
+_PORT_RELEASE_SECONDS = 5.0
 _LOG_TAIL_LINES = 30
 
 
@@ -98,6 +104,8 @@ class _EmbeddedServer(ABC):
     """One server binary run as our child process; subclasses say how to run and probe it."""
 
     name = "server"
+    # The signal that stops the server cleanly, by its shell name (posix only).
+    stop_signal = "TERM"
 
     def __init__(
         self, port: int | None, binary: str | os.PathLike[str] | None, startup_timeout: float
@@ -109,6 +117,7 @@ class _EmbeddedServer(ABC):
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._lock = threading.RLock()
+        self._has_run = False  # a server of ours has listened on self.port
 
     # -- what subclasses provide -------------------------------------------------------
 
@@ -150,12 +159,12 @@ class _EmbeddedServer(ABC):
                 return
             self.stop()  # tidies up after a server that died on its own
             binary = self._resolve_binary()
-            if not _port_is_free(self.port):
+            if not self._port_released(_PORT_RELEASE_SECONDS if self._has_run else 0.0):
                 raise ConfigError(f"embedded {self.name}: port {self.port} on 127.0.0.1 is already in use")
             self._log = open(self.log_path, "ab")  # noqa: SIM115  # closed in stop()
             argv = self._command(binary)
             if os.name == "posix":
-                argv = ["/bin/sh", "-c", _GUARD_SCRIPT, "compaction-worker-guard", *argv]
+                argv = ["/bin/sh", "-c", _GUARD_SCRIPT, "compaction-worker-guard", self.stop_signal, *argv]
             self._process = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
@@ -165,7 +174,17 @@ class _EmbeddedServer(ABC):
                 start_new_session=True,
             )
             _LIVE.add(self)
+            self._has_run = True
             self._wait_until_ready()
+
+    def _port_released(self, within: float) -> bool:
+        """Whether the port is free, waiting up to ``within`` seconds for it."""
+        deadline = time.monotonic() + within
+        while not _port_is_free(self.port):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_SECONDS)
+        return True
 
     def _wait_until_ready(self) -> None:
         assert self._process is not None
@@ -189,7 +208,7 @@ class _EmbeddedServer(ABC):
             time.sleep(_POLL_SECONDS)
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after a few seconds) and wait for it to exit."""
+        """Stop the server (its stop signal, then SIGKILL after a few seconds) and wait for it to exit."""
         with self._lock:
             process, self._process = self._process, None
             _LIVE.discard(self)
@@ -274,6 +293,9 @@ class EmbeddedKafka(_EmbeddedServer):
     """
 
     name = "kafka"
+    # On SIGTERM tansu waits up to 5 s for connected clients to leave; with memory storage
+    # there is nothing to flush, and SIGINT stops it at once.
+    stop_signal = "INT"
 
     def __init__(
         self,

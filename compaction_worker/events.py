@@ -258,6 +258,15 @@ class CompactionCompleted(_Event):
     context_status: ContextStatus
     duration_ms: int = Field(ge=0)
     error: str | None = None
+    circuit_open: bool = Field(
+        default=False,
+        description="The LLM summarizer was skipped: it kept failing for this conversation (the fallback ran).",
+    )
+    llm_failures: int = Field(
+        default=0,
+        ge=0,
+        description="Failed LLM runs in a row for this conversation after this one (0 after a success).",
+    )
 
 
 # --- conversation.turn.dlq --------------------------------------------------------------
@@ -274,7 +283,10 @@ class DeadLetter(_Event):
     partition: int | None = None
     offset: int | None = None
     key_b64: str | None = Field(default=None, description="The original Kafka key, base64.")
-    original_b64: str = Field(description="The original event bytes, base64.")
+    original_b64: str = Field(
+        description="The original event bytes, base64; only the first ones (see original_size) "
+        "when the whole would not fit in one Kafka record (about 745 KB)."
+    )
     original_size: int = Field(ge=0)
 
 

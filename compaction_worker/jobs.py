@@ -19,7 +19,7 @@ from compaction_worker.keys import jobs_index_key
 from compaction_worker.store import Job, Store
 
 # KEYS: index. ARGV: conversation, now_ms, lease_until_ms. Returns the lease score, or nil.
-_CLAIM = """
+CLAIM_SCRIPT = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) > tonumber(ARGV[2]) then return nil end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
@@ -27,7 +27,7 @@ return ARGV[3]
 """
 
 # KEYS: index. ARGV: conversation, lease score. Removes the entry only if our lease still stands.
-_UNINDEX = """
+UNINDEX_SCRIPT = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) == tonumber(ARGV[2]) then
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -57,12 +57,14 @@ class JobQueue:
         self.redis = store.redis
         self.index = jobs_index_key(store.prefix)
         self.lease_ms = max(1000, int(lease_seconds * 1000))
-        self._claim = self.redis.register_script(_CLAIM)
-        self._unindex = self.redis.register_script(_UNINDEX)
+        self._claim = self.redis.register_script(CLAIM_SCRIPT)
+        self._unindex = self.redis.register_script(UNINDEX_SCRIPT)
 
-    async def schedule(self, conversation_id: str, trigger: Trigger, error: str | None = None) -> bool:
-        """Record a compaction request; True if it is new or stronger than the pending one."""
-        await self.mark_due(conversation_id)
+    async def schedule(
+        self, conversation_id: str, trigger: Trigger, error: str | None = None, *, delay_seconds: float = 0.0
+    ) -> bool:
+        """Record a compaction request (due now, or after a delay); True if it is new or stronger than the pending one."""
+        await self.mark_due(conversation_id, delay_seconds)
         return await self.store.set_job(conversation_id, trigger, error)
 
     async def mark_due(self, conversation_id: str, delay_seconds: float = 0.0) -> None:

@@ -29,7 +29,7 @@ class ConversationKeys:
     entries: str
     """List: the effective history's verbatim (or non-LLM-edited) messages."""
     pending: str
-    """Hash: turns that arrived ahead of a gap, by seq, waiting for the gap to fill."""
+    """Hash: turns that arrived ahead of a gap, by seq, with when they were held (store.HeldTurn)."""
     lock: str
     """String: the lock holder's token, with a TTL."""
     fence: str
@@ -38,6 +38,8 @@ class ConversationKeys:
     """Hash: the pending compaction request, if any."""
     compactions: str
     """List: a record of every committed compaction, for audit and rewind."""
+    outbox: str
+    """Hash: events written with a commit and not yet published, by compaction id (outbox.py)."""
 
     def all(self) -> tuple[str, ...]:
         """All keys, for retention (EXPIRE) and deletion."""
@@ -51,6 +53,7 @@ class ConversationKeys:
             self.fence,
             self.job,
             self.compactions,
+            self.outbox,
         )
 
 
@@ -67,6 +70,7 @@ def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> Con
         fence=f"{base}:fence",
         job=f"{base}:job",
         compactions=f"{base}:compactions",
+        outbox=f"{base}:outbox",
     )
 
 
@@ -75,6 +79,16 @@ def jobs_index_key(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:jobs"
 
 
+def gaps_index_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """Sorted set of conversations with turns held behind a gap, scored by the oldest one's hold time (ms)."""
+    return f"{prefix}:gaps"
+
+
 def conversations_index_key(prefix: str = DEFAULT_PREFIX) -> str:
     """Sorted set of known conversations, scored by last activity (for listing and retention)."""
     return f"{prefix}:conversations"
+
+
+def outbox_index_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """Sorted set of conversations that may have unpublished events, scored by when to look (ms)."""
+    return f"{prefix}:outbox"

@@ -135,6 +135,15 @@ _PATTERNS: Final[tuple[_Pattern, ...]] = (
     _p(r"content_length_exceeded", "azure", strong=False),
     _p(r"too many tokens", None, strong=False),
     _p(r"token limit exceeded", None, strong=False),
+    # Reference 004's per-provider phrases on their own (002: Anthropic's prompt_too_long, 413).
+    # Weak: a rate limit's text may share the words; output caps say "output" or "completion".
+    _p(r"prompt_too_long", "anthropic", strong=False),
+    _p(r"reduce the length of the messages", "openai", strong=False),
+    _p(r"\b(?:input|content) is too long", None, strong=False),
+    _p(r"exceeds the model'?s maximum(?! (?:allowed )?(?:output|completion))", None, strong=False),
+    _p(
+        r"maximum number of tokens(?! (?:to generate|for (?:the )?(?:output|completion)))", None, strong=False
+    ),
 )
 
 # Words of a rate limit, quota or throttle: the request may fit, the account is just busy.

@@ -25,7 +25,7 @@ from compaction_worker.publisher import Publisher, encode
 from compaction_worker.settings import Settings
 from compaction_worker.store import Store
 from compaction_worker.tokens import (
-    budget_for,
+    conversation_budget,
     counter_for,
 )
 
@@ -71,9 +71,7 @@ class Rewinder:
             if lease is None:
                 raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
             meta = await self.store.meta(cid)
-            _, budget = budget_for(
-                meta.model, self.settings.budget, meta.context_window, meta.max_output_tokens
-            )
+            _, budget = conversation_budget(meta, self.settings.budget)
             scale = meta.calibration or 1.0
             counter = counter_for(meta.model, self.settings.budget)
             overhead = strategies.summary_overhead(counter)

@@ -83,6 +83,10 @@ class TopicSettings(_Section):
 class BudgetSettings(_Section):
     """When to compact and how far down."""
 
+    auto_compact: bool = Field(
+        default=True,
+        description="Compact when a threshold is crossed; false: only manual and reactive requests compact.",
+    )
     trigger_fraction: float = Field(default=0.8, gt=0, le=1)
     soft_trigger_fraction: float | None = Field(default=None, gt=0, le=1)
     target_fraction: float = Field(default=0.5, gt=0, le=1)
@@ -96,6 +100,9 @@ class BudgetSettings(_Section):
     max_output_reserve_fraction: float = Field(default=0.25, gt=0, lt=1)
     image_tokens: int = Field(default=1024, ge=0)
     message_overhead_tokens: int = Field(default=4, ge=0)
+    conversation_overhead_tokens: int = Field(
+        default=24, ge=0, description="Every request's own framing (reply priming, separators), counted once."
+    )
     noop_regrowth_fraction: float = Field(
         default=0.05, ge=0, le=1, description="After a no-op, growth (of available) needed before retrying."
     )
@@ -130,6 +137,9 @@ class PipelineSettings(_Section):
     prune_minimum_savings_fraction: float = Field(
         default=0.02, ge=0, le=1, description="Of the window; the smaller wins."
     )
+    prune_keep_artifact_tokens: int = Field(
+        default=80, ge=0, description="Errors, commands, paths a cleared output keeps verbatim; 0: none."
+    )
     protected_tools: list[str] = Field(
         default_factory=lambda: ["skill"], description="Tool outputs never pruned."
     )
@@ -148,7 +158,12 @@ class PipelineSettings(_Section):
         default=0.5, gt=0, le=1, description="Of the target; above it summaries fold."
     )
     artifact_budget_tokens: int = Field(
-        default=400, ge=0, description="Verbatim paths, commands, errors kept per chunk."
+        default=400,
+        ge=0,
+        description="Verbatim paths, commands, errors kept per chunk, at least; 0: no ledger.",
+    )
+    artifact_budget_fraction: float = Field(
+        default=0.05, ge=0, le=0.5, description="Of the window: a chunk's ledger budget, if larger."
     )
     summary_placement: Literal["separate", "merge"] = Field(
         default="separate",
@@ -187,19 +202,32 @@ class SummarizerSettings(_Section):
     fallback_models: list[str] = Field(default_factory=list)
     max_summary_tokens: int = Field(default=2048, ge=64)
     max_input_tokens: int | None = Field(default=None, ge=256)
+    breaker_failures: int = Field(
+        default=3,
+        ge=0,
+        description="After this many failed LLM runs in a row for a conversation, skip the LLM for a while; 0: never.",
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=300.0, gt=0, description="How long the LLM is skipped; the next run after it tries again."
+    )
     prompt: str | None = Field(default=None, description="Replaces the built-in instructions.")
     prompt_file: Path | None = None
     temperature: float = 0.0
 
 
 class WorkerSettings(_Section):
-    """The compaction pool inside each worker process."""
+    """The compaction pool inside each worker process, and how long a turn may wait for a gap."""
 
     max_concurrent_compactions: int = Field(default=4, ge=1)
     lock_ttl_seconds: float = Field(default=30.0, gt=0)
     sweep_interval_seconds: float = Field(default=2.0, gt=0)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     retry_backoff_seconds: float = Field(default=1.0, gt=0)
+    gap_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A turn held behind a missing turn_seq this long goes to the DLQ (sequence_gap).",
+    )
 
 
 class Settings(BaseSettings):
@@ -247,6 +275,14 @@ class Settings(BaseSettings):
             self.budget = BudgetSettings.model_validate(
                 {**self.budget.model_dump(), "trigger_fraction": self.trigger_fraction}
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gap_timeout_within_retention(self) -> Settings:
+        # Held turns expire with their conversation; a longer timeout would lose them silently.
+        retention = self.redis.retention_seconds
+        if retention is not None and self.worker.gap_timeout_seconds >= retention:
+            raise ValueError("worker.gap_timeout_seconds must be below redis.retention_seconds")
         return self
 
     @classmethod

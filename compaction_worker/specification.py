@@ -198,7 +198,9 @@ def _channel_notes() -> dict[str, str]:
         keys.TURNS_TOPIC: (
             "Produced by the agent runtime, consumed by the worker pool (one consumer group). "
             "`turn_seq` starts at 1 and grows by one per conversation: a duplicate is a no-op, a "
-            "turn ahead of a gap waits for the gap to fill. Manual "
+            "turn ahead of a gap waits for the gap to fill, for `worker.gap_timeout_seconds` at "
+            "most (default 300), then goes to the dead-letter topic (`sequence_gap`) while the "
+            "conversation keeps waiting for the missing turn. Manual "
             f"(`{CompactionMode.FORCE}`) and reactive (`{CompactionMode.OVERFLOW}`) compaction "
             "requests travel in `compaction`, on this topic, so that they are ordered with the "
             "turns."
@@ -215,7 +217,8 @@ def _channel_notes() -> dict[str, str]:
         ),
         keys.DLQ_TOPIC: (
             f"Inputs the worker cannot process, with a `reason` ({reasons}), a human-readable "
-            "detail and the original key and bytes (base64). To replay, fix the cause and "
+            "detail and the original key and bytes (base64; an original too big for one record "
+            "is cut, and `original_size` tells). To replay, fix the cause and "
             f"produce the original bytes to `{keys.TURNS_TOPIC}` again."
         ),
     }

@@ -11,6 +11,7 @@ out of the preserved transcript and that compaction's log record.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -109,9 +110,10 @@ return {'appended', seq, history}
 # The shared head of the commit and rewind scripts: refuse a stale writer, then replace
 # all chunks and the first ``consumed`` entries, keeping the entries appended since the
 # writer's snapshot (``suffix``) after the new ones.
-# KEYS: meta, chunks, entries, compactions, lock, fence
+# KEYS: meta, chunks, entries, compactions, lock, fence, outbox
 # ARGV: fence, lock_token, expected_version, consumed, n_chunks, n_entries, tokens,
-#       status, record, now, then n_chunks chunks, then n_entries entries
+#       status, record, now, then n_chunks chunks, then n_entries entries, then the
+#       outbox field and payload ('' and '' for none)
 _LUA_REPLACE = """
 if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'stale_fence'} end
 if redis.call('GET', KEYS[5]) ~= ARGV[2] then return {'lock_lost'} end
@@ -136,6 +138,7 @@ _LUA_NEW_VERSION = """
 redis.call('HSET', KEYS[1], 'version', version + 1, 'context_status', ARGV[8],
   'updated_at', ARGV[10], 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
 redis.call('RPUSH', KEYS[4], ARGV[9])
+if ARGV[#ARGV] ~= '' then redis.call('HSET', KEYS[7], ARGV[#ARGV - 1], ARGV[#ARGV]) end
 return {'committed', version + 1, history, #suffix}
 """
 
@@ -190,6 +193,8 @@ class Meta:
     history_tokens: int = 0
     system_tokens: int = 0
     tools_tokens: int = 0
+    overhead_tokens: int = 0
+    """The request's own framing, counted once (``budget.conversation_overhead_tokens``)."""
     version: int = 0
     context_status: ContextStatus = ContextStatus.FULL
     calibration: float = 1.0
@@ -197,18 +202,24 @@ class Meta:
     noop_tokens: int = 0
     failures: int = 0
     retry_after: float = 0.0
+    llm_failures: int = 0
+    """Failed LLM summarizer runs in a row (the circuit breaker's count)."""
+    breaker_until: float = 0.0
+    """Until when (epoch seconds) the LLM summarizer is skipped for this conversation."""
     window: int = 0
     threshold: int = 0
     system_prompt: str | None = None
     tools: tuple[Mapping[str, Any], ...] | None = None
     max_output_tokens: int | None = None
     context_window: int | None = None
+    observed_window: int | None = None
+    """The maximum a provider's overflow error stated, when below the window we knew."""
     updated_at: float = 0.0
 
     @property
     def fixed_tokens(self) -> int:
-        """Tokens of what every request repeats: the system prompt and the tool schemas."""
-        return self.system_tokens + self.tools_tokens
+        """Tokens of what every request repeats: the system prompt, the tool schemas, the request's framing."""
+        return self.system_tokens + self.tools_tokens + self.overhead_tokens
 
     @property
     def total_tokens(self) -> int:
@@ -236,6 +247,7 @@ class Meta:
             history_tokens=i("history_tokens"),
             system_tokens=i("system_tokens"),
             tools_tokens=i("tools_tokens"),
+            overhead_tokens=i("overhead_tokens"),
             version=i("version"),
             context_status=ContextStatus(data.get("context_status") or "full"),
             calibration=f("calibration", 1.0),
@@ -243,12 +255,15 @@ class Meta:
             noop_tokens=i("noop_tokens"),
             failures=i("failures"),
             retry_after=f("retry_after"),
+            llm_failures=i("llm_failures"),
+            breaker_until=f("breaker_until"),
             window=i("window"),
             threshold=i("threshold"),
             system_prompt=data.get("system_prompt") or None,
             tools=tuple(json.loads(tools)) if tools else None,
             max_output_tokens=opt_int("max_output_tokens"),
             context_window=opt_int("context_window"),
+            observed_window=opt_int("observed_window"),
             updated_at=f("updated_at"),
         )
 
@@ -285,6 +300,39 @@ def _job_args(request: JobRequest) -> list[str]:
         request.error or "",
         str(request.estimate),
     ]
+
+
+# A held turn is stored as ``<held_ms>:<raw>``, or ``<held_ms>/<lease_ms>:<raw>`` while a
+# sweeper dead-letters it (gaps.py, whose scripts read the same prefix): the hold time makes
+# the gap timeout per turn, the lease keeps two sweepers from dead-lettering one turn twice.
+# A held turn was a JSON object, so its own first byte is never a digit.
+_HELD_PREFIX = re.compile(rb"(\d+)(?:/(\d+))?:")
+
+
+@dataclass(frozen=True, slots=True)
+class HeldTurn:
+    """A turn held behind a gap: its original bytes and when it was held."""
+
+    turn_seq: int
+    held_ms: int
+    raw: bytes
+    lease_ms: int = 0
+    """While a sweeper dead-letters it: until when (epoch ms) no other sweeper may."""
+
+
+def held_value(raw: bytes, held_ms: int) -> bytes:
+    """The stored form of a held turn."""
+    return b"%d:%s" % (held_ms, raw)
+
+
+def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
+    """Read a stored held turn; a value without the prefix (held before it existed) counts as held at 0."""
+    data = value.encode() if isinstance(value, str) else value
+    match = _HELD_PREFIX.match(data)
+    if match is None:
+        return HeldTurn(turn_seq, 0, data)
+    held, lease = match.groups()
+    return HeldTurn(turn_seq, int(held), data[match.end() :], int(lease or 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,18 +589,30 @@ class Store:
         """Drop the job that ran; False when a newer request replaced it meanwhile."""
         return bool(await self._finish_job(keys=[self.keys(conversation_id).job], args=[job_id]))
 
-    async def buffer_pending(self, conversation_id: str, turn_seq: int, raw: bytes) -> bool:
-        """Hold a turn that arrived ahead of a gap; False if that seq was already held."""
+    async def buffer_pending(
+        self, conversation_id: str, turn_seq: int, raw: bytes, held_ms: int | None = None
+    ) -> bool:
+        """Hold a turn that arrived ahead of a gap; False if that seq was already held.
+
+        The hold time (epoch ms, default now) is kept with the bytes so that each held turn
+        times out on its own (gaps.py); a redelivery keeps the first hold time.
+        """
         keys = self.keys(conversation_id)
-        added = await self.redis.hsetnx(keys.pending, str(turn_seq), raw)
+        at = int(_now() * 1000) if held_ms is None else held_ms
+        added = await self.redis.hsetnx(keys.pending, str(turn_seq), held_value(raw, at))
         if self.retention_ms:
             await self.redis.pexpire(keys.pending, self.retention_ms)
         return bool(added)
 
     async def pending_turn(self, conversation_id: str, turn_seq: int) -> bytes | None:
         """A held turn with this seq, if one arrived ahead of its predecessor."""
-        raw = await self.redis.hget(self.keys(conversation_id).pending, str(turn_seq))
-        return raw.encode() if isinstance(raw, str) else raw
+        value = await self.redis.hget(self.keys(conversation_id).pending, str(turn_seq))
+        return None if value is None else parse_held(turn_seq, value).raw
+
+    async def held_turns(self, conversation_id: str) -> list[HeldTurn]:
+        """Every turn held behind a gap, by ascending seq, with when it was held."""
+        raw = await self.redis.hgetall(self.keys(conversation_id).pending)
+        return sorted((parse_held(int(seq), value) for seq, value in raw.items()), key=lambda h: h.turn_seq)
 
     async def pending_seqs(self, conversation_id: str) -> list[int]:
         """The seqs held behind a gap, ascending."""
@@ -580,6 +640,21 @@ class Store:
         raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
         return [json.loads(r) for r in raw]
 
+    async def originals(self, conversation_id: str, ordinals: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Transcript messages by ordinal (message ``n`` is at list index ``n - 1``), in one round trip."""
+        if not ordinals:
+            return {}
+        key = self.keys(conversation_id).transcript
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for n in ordinals:
+                pipe.lindex(key, n - 1)
+            raw = await pipe.execute()
+        found: dict[int, dict[str, Any]] = {}
+        for n, record in zip(ordinals, raw, strict=True):
+            if record is not None and (data := json.loads(record))["n"] == n:
+                found[n] = data["m"]
+        return found
+
     async def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
         """The log of committed compactions, oldest first."""
         raw = await self.redis.lrange(self.keys(conversation_id).compactions, 0, -1)
@@ -598,15 +673,20 @@ class Store:
         token_delta: int,
         status: ContextStatus,
         record: Mapping[str, Any],
+        outbox: tuple[str, bytes] | None = None,
     ) -> CommitResult:
         """Replace the first ``consumed`` entries and all chunks, keeping later appends.
 
-        Raises StaleFenceError when the fence moved, the lock expired, or another
-        compaction committed since the snapshot: nothing is written then.
+        ``outbox`` is an event (field, payload) stored with the commit, in the same
+        script: it is published afterwards and, if the worker dies first, by another
+        (see :mod:`compaction_worker.outbox`). Raises StaleFenceError when the fence moved,
+        the lock expired, or another compaction committed since the snapshot: nothing is
+        written then.
         """
         keys = self.keys(conversation_id)
+        field, payload = outbox or ("", b"")
         result = await self._commit(
-            keys=[keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence],
+            keys=[keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence, keys.outbox],
             args=[
                 fence,
                 lock_token,
@@ -620,6 +700,8 @@ class Store:
                 _now(),
                 *(c.to_json() for c in chunks),
                 *(e.to_json() for e in entries),
+                field,
+                payload,
             ],
         )
         status_text = _s(result[0])
@@ -688,7 +770,7 @@ class Store:
             "covered_through_n": max((c.last_n for c in chunks), default=0),
         }
         result = await self._rewind(
-            keys=[keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence],
+            keys=[keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence, keys.outbox],
             args=[
                 fence,
                 lock_token,
@@ -702,6 +784,8 @@ class Store:
                 _now(),
                 *(c.to_json() for c in chunks),
                 *(e.to_json() for e in entries),
+                "",  # no outbox event: the rewind publishes its own
+                "",
             ],
         )
         status_text = _s(result[0])

@@ -268,6 +268,7 @@ class FakeLLMServer:
         self._responder: Responder | None = None
         self._failures: deque[_Failure] = deque()
         self._counter = 0
+        self._in_flight = 0
         self._port: int | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -287,6 +288,17 @@ class FakeLLMServer:
         """A copy of every request body received so far, in order."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests are being answered right now (received, reply not yet sent).
+
+        With :meth:`set_delay`, this shows whether an LLM call is under way, e.g. to kill a
+        worker in the middle of one. A client that goes away does not end its request early:
+        it counts until its delay is over.
+        """
+        with self._lock:
+            return self._in_flight
 
     def set_delay(self, seconds: float) -> None:
         """Make every response wait ``seconds`` (without blocking other requests)."""
@@ -403,6 +415,15 @@ class FakeLLMServer:
     # -- the endpoint -----------------------------------------------------------------
 
     async def _chat_completions(self, request: web.Request) -> web.Response:
+        with self._lock:
+            self._in_flight += 1
+        try:
+            return await self._answer(request)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         raw = await request.read()
         try:
             body = json.loads(raw)

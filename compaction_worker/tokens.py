@@ -12,9 +12,9 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import tiktoken
 
@@ -323,8 +323,39 @@ def calibrate(factor: float, estimated: int, reported: int) -> float:
 
 
 def budget_for(
-    model: str, settings: BudgetSettings, context_window: int | None, max_output: int | None
+    model: str,
+    settings: BudgetSettings,
+    context_window: int | None,
+    max_output: int | None,
+    observed_window: int | None = None,
 ) -> tuple[WindowInfo, Budget]:
-    """The window and budget of a conversation's model, with the event's overrides applied."""
+    """The window and budget of a conversation's model, with the event's overrides applied.
+
+    ``observed_window`` is the maximum a provider's overflow error stated for this
+    conversation: the provider's word beats any registry or setting that claims more
+    (a deployment's own limit, a proxy's, a model alias), so it caps the window.
+    """
     info = resolve_window(model, settings, context_window)
+    if observed_window is not None and 0 < observed_window < info.window:
+        info = replace(info, window=observed_window, source="provider")
     return info, compute_budget(info, settings, max_output)
+
+
+class BudgetFacts(Protocol):
+    """What a conversation's stored metadata says about its budget (store.Meta has these)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def context_window(self) -> int | None: ...
+    @property
+    def max_output_tokens(self) -> int | None: ...
+    @property
+    def observed_window(self) -> int | None: ...
+
+
+def conversation_budget(facts: BudgetFacts, settings: BudgetSettings) -> tuple[WindowInfo, Budget]:
+    """:func:`budget_for` a stored conversation: its model, overrides and the provider's stated maximum."""
+    return budget_for(
+        facts.model, settings, facts.context_window, facts.max_output_tokens, facts.observed_window
+    )

@@ -22,6 +22,7 @@ from compaction_worker.events import (
     Trigger,
     TurnEvent,
 )
+from compaction_worker.gaps import GapIndex
 from compaction_worker.jobs import JobQueue
 from compaction_worker.overflow import detect_overflow
 from compaction_worker.publisher import Publisher, encode
@@ -30,11 +31,18 @@ from compaction_worker.store import JobRequest, Meta, NewMessage, Store
 from compaction_worker.tokens import (
     budget_for,
     calibrate,
+    conversation_budget,
     counter_for,
 )
 from compaction_worker.windows import resolve_window
 
 log = logging.getLogger(__name__)
+
+DLQ_RECORD_LIMIT = 1_000_000
+"""Bytes one dead-letter record (key and value) stays under: Kafka's default limit for a record
+is 1 MiB (producer max.request.size, broker message.max.bytes), less room for headers. The
+original travels as base64 (4/3 of its size), so a bad event over ~745 KB would not fit whole;
+a record that cannot be published would send its event back forever and stall the partition."""
 
 
 class TurnStatus(StrEnum):
@@ -72,6 +80,7 @@ class TurnHandler:
         self.jobs = jobs
         self.publish = publish
         self.on_scheduled = on_scheduled or (lambda _cid: None)
+        self.gaps = GapIndex(store, settings.worker.gap_timeout_seconds, self._dead_letter_held)
 
     async def handle(
         self, raw: bytes, key: bytes | None = None, partition: int | None = None, offset: int | None = None
@@ -87,8 +96,14 @@ class TurnHandler:
             await self.dead_letter(raw, key, partition, offset, bad=bad)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
         outcome = await self._apply(event, raw)
+        cid = event.conversation_id
         if outcome.status is TurnStatus.APPENDED:
-            await self._drain_pending(event.conversation_id, event.turn_seq)
+            await self._drain_pending(cid, event.turn_seq)
+        else:
+            # A duplicate may be the redelivery after a crash between an append and its
+            # drain; a turn just held may have met a gap that another worker filled after
+            # we read (a rebalance overlap). Either way the next turn may be held in vain.
+            await self._drain_pending(cid, (await self.store.meta(cid)).last_seq)
         return outcome
 
     def parse(self, raw: bytes, key: bytes | None) -> TurnEvent:
@@ -97,15 +112,26 @@ class TurnHandler:
         if len(raw) > limit:
             raise BadEventError(DeadLetterReason.OVERSIZED, f"{len(raw)} bytes, over the {limit}-byte limit")
         try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadEventError(DeadLetterReason.MALFORMED_JSON, str(e)) from e
+            # UTF-8 only (json.loads would take UTF-16 and UTF-32 too); no NaN or Infinity,
+            # which are not JSON and would reach the provider in the stored history. Nesting
+            # too deep for Python's parser is a RecursionError; pydantic's parser below
+            # stops earlier, at a depth its serializer can still write back.
+            data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise BadEventError(DeadLetterReason.MALFORMED_JSON, str(e) or type(e).__name__) from e
         conversation_id = data.get("conversation_id") if isinstance(data, dict) else None
         cid = conversation_id if isinstance(conversation_id, str) else None
         try:
-            event = TurnEvent.model_validate(data)
+            # Strict, as the published JSON Schema is: "turn_seq": "3" or true is not an integer.
+            # Parsed again from the bytes: only JSON-mode strictness takes UUIDs, datetimes and
+            # enums as the strings they are in JSON.
+            event = TurnEvent.model_validate_json(raw, strict=True)
         except ValidationError as e:
-            raise BadEventError(DeadLetterReason.SCHEMA_VIOLATION, _validation_summary(e), cid) from e
+            # Text json.loads accepts but pydantic's parser refuses: a lone UTF-16 surrogate
+            # escape, or nesting over its depth limit.
+            unparsable = any(item["type"] == "json_invalid" for item in e.errors())
+            reason = DeadLetterReason.MALFORMED_JSON if unparsable else DeadLetterReason.SCHEMA_VIOLATION
+            raise BadEventError(reason, _validation_summary(e), None if unparsable else cid) from e
         if key is not None and key != event.conversation_id.encode():
             raise BadEventError(
                 DeadLetterReason.KEY_MISMATCH,
@@ -135,7 +161,7 @@ class TurnHandler:
                 scheduled = await self._check_threshold(cid, meta)
                 return TurnOutcome(TurnStatus.DUPLICATE, cid, scheduled)
             if event.turn_seq > meta.last_seq + 1:
-                await self.store.buffer_pending(cid, event.turn_seq, raw)
+                await self.gaps.hold(cid, event.turn_seq, raw)
                 log.info("turn %s of %s waits for turn %s", event.turn_seq, cid, meta.last_seq + 1)
                 return TurnOutcome(TurnStatus.BUFFERED, cid)
             request = _request_of(event)
@@ -155,17 +181,30 @@ class TurnHandler:
         settings = self.settings.budget
         counter = counter_for(event.model, settings)
         new = [NewMessage(m.to_dict(), counter.message(m.to_dict())) for m in event.messages]
-        _, budget = budget_for(
+        reactive = request is not None and request.trigger is Trigger.REACTIVE
+        overflow = (
+            detect_overflow(request.error) if request is not None and reactive and request.error else None
+        )
+        # A maximum the provider stated caps the window from now on, not only for this compaction.
+        stated = [w for w in (meta.observed_window, overflow.max_tokens if overflow else None) if w]
+        info, budget = budget_for(
             event.model,
             settings,
             event.context_window or meta.context_window,
             event.max_output_tokens or meta.max_output_tokens,
+            min(stated, default=None),
         )
         fields: dict[str, str | int | float] = {
             "model": event.model,
             "window": budget.window,
             "threshold": budget.threshold,
+            "overhead_tokens": settings.conversation_overhead_tokens,
         }
+        if info.source == "provider" and info.window != meta.observed_window:
+            fields["observed_window"] = info.window
+            log.warning(
+                "%s: the provider's maximum, %s tokens, is now its window", event.conversation_id, info.window
+            )
         if event.system_prompt is not None:
             fields["system_prompt"] = event.system_prompt
             fields["system_tokens"] = counter.text(event.system_prompt) + settings.message_overhead_tokens
@@ -181,11 +220,10 @@ class TurnHandler:
         calibration = meta.calibration
         if event.usage is not None:
             calibration = calibrate(calibration, estimate, event.usage.prompt_tokens)
-        if request is not None and request.trigger is Trigger.REACTIVE:
+        if request is not None and reactive:
             # The provider's count of the rejected prompt is a usage report too; the job
             # keeps the estimate it is paired with, for the compaction to use (_reactive).
             request = replace(request, estimate=estimate)
-            overflow = detect_overflow(request.error) if request.error else None
             if overflow is not None and overflow.actual_tokens:
                 calibration = calibrate(calibration, estimate, overflow.actual_tokens)
         if calibration != meta.calibration:
@@ -205,9 +243,11 @@ class TurnHandler:
 
     def threshold_trigger(self, meta: Meta) -> Trigger | None:
         """The threshold a conversation's estimated total has crossed, if any."""
+        if not self.settings.budget.auto_compact:
+            return None  # manual and reactive requests travel with their turns, not through here
         if meta.retry_after and time.time() < meta.retry_after:
             return None
-        _, budget = budget_for(meta.model, self.settings.budget, meta.context_window, meta.max_output_tokens)
+        _, budget = conversation_budget(meta, self.settings.budget)
         total = int(meta.total_tokens * meta.calibration)
         regrowth = int(self.settings.budget.noop_regrowth_fraction * budget.available)
         if meta.noop_tokens and total <= meta.noop_tokens + regrowth:
@@ -220,29 +260,43 @@ class TurnHandler:
 
     async def _drain_pending(self, cid: str, seq: int) -> None:
         """Apply, in order, turns that were held behind a gap this turn just filled."""
+        released = 0
         while (raw := await self.store.pending_turn(cid, seq + 1)) is not None:
-            outcome = await self.handle_held(raw, cid)
+            released += 1
+            outcome = await self.handle_held(raw, cid, seq + 1)
             if outcome.status is not TurnStatus.APPENDED:
-                return
+                break
             seq += 1
+        if released:
+            await self.gaps.reindex(cid)  # out of the gap index once nothing is held
 
-    async def handle_held(self, raw: bytes, cid: str) -> TurnOutcome:
+    async def handle_held(self, raw: bytes, cid: str, turn_seq: int) -> TurnOutcome:
         """Apply one held turn (it was valid when it was held)."""
         try:
             event = self.parse(raw, cid.encode())
         except BadEventError as bad:  # settings changed since it was held
-            await self.dead_letter(raw, cid.encode(), None, None, bad=bad)
+            await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
+            # Left held, it would block its conversation and be dead-lettered again on expiry.
+            await self.store.drop_pending(cid, turn_seq)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
         return await self._apply(event, raw)
 
     async def dead_letter(
-        self, raw: bytes, key: bytes | None, partition: int | None, offset: int | None, *, bad: BadEventError
+        self,
+        raw: bytes,
+        key: bytes | None,
+        partition: int | None,
+        offset: int | None,
+        *,
+        bad: BadEventError,
+        turn_seq: int | None = None,
     ) -> None:
         """Publish the original bytes and the reason to the dead-letter topic."""
         record = DeadLetter(
             reason=bad.reason,
             detail=bad.detail[:4000],
             conversation_id=bad.conversation_id,
+            turn_seq=turn_seq,
             source_topic=self.settings.topics.turns,
             partition=partition,
             offset=offset,
@@ -250,8 +304,16 @@ class TurnHandler:
             original_b64=base64.b64encode(raw).decode(),
             original_size=len(raw),
         )
+        payload = encode(record)
+        if len(payload) + len(key or b"") > DLQ_RECORD_LIMIT:
+            payload = encode(_cut_original(record, raw, key))
         log.warning("dead-lettered an event: %s", bad)
-        await self.publish(self.settings.topics.dlq, encode(record), key)
+        await self.publish(self.settings.topics.dlq, payload, key)
+
+    async def _dead_letter_held(self, raw: bytes, cid: str, turn_seq: int, bad: BadEventError) -> None:
+        # Held turns were keyed by their conversation (or not keyed: parse allows that); the
+        # record is keyed by it either way, so it lands beside the conversation's other letters.
+        await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
 
 
 def _request_of(event: TurnEvent) -> JobRequest | None:
@@ -265,6 +327,23 @@ def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
     """Tokens of this turn's messages that were input to the call its usage reports."""
     last_assistant = max((i for i, m in enumerate(event.messages) if m.role == "assistant"), default=len(new))
     return sum(m.tokens for m in new[:last_assistant])
+
+
+def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:
+    """The record with as much of the original as fits in one Kafka record, saying how much."""
+    bare = len(encode(record.model_copy(update={"original_b64": ""})))
+    room = DLQ_RECORD_LIMIT - bare - len(key or b"") - 200  # 200: the note below
+    keep = max(0, room) // 4 * 3
+    note = (
+        f" (the record keeps the first {keep} of {len(raw)} bytes; the whole would not fit in a Kafka record)"
+    )
+    return record.model_copy(
+        update={"original_b64": base64.b64encode(raw[:keep]).decode(), "detail": record.detail + note}
+    )
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _validation_summary(error: ValidationError) -> str:

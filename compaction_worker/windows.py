@@ -54,7 +54,8 @@ class WindowInfo:
     window: int
     """Max input tokens."""
     max_output_tokens: int | None
-    source: Literal["event", "override", "registry", "fallback"]
+    source: Literal["event", "override", "registry", "fallback", "provider"]
+    """``provider``: a provider's overflow error stated a smaller maximum than the others did."""
 
 
 def resolve_window(model: str, settings: BudgetSettings, event_window: int | None = None) -> WindowInfo:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,9 @@ class CompactionPool:
     size: int
     sweep_interval: float
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    chores: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
+    """Other periodic work that rides on the sweeper's loop (expiring turns held behind a gap,
+    publishing completion events that a dead worker left in the outbox)."""
     completed: int = 0
     failed: int = 0
     _sweeper: asyncio.Task[None] | None = None
@@ -94,10 +97,11 @@ class CompactionPool:
 
     async def _sweep_forever(self) -> None:
         while not self._stopping:
-            try:
-                await self.sweep()
-            except Exception:  # Redis away: try again next interval
-                log.warning("sweep failed", exc_info=True)
+            for work in (self.sweep, *self.chores):
+                try:
+                    await work()
+                except Exception:  # Redis or Kafka away: try again next interval
+                    log.warning("sweep failed", exc_info=True)
             await asyncio.sleep(self.sweep_interval)
 
     async def sweep(self) -> int:
@@ -162,7 +166,7 @@ class Worker:
                 await self.app.stop()
 
     def __repr__(self) -> str:
-        return f"<Worker handled={self.handled} {self.pool!r}>"
+        return f"<Worker handled={self.handled} {self.pool!r} {self.turns.gaps!r}>"
 
 
 def build_worker(
@@ -201,6 +205,8 @@ def build_worker(
         sweep_interval=settings.worker.sweep_interval_seconds,
     )
     turns = TurnHandler(settings, store, jobs, publish, on_scheduled=pool.submit)
+    pool.chores.append(turns.gaps.expire)
+    pool.chores.append(compactor.outbox.relay)  # completion events whose worker died
 
     subscriber = broker.subscriber(
         settings.topics.turns,

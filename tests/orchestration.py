@@ -14,6 +14,7 @@ from compaction_worker.events import (
 from compaction_worker.extractive import ExtractiveSummarizer
 from compaction_worker.jobs import JobQueue
 from compaction_worker.lock import Locks
+from compaction_worker.publisher import Publisher
 from compaction_worker.settings import Settings
 from compaction_worker.store import Store
 from compaction_worker.strategies import summary_overhead
@@ -36,7 +37,7 @@ class Published:
 
 
 def make_parts(
-    redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+    redis_client: redis.asyncio.Redis, settings: Settings, published: Publisher
 ) -> tuple[TurnHandler, Compactor, Store, JobQueue]:
     """A turn handler and a compactor over one store, with the extractive summarizer."""
     store = Store(redis_client, "t", None)
@@ -55,7 +56,7 @@ def make_parts(
 
 def test_settings() -> Settings:
     """Settings with a small event-size limit and a key prefix of its own."""
-    return Settings(redis={"key_prefix": "t"}, kafka={"max_event_bytes": 16384})  # type: ignore[arg-type]
+    return Settings(redis={"key_prefix": "t"}, kafka={"max_event_bytes": 16384})
 
 
 def raw(cid: str, seq: int, *messages: dict[str, Any], **fields: Any) -> bytes:

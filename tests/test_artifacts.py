@@ -233,7 +233,7 @@ class TestLedger:
 
     def test_content_parts_and_missing_content(self) -> None:
         """Text parts of a content list are scanned; images and None content are skipped."""
-        messages = [
+        messages: list[dict[str, Any]] = [
             {"role": "user", "content": [{"type": "text", "text": "see lib/x.go"}, {"type": "image_url"}]},
             {"role": "assistant", "content": None},
         ]

@@ -75,7 +75,7 @@ def test_history_for_a_person(conversation: str) -> None:
 
 
 def test_history_json_and_full(conversation: str) -> None:
-    """--json gives the provider-ready messages; --full gives the transcript records."""
+    """Reference 003 (the full history stays available): --json gives the provider-ready messages; --full gives the transcript records."""
     effective = json.loads(CliRunner().invoke(main, ["history", conversation, "--json"]).output)
     assert [m["role"] for m in effective["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     full = json.loads(CliRunner().invoke(main, ["history", conversation, "--full", "--json"]).output)
@@ -83,10 +83,16 @@ def test_history_json_and_full(conversation: str) -> None:
 
 
 def test_status_and_compact(conversation: str) -> None:
-    """status reports the budget; compact schedules a manual compaction."""
+    """References 000 and 002 (/compact) and 004 (context stats): status reports the budget; compact schedules a manual compaction."""
     status = json.loads(CliRunner().invoke(main, ["status", conversation, "--json"]).output)
     assert (status["last_seq"], status["messages"], status["pending_compaction"]) == (3, 4, None)
     assert status["window"] == 128_000
+    parts = status["tokens_by_part"]
+    assert set(parts) == {"system", "tools", "framing", "history"}
+    assert sum(parts.values()) == status["tokens"] > 0
+    assert status["usage_ratio"] == round(status["tokens"] / status["window"], 4)
+    assert status["available"] < status["window"]
+    assert status["should_compact"] is False
     assert CliRunner().invoke(main, ["compact", conversation]).exit_code == 0
     status = json.loads(CliRunner().invoke(main, ["status", conversation, "--json"]).output)
     assert status["pending_compaction"] == "manual"

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 import pytest
 
+from compaction_worker.attachments import file_budget, fit_files
 from compaction_worker.client import Client
+from compaction_worker.compactor import Compactor
 from compaction_worker.history import SUMMARY_ACK, SUMMARY_HEADER, EffectiveHistory, Entry, SummaryChunk
+from compaction_worker.jobs import JobQueue
 from compaction_worker.settings import Settings
 from compaction_worker.store import Meta, Snapshot, Store
+from compaction_worker.tokens import counter_for
+from compaction_worker.turns import TurnHandler
+from tests.orchestration import raw, user
 
 HISTORY = EffectiveHistory(
     chunks=(SummaryChunk("c", "earlier work", 1, 2, 1, 2, 4, "2024-01-01T00:00:00+00:00", "fake"),),
@@ -48,3 +55,46 @@ def test_placement_is_validated() -> None:
     """Only the two placements exist."""
     with pytest.raises(ValueError, match="summary_placement"):
         client("system")
+
+
+FILES = {"notes.md": "short notes", "report.txt": "a line of the quarterly report\n" * 2_000}
+
+
+@pytest.mark.integration
+async def test_fit_files_to_the_conversation_budget(
+    parts: tuple[TurnHandler, Compactor, Store, JobQueue], settings: Settings
+) -> None:
+    """Reference 004 (file token budget): files get 60% of what the window has left, counted for its model."""
+    turns, _, store, _ = parts
+    await turns.handle(raw("c", 1, user("hello " * 200), context_window=8_192, max_output_tokens=1_024), b"c")
+    client = Client(settings, store, None)
+    stats = await client.context_stats("c")
+    budget = math.floor((8_192 - stats.tokens - 1_024) * 0.6)
+    counter = counter_for("gpt-4o-mini", settings.budget)
+
+    fitted = await client.fit_files("c", FILES)
+
+    assert (stats.window, stats.window - stats.available) == (8_192, 1_024)
+    assert budget == file_budget(stats.window, stats.tokens, 1_024)
+    assert [(f.name, f.action) for f in fitted] == [("notes.md", "kept"), ("report.txt", "truncated")]
+    assert budget - 100 < sum(counter.text(f.text) for f in fitted) <= budget
+    assert fitted == fit_files(FILES, budget, counter.text, max_tokens_per_byte=counter.multiplier)
+
+
+@pytest.mark.integration
+async def test_fit_files_in_calibrated_tokens(
+    parts: tuple[TurnHandler, Compactor, Store, JobQueue], settings: Settings
+) -> None:
+    """Where the provider counts twice our estimate, files get half as many estimated tokens."""
+    turns, _, store, _ = parts
+    await turns.handle(raw("c", 1, user("hello"), context_window=8_192, max_output_tokens=1_024), b"c")
+    await store.set_meta("c", calibration=2.0)
+    client = Client(settings, store, None)
+    stats = await client.context_stats("c")
+    budget = file_budget(stats.window, stats.tokens, 1_024)
+    counter = counter_for("gpt-4o-mini", settings.budget)
+
+    fitted = await client.fit_files("c", FILES)
+
+    assert 2 * sum(counter.text(f.text) for f in fitted) <= budget
+    assert fitted == fit_files(FILES, budget // 2, counter.text, max_tokens_per_byte=counter.multiplier)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, TypeVar
 import pytest
 import redis
 import redis.asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient
 
+from compaction_worker import embedded
 from compaction_worker.embedded import (
     INSTALL_HINT,
     EmbeddedKafka,
@@ -32,7 +34,7 @@ from compaction_worker.embedded import (
 from compaction_worker.errors import ConfigError
 
 if TYPE_CHECKING:
-    from conftest import MakeTopics
+    from tests.conftest import MakeTopics
 
 Server = TypeVar("Server", EmbeddedKafka, EmbeddedRedis)
 
@@ -123,7 +125,7 @@ class TestEmbeddedKafka:
         )
         await consumer.start()
         try:
-            received = []
+            received: list[ConsumerRecord[bytes, bytes]] = []
             deadline = time.monotonic() + 30
             while len(received) < len(sent) and time.monotonic() < deadline:
                 batches = await consumer.getmany(timeout_ms=500)
@@ -140,8 +142,8 @@ class TestEmbeddedKafka:
         for record in received:
             partition_of_key.setdefault(record.key, set()).add(record.partition)
         assert all(len(parts) == 1 for parts in partition_of_key.values())
-        for key in partition_of_key:
-            values = [int(r.value) for r in received if r.key == key and r.value is not None]
+        for each_key in partition_of_key:
+            values = [int(r.value) for r in received if r.key == each_key and r.value is not None]
             assert values == sorted(values)
         assert [tp.partition for tp in partitions] == [0, 1, 2, 3]
         assert sum(offset or 0 for offset in committed.values()) == 20
@@ -174,6 +176,17 @@ class TestEmbeddedKafka:
 
             assert kafka.port == port
             assert topic not in await _topics(kafka.bootstrap_servers)
+
+    def test_stop_is_prompt_while_a_client_is_connected(self) -> None:
+        """stop() does not sit out tansu's graceful wait for connected clients (SIGTERM: 5 s)."""
+        with _started(EmbeddedKafka()) as kafka, socket.create_connection(("127.0.0.1", kafka.port)):
+            began = time.monotonic()
+            kafka.stop()
+            took = time.monotonic() - began
+
+            assert not kafka.running
+            assert not _listening(kafka.port)
+        assert took < 2
 
 
 # --- Redis ------------------------------------------------------------------------------
@@ -249,6 +262,41 @@ class TestLifecycle:
 
             with redis.Redis.from_url(server.url) as client:
                 assert client.ping()
+
+    def test_start_again_waits_for_a_port_still_held_after_stop(self) -> None:
+        """Right after our server stopped, a port held for a moment longer is waited for, not refused."""
+        with _started(EmbeddedRedis()) as server:
+            server.stop()
+            holder = socket.socket()
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind(("127.0.0.1", server.port))
+            holder.listen()
+            release = threading.Timer(0.3, holder.close)
+            release.start()
+            try:
+                began = time.monotonic()
+                server.start()
+                waited = time.monotonic() - began
+            finally:
+                release.cancel()
+                holder.close()
+
+            assert waited >= 0.3
+            with redis.Redis.from_url(server.url) as client:
+                assert client.ping()
+
+    def test_start_again_gives_up_on_a_port_that_stays_taken(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The wait for our old port is bounded: a port someone else keeps is a ConfigError."""
+        monkeypatch.setattr(embedded, "_PORT_RELEASE_SECONDS", 0.2)
+        with _started(EmbeddedRedis()) as server:
+            server.stop()
+            with socket.socket() as holder:
+                holder.bind(("127.0.0.1", server.port))
+                holder.listen()
+
+                with pytest.raises(ConfigError, match=f"port {server.port}"):
+                    server.start()
+            assert not server.running
 
     def test_server_dies_with_a_hard_killed_parent(self, tmp_path: Path) -> None:
         """A SIGKILLed parent takes its server down with it: the port goes quiet."""

@@ -111,7 +111,7 @@ class TestExtractive:
             await ExtractiveSummarizer(count).summarize(request([{"role": "user", "content": "  "}]))
 
 
-_WORDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=200)
+_WORDS = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=200)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

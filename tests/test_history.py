@@ -50,7 +50,7 @@ def history(*entries: Entry, chunks: tuple[SummaryChunk, ...] = (chunk(),), **kw
 
 class TestSeparatePlacement:
     def test_summary_turn_then_acknowledgment(self) -> None:
-        """The summary is a tagged user turn followed by an assistant acknowledgment (reference 000)."""
+        """References 000 and 001: the summary is a tagged user turn (never a system message) followed by an assistant acknowledgment."""
         out = render(history(entry(3, "user", "next question"), entry(4, "assistant", "answer")))
         assert [m["role"] for m in out] == ["user", "assistant", "user", "assistant"]
         assert out[0]["content"] == summary_message_text((chunk(),))
@@ -59,19 +59,19 @@ class TestSeparatePlacement:
         assert provider_problems(out) == []
 
     def test_no_acknowledgment_before_an_assistant_message(self) -> None:
-        """When the assistant speaks next anyway, an acknowledgment would make two assistant turns."""
+        """Reference 000 (the acknowledgment keeps roles alternating): when the assistant speaks next anyway, an acknowledgment would make two assistant turns."""
         out = render(history(entry(3, "assistant", "where was I"), entry(4, "user", "go on")))
         assert [m["role"] for m in out] == ["user", "assistant", "user"]
         assert out[1]["content"] == "where was I"
         assert provider_problems(out) == []
 
     def test_summary_alone(self) -> None:
-        """A history that is all summary still alternates: summary, acknowledgment."""
+        """References 000 and 001 (an empty tail): a history that is all summary still alternates: summary, acknowledgment."""
         out = render(history())
         assert [m["role"] for m in out] == ["user", "assistant"]
 
     def test_every_chunk_in_one_message(self) -> None:
-        """Several chunks share the one summary turn, oldest first."""
+        """Reference 003 (several summary chunks per conversation): they share the one summary turn, oldest first."""
         chunks = (chunk(1, 2, id="a", text="first part"), chunk(3, 4, id="b", text="second part"))
         out = render(history(entry(5, "user", "hi"), chunks=chunks))
         text = out[0]["content"]
@@ -81,7 +81,7 @@ class TestSeparatePlacement:
 
 class TestMergePlacement:
     def test_prepended_to_string_content(self) -> None:
-        """The summary is merged into the first kept user message; no acknowledgment (reference 001)."""
+        """Reference 001: the summary is merged into the first kept user message; no acknowledgment."""
         h = history(entry(3, "user", "next question"), entry(4, "assistant", "answer"))
         out = render(h, "merge")
         assert [m["role"] for m in out] == ["user", "assistant"]
@@ -106,7 +106,7 @@ class TestMergePlacement:
         ids=["assistant first", "user without text"],
     )
     def test_falls_back_to_separate(self, first: Entry) -> None:
-        """Without a user message with text to merge into, the summary gets its own turn."""
+        """Reference 001: without a user message with text to merge into, the summary gets its own turn."""
         h = history(first)
         assert render(h, "merge") == render(h, "separate")
 
@@ -126,7 +126,7 @@ class TestMergePlacement:
 class TestTag:
     @pytest.mark.parametrize("placement", PLACEMENTS)
     def test_recognised_in_either_placement(self, placement: SummaryPlacement) -> None:
-        """The summary keeps its tag so a later compaction or a human recognises it (reference 000)."""
+        """References 000 and 001: the summary keeps its tag so a later compaction or a human recognises it."""
         out = render(history(entry(3, "user", "next")), placement)
         assert is_summary_text(out[0]["content"])
         assert not is_summary_text("next")
@@ -139,7 +139,7 @@ class TestTag:
 
 class TestSystemMessages:
     def test_hoisted_into_one_leading_message(self) -> None:
-        """System prompt and system entries become one system message; none mid-history (invariant 4)."""
+        """References 001 and 003 (the system prompt stays first, always sent): system prompt and system entries become one system message; none mid-history (invariant 4)."""
         h = history(
             entry(3, "user", "hi"),
             entry(4, "system", "Be brief."),
@@ -186,7 +186,7 @@ class TestEntry:
 
 class TestSummaryChunk:
     def test_json_round_trip(self) -> None:
-        """Chunks survive storage, tuples included."""
+        """Reference 003 (Decision 8, summary storage): chunks survive storage, tuples included."""
         c = chunk(2, 9, stages=("summarize", "fold"), level=1, artifacts=("src/app.py",), kept=(4, 5))
         assert SummaryChunk.from_json(c.to_json()) == c
 
@@ -197,7 +197,7 @@ class TestSummaryChunk:
         assert SummaryChunk.from_json(raw).kept == ()
 
     def test_covers_its_span_except_kept(self) -> None:
-        """Pinned messages kept as entries inside the span are not covered."""
+        """Reference 004 (non-destructive history): a chunk covers its span, except pinned messages kept as entries."""
         c = chunk(2, 6, kept=(4,))
         assert [n for n in range(1, 8) if c.covers(n)] == [2, 3, 5, 6]
 
@@ -206,7 +206,7 @@ class TestSummaryChunk:
         assert not chunk(0, 3).covers(0)
 
     def test_render_text_has_span_and_ledger(self) -> None:
-        """The model reads which turns a chunk stands for and the verbatim references."""
+        """Reference 000 (the summary points to the originals): the model reads which turns a chunk stands for and the verbatim references."""
         text = chunk(1, 4, artifacts=("src/app.py",)).render_text()
         assert text.startswith("## Summary of turns 1-4\n")
         assert "- src/app.py" in text

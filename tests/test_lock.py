@@ -16,7 +16,7 @@ KEYS = conversation_keys("c", "t")
 
 
 async def test_exclusive_and_fenced(redis_client: redis.asyncio.Redis) -> None:
-    """A second acquirer gets nothing; every acquisition gets a higher fence."""
+    """Reference 003 (Decision 10, a per-conversation lock): a second acquirer gets nothing; every acquisition gets a higher fence."""
     locks = Locks(redis_client, 30)
     first = await locks.acquire("c", KEYS)
     assert first is not None

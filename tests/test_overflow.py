@@ -386,6 +386,9 @@ NOT_OVERFLOWS: list[tuple[str, str]] = [
         "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
         "with 'tool_calls'.",
     ),
+    # The bare phrases read as overflows must not catch output caps worded like them
+    ("output-cap-exceeds", "max_tokens exceeds the model's maximum output tokens (8192)."),
+    ("output-cap-number", "max_tokens is above the maximum number of tokens to generate (4096)."),
     ("bad-key", "Incorrect API key provided: sk-abc***def."),
     ("server-error", "failed to load the model: the maximum context length is not available"),
     ("empty", ""),
@@ -401,12 +404,12 @@ class TestCorpus:
     def test_overflow_text_is_recognised_with_numbers(
         self, source: str, text: str, provider: str | None, actual: int | None, maximum: int | None
     ) -> None:
-        """A provider's real overflow text yields its provider, input tokens and window."""
+        """References 002 and 004: a provider's real overflow text yields its provider, input tokens and window."""
         assert detect_overflow(text) == OverflowInfo(provider, actual, maximum)
 
     @pytest.mark.parametrize(("source", "text"), NOT_OVERFLOWS, ids=[n[0] for n in NOT_OVERFLOWS])
     def test_look_alike_is_not_an_overflow(self, source: str, text: str) -> None:
-        """Rate limits, quotas, output caps and generic 400s are not overflows."""
+        """Rate limits, quotas, output caps and generic 400s are not overflows, though some of reference 004's broader patterns (RESOURCE_EXHAUSTED, ValidationException.*token) would match them."""
         assert detect_overflow(text) is None
 
 
@@ -450,7 +453,7 @@ class TestExceptions:
 
     def test_litellm_context_window_error_is_recognised(self) -> None:
         """LiteLLM's ContextWindowExceededError with an OpenAI message yields its numbers."""
-        error = litellm.ContextWindowExceededError(
+        error = litellm.exceptions.ContextWindowExceededError(
             message="This model's maximum context length is 8192 tokens. However, your messages "
             "resulted in 9000 tokens.",
             model="gpt-4",
@@ -460,11 +463,13 @@ class TestExceptions:
 
     def test_typed_error_without_known_text_is_still_an_overflow(self) -> None:
         """The type alone is enough; the provider comes from its llm_provider attribute."""
-        error = litellm.ContextWindowExceededError(message="refused", model="m", llm_provider="cohere")
+        error = litellm.exceptions.ContextWindowExceededError(
+            message="refused", model="m", llm_provider="cohere"
+        )
         assert detect_overflow(error) == OverflowInfo("cohere", None, None)
 
     def test_overflow_found_through_the_cause_chain(self) -> None:
-        """An overflow wrapped by another exception (raise ... from e) is found via __cause__."""
+        """Reference 004 (error.cause): an overflow wrapped by another exception (raise ... from e) is found via __cause__."""
         outer = RuntimeError("summarizing failed")
         outer.__cause__ = ValueError("prompt is too long: 210000 tokens > 200000 maximum")
         assert detect_overflow(outer) == OverflowInfo("anthropic", 210000, 200000)
@@ -479,7 +484,7 @@ class TestExceptions:
 
     def test_provider_attribute_names_a_shared_wording(self) -> None:
         """OpenAI-style text from an Azure deployment is attributed to azure by llm_provider."""
-        error = litellm.BadRequestError(
+        error = litellm.exceptions.BadRequestError(
             message="This model's maximum context length is 8192 tokens. However, your messages "
             "resulted in 9001 tokens.",
             model="my-deployment",
@@ -489,12 +494,14 @@ class TestExceptions:
 
     def test_plain_bad_request_is_not_an_overflow(self) -> None:
         """A LiteLLM BadRequestError about something else is not an overflow."""
-        error = litellm.BadRequestError(message="invalid tool schema", model="m", llm_provider="openai")
+        error = litellm.exceptions.BadRequestError(
+            message="invalid tool schema", model="m", llm_provider="openai"
+        )
         assert detect_overflow(error) is None
 
     def test_rate_limit_error_is_not_an_overflow(self) -> None:
         """LiteLLM's RateLimitError with a TPM message is not an overflow."""
-        error = litellm.RateLimitError(
+        error = litellm.exceptions.RateLimitError(
             message="Rate limit reached for gpt-4o on tokens per min (TPM): Limit 30000",
             llm_provider="openai",
             model="gpt-4o",
@@ -506,3 +513,47 @@ class TestExceptions:
         error = ValueError("nothing relevant")
         error.__context__ = error
         assert detect_overflow(error) is None
+
+
+# Reference 004's per-provider phrases that are recognised on their own: (provider named in
+# the reference, text, provider reported, window read from the text).
+REFERENCE_004_PHRASES: list[tuple[str, str, str | None, int | None]] = [
+    ("openai", "This model's maximum context length is 8192 tokens.", "openai", 8192),
+    ("azure", "Error code: 400 - content_length_exceeded", "azure", None),
+    ("google", "The input token count exceeds the maximum number of tokens allowed.", "gemini", None),
+    ("bedrock-input", "ValidationException: Input is too long for requested model.", "bedrock", None),
+    ("bedrock-maximum", "The prompt exceeds the model's maximum context length of 8192 tokens.", None, 8192),
+    ("mistral", "context length exceeded", None, None),
+    ("openrouter", "context_length_exceeded", None, None),
+    ("anthropic-prompt", "prompt is too long", "anthropic", None),
+    ("anthropic-tokens", "Too many tokens in the request", None, None),
+    ("anthropic-413", "Error 413: prompt_too_long", "anthropic", None),
+    ("openai-reduce", "Please reduce the length of the messages.", "openai", None),
+    ("anthropic-input", "input is too long", None, None),
+    ("google-content", "The content is too long for this model.", None, None),
+    ("bedrock-exceeds", "The request exceeds the model's maximum.", None, None),
+    ("mistral-maximum", "Prompt contains more than the maximum number of tokens.", None, None),
+]
+
+
+class TestReferencePatterns:
+    """Reference 004 (error detection): the overflow phrases it lists per provider."""
+
+    @pytest.mark.parametrize(
+        ("source", "text", "provider", "maximum"),
+        REFERENCE_004_PHRASES,
+        ids=[p[0] for p in REFERENCE_004_PHRASES],
+    )
+    def test_listed_phrase_is_an_overflow(
+        self, source: str, text: str, provider: str | None, maximum: int | None
+    ) -> None:
+        """Reference 004: each provider's listed phrase alone is an overflow, attributed where the phrase is the provider's own."""
+        assert detect_overflow(text) == OverflowInfo(provider, None, maximum)
+
+    def test_resource_exhausted_is_a_quota_not_an_overflow(self) -> None:
+        """Reference 004 lists Google's RESOURCE_EXHAUSTED; it is Gemini's 429 quota status, which compaction cannot fix."""
+        text = (
+            '{"error": {"code": 429, "message": "Resource has been exhausted (e.g. check quota).", '
+            '"status": "RESOURCE_EXHAUSTED"}}'
+        )
+        assert detect_overflow(text) is None

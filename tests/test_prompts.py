@@ -22,7 +22,7 @@ class TestPrompt:
     """build_prompt: instructions, the fence, and how messages are rendered."""
 
     def test_default_instructions_name_every_section_in_order(self) -> None:
-        """The system message lists the seven sections in their order, with the rules."""
+        """References 000, 002 and 003 (what the summary preserves): the system message lists the seven sections in their order, with the rules."""
         system = build_prompt(request())[0]
         assert system["role"] == "system"
         positions = [system["content"].index(f"## {s}") for s in SECTIONS]
@@ -101,7 +101,7 @@ class TestContent:
     """render_content: what of a message's content the summarizer reads."""
 
     def test_parts_are_joined_and_non_text_parts_named(self) -> None:
-        """Text parts verbatim, images as [image], other kinds by their type; no data leaks."""
+        """Reference 000 (the summarizer writes text only): text parts verbatim, images as [image], other kinds by their type; no data leaks."""
         content = [
             {"type": "text", "text": "first"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},

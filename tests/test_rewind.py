@@ -41,7 +41,7 @@ class TestRewinder:
     async def test_undoing_the_second_compaction_gives_the_first_plus_later_turns(
         self, parts: Any, rewinder: Rewinder, published: Published
     ) -> None:
-        """Compact twice, rewind the second: the first's history plus every turn appended since."""
+        """Reference 004 (rewind): compact twice, rewind the second: the first's history plus every turn appended since."""
         turns, compactor, store, jobs = parts
         events = conversation(80)
         handed = await self._until_scheduled(turns, events)

@@ -63,6 +63,14 @@ class TestAppend:
         assert [e.seq for e in snapshot.history.entries] == [1, 1, 2]
         assert [r["m"]["content"] for r in await store.transcript("c")] == ["a", "b", "c"]
 
+    async def test_originals_by_ordinal(self, store: Store) -> None:
+        """The transcript's messages by ordinal, in one round trip; unknown ordinals are absent."""
+        await append(store, "c", 1, msg("a"), msg("b", "assistant"))
+        await append(store, "c", 2, msg("c"))
+        found = await store.originals("c", [3, 1, 9])
+        assert found == {1: {"role": "user", "content": "a"}, 3: {"role": "user", "content": "c"}}
+        assert await store.originals("c", []) == {}
+
     async def test_duplicate_changes_nothing(self, store: Store) -> None:
         """A turn at or below the last seq is a no-op (invariant 2)."""
         await append(store, "c", 1, msg("a"))
@@ -133,7 +141,7 @@ class TestCommit:
     async def test_commit_keeps_messages_appended_meanwhile(
         self, store: Store, redis_client: redis.asyncio.Redis
     ) -> None:
-        """Entries appended after the snapshot survive the commit (invariant 1)."""
+        """Reference 000 (history and originals stay in sync): entries appended after the snapshot survive the commit (invariant 1)."""
         locks = Locks(redis_client, 30)
         fence, token = await self._setup(store, locks)
         snapshot = await store.snapshot("c")
@@ -272,7 +280,7 @@ class TestRewind:
     async def test_restores_verbatim_messages_and_keeps_later_appends(
         self, store: Store, redis_client: redis.asyncio.Redis
     ) -> None:
-        """Undoing the only compaction gives back every transcript message as appended, edits undone."""
+        """References 000 and 003 (originals preserved) and 004 (rewind): undoing the only compaction gives back every transcript message as appended, edits undone."""
         lease = await self._compacted(store, Locks(redis_client, 30))
         result = await store.rewind(
             "c", fence=lease.fence, lock_token=lease.token, version=None, count=never_count, overhead=OVERHEAD

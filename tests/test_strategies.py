@@ -6,11 +6,15 @@ checks in ``tests/strategies/test_repair.py``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from compaction_worker.errors import SummarizerError
 from compaction_worker.events import LlmUsage, Outcome
 from compaction_worker.history import EffectiveHistory, Entry, SummaryChunk, render
+from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies import (
     Limits,
     compact,
@@ -29,7 +33,7 @@ class FakeCounter:
     def text(self, text: str) -> int:
         return count(text)
 
-    def message(self, message: dict[str, Any]) -> int:
+    def message(self, message: Mapping[str, Any]) -> int:
         return count(str(message.get("content") or "")) + 4
 
 
@@ -89,7 +93,7 @@ def limits(target: int, **kw: Any) -> Limits:
 
 class TestCompact:
     async def test_additive_summary_under_target(self) -> None:
-        """Older turns become one chunk; the tail stays verbatim; the result is under target."""
+        """References 002, 003 and 004 (the LLM summary): older turns become one chunk; the tail stays verbatim; the result is under target."""
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
         history = EffectiveHistory(chunks=(), entries=es)
         fake = FakeSummarizer()
@@ -103,7 +107,7 @@ class TestCompact:
         assert provider_problems(render(history.with_parts(out.draft.chunks, out.draft.entries))) == []
 
     async def test_second_compaction_adds_a_chunk(self) -> None:
-        """A later compaction keeps the first chunk and adds one (reference 003: additive)."""
+        """Reference 003 (additive): a later compaction keeps the first chunk and adds one."""
         first = SummaryChunk("x", "old", 1, 4, 1, 4, 5, "t", "m")
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=5)
         out = await compact(EffectiveHistory((first,), es), limits(200), [FakeSummarizer()], COUNTER)
@@ -112,7 +116,7 @@ class TestCompact:
         assert out.draft.chunks[1].first_n == 5
 
     async def test_chunks_fold_when_over_their_budget(self) -> None:
-        """Chunks that outgrow their budget fold into one (reference 003: recursive fallback)."""
+        """References 003 (recursive fallback) and 000 (an earlier summary is folded in as a summary): chunks that outgrow their budget fold into one."""
         old = tuple(SummaryChunk(str(i), "old " * 40, i, i, i, i, 60, "t", "m") for i in range(1, 4))
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=4)
         fake = FakeSummarizer()
@@ -137,7 +141,7 @@ class TestCompact:
         assert "llm: down" in out.error
 
     async def test_truncation_when_every_summarizer_fails(self) -> None:
-        """Sliding-window truncation leaves a marker chunk covering what it dropped (reference 004)."""
+        """Reference 004 (a failed summary falls through to stage 4): sliding-window truncation leaves a marker chunk covering what it dropped."""
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
         out = await compact(EffectiveHistory((), es), limits(300), [FakeSummarizer(fail=True)], COUNTER)
         assert out.outcome is Outcome.COMPACTED
@@ -146,7 +150,7 @@ class TestCompact:
         assert out.draft.chunks[0].last_n == out.draft.entries[0].n - 1
 
     async def test_degrading_guard_shrinks_the_tail_to_zero(self) -> None:
-        """A tail too large for the budget degrades, down to no tail at all (reference 003)."""
+        """Reference 003 (degrading guard): a tail too large for the budget degrades, down to no tail at all."""
         es = entries(("user", 20), ("assistant", 20), ("user", 400))
         out = await compact(EffectiveHistory((), es), limits(100), [FakeSummarizer()], COUNTER)
         assert out.outcome is Outcome.COMPACTED
@@ -154,7 +158,7 @@ class TestCompact:
         assert out.draft.chunks[0].last_n == 3
 
     async def test_noop_when_the_target_is_unreachable(self) -> None:
-        """When system prompt and tools alone exceed the target, nothing is committed (invariant 5)."""
+        """Reference 003 (the system prompt is compaction-proof): when system prompt and tools alone exceed the target, nothing is committed (invariant 5)."""
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 3])
         out = await compact(
             EffectiveHistory((), es), limits(100, fixed_tokens=150), [FakeSummarizer()], COUNTER
@@ -165,9 +169,46 @@ class TestCompact:
         assert "no stage can reach the target" in out.error
 
     async def test_under_target_is_noop_unless_forced(self) -> None:
-        """A manual compaction summarizes even below the target (reference 000: /compact)."""
+        """References 000 (/compact) and 004 (compactSession): a manual compaction summarizes even below the target."""
         es = entries(*[(r, 10) for r in ["user", "assistant"] * 6])
         history = EffectiveHistory((), es)
         assert (await compact(history, limits(10_000), [FakeSummarizer()], COUNTER)).outcome is Outcome.NOOP
         forced = await compact(history, limits(10_000, force=True), [FakeSummarizer()], COUNTER)
         assert forced.outcome is Outcome.COMPACTED
+
+    async def test_summary_and_sliding_window_can_be_switched_off(self) -> None:
+        """Reference 004 (enableSummarize, enableSlidingWindow): a disabled stage is skipped; with neither, nothing is committed."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory((), es)
+        fake = FakeSummarizer()
+        no_summary = await compact(
+            history, limits(300), [fake], COUNTER, settings=PipelineSettings(summarize=False)
+        )
+        assert (no_summary.outcome, no_summary.stages) == (Outcome.COMPACTED, ("truncate",))
+        assert fake.requests == []
+        neither = PipelineSettings(summarize=False, sliding_window=False)
+        out = await compact(history, limits(300), [fake], COUNTER, settings=neither)
+        assert (out.outcome, out.draft.entries, out.draft.chunks) == (Outcome.NOOP, es, ())
+
+    async def test_a_chunk_records_its_turns_size_time_and_model(self) -> None:
+        """Reference 003 (Decision 8, summary storage): a chunk keeps the turns it covers, its tokens, when it was made and the model that wrote it."""
+        # Two messages per turn, so turn numbers differ from message ordinals.
+        es = tuple(
+            replace(e, seq=(e.n + 1) // 2) for e in entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        )
+        before = datetime.now(UTC)
+        out = await compact(
+            EffectiveHistory((), es), limits(300), [FakeSummarizer(name="summary-model")], COUNTER
+        )
+        (chunk,) = out.draft.chunks
+        expected = (1, 4, 1, 8, COUNTER.text(chunk.render_text()), "summary-model")
+
+        assert expected == (
+            chunk.first_seq,
+            chunk.last_seq,
+            chunk.first_n,
+            chunk.last_n,
+            chunk.tokens,
+            chunk.model,
+        )
+        assert before <= datetime.fromisoformat(chunk.created_at) <= datetime.now(UTC)

@@ -63,7 +63,8 @@ def summarizer(server: FakeLLMServer, sleeps: Sleeps | None = None, **fields: An
 
 def user_text(body: dict[str, Any]) -> str:
     """The user message of a request the fake server received."""
-    return next(m["content"] for m in body["messages"] if m["role"] == "user")
+    content: str = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    return content
 
 
 GOOD_SUMMARY = "\n".join(f"## {s}\n- noted" for s in SECTIONS)
@@ -130,12 +131,12 @@ class TestValidation:
             validate_summary(text, 0, request())
 
     def test_oversized_summary_is_rejected(self) -> None:
-        """A summary over max_summary_tokens is rejected."""
+        """Reference 003 (a bounded summary size): a summary over max_summary_tokens is rejected."""
         with pytest.raises(SummarizerError, match="over its budget of 100"):
             validate_summary(GOOD_SUMMARY, 101, request(max_summary_tokens=100))
 
     def test_summary_not_smaller_than_what_it_replaces_is_rejected(self) -> None:
-        """A summary as large as what it replaces is rejected; one token less passes."""
+        """Reference 000 (no-op rejection): a summary as large as what it replaces is rejected; one token less passes."""
         with pytest.raises(SummarizerError, match="not smaller"):
             validate_summary(GOOD_SUMMARY, 50, request(replaced_tokens=50))
         validate_summary(GOOD_SUMMARY, 49, request(replaced_tokens=50))
@@ -152,7 +153,7 @@ class TestLiteLLMCalls:
     """Calls through LiteLLM's real HTTP path: replies, usage and cost, call parameters."""
 
     async def test_valid_reply_is_returned_with_usage(self, fake_llm: FakeLLMServer) -> None:
-        """A valid reply becomes the result, with the server's usage and no cost for an unknown model."""
+        """Reference 003 (a provider-agnostic LLM summary): a valid reply becomes the result, with the server's usage and no cost for an unknown model."""
         fake_llm.set_reply(GOOD_SUMMARY)
         result = await summarizer(fake_llm).summarize(request())
         assert result.text == GOOD_SUMMARY
@@ -192,7 +193,7 @@ class TestLiteLLMCalls:
         assert body["messages"] == build_prompt(request(max_summary_tokens=777))
 
     async def test_custom_prompt_replaces_the_instructions(self, fake_llm: FakeLLMServer) -> None:
-        """settings.prompt becomes the system message of the call."""
+        """References 000 (summaryPrompt) and 003 (a domain-specific prompt): settings.prompt becomes the system message of the call."""
         fake_llm.set_reply(GOOD_SUMMARY)
         await summarizer(fake_llm, prompt="Summarize for billing support.").summarize(request())
         assert fake_llm.requests[0]["messages"][0] == {
@@ -203,7 +204,7 @@ class TestLiteLLMCalls:
     async def test_prompt_file_replaces_the_instructions(
         self, fake_llm: FakeLLMServer, tmp_path: Path
     ) -> None:
-        """The contents of settings.prompt_file become the system message."""
+        """Reference 003 (a deployment's own prompt): the contents of settings.prompt_file become the system message."""
         prompt_file = tmp_path / "prompt.txt"
         prompt_file.write_text("Keep only decisions.", encoding="utf-8")
         fake_llm.set_reply(GOOD_SUMMARY)
@@ -219,7 +220,7 @@ class TestLiteLLMCalls:
         assert fake_llm.requests == []
 
     async def test_conversation_model(self, fake_llm: FakeLLMServer) -> None:
-        """model='conversation' summarizes with the request's conversation model."""
+        """Reference 003 (Decision 3, the query's own model): model='conversation' summarizes with the request's conversation model."""
         fake_llm.set_reply(GOOD_SUMMARY)
         result = await summarizer(fake_llm, model="conversation").summarize(
             request(conversation_model="openai/the-chat-model")
@@ -297,7 +298,7 @@ class TestRetries:
         with pytest.raises(SummarizerError, match="ServiceUnavailableError") as info:
             await summarizer(fake_llm, max_retries=2).summarize(request())
         assert len(fake_llm.requests) == 3
-        assert isinstance(info.value.__cause__, litellm.ServiceUnavailableError)
+        assert isinstance(info.value.__cause__, litellm.exceptions.ServiceUnavailableError)
 
     @pytest.mark.parametrize(
         ("status", "kind"),
@@ -311,7 +312,7 @@ class TestRetries:
     async def test_non_retryable_errors_are_not_retried(
         self, fake_llm: FakeLLMServer, status: int, kind: str
     ) -> None:
-        """400, 401, 403 and 404 fail at once: one call, no sleep."""
+        """Reference 004 (a 400 breaks the retry loop): 400, 401, 403 and 404 fail at once: one call, no sleep."""
         fake_llm.fail_next(1, status)
         sleeps = Sleeps()
         with pytest.raises(SummarizerError, match=kind):
@@ -406,7 +407,7 @@ class TestEscalation:
         return messages
 
     async def test_overflow_clamps_tool_outputs(self, fake_llm: FakeLLMServer) -> None:
-        """After one overflow the retry cuts each tool output to head and tail with a notice."""
+        """Reference 004 (an overflow is not retried as it was): after one overflow the retry cuts each tool output to head and tail with a notice."""
         fake_llm.overflow_next(1, "openai", actual=90_000, maximum=100_000)
         fake_llm.set_reply(GOOD_SUMMARY)
         result = await summarizer(fake_llm).summarize(request(self.long_session()))
@@ -438,7 +439,7 @@ class TestEscalation:
         with pytest.raises(SummarizerError, match="input too large") as info:
             await summarizer(fake_llm).summarize(request(self.long_session()))
         assert len(fake_llm.requests) == 3
-        assert isinstance(info.value.__cause__, litellm.ContextWindowExceededError)
+        assert isinstance(info.value.__cause__, litellm.exceptions.ContextWindowExceededError)
 
     async def test_configured_input_limit_shrinks_before_calling(self, fake_llm: FakeLLMServer) -> None:
         """A prompt over max_input_tokens is shrunk before the first call, which fits."""
@@ -450,7 +451,7 @@ class TestEscalation:
         assert "messages omitted from the middle of the transcript" in user_text(fake_llm.requests[0])
 
     async def test_model_window_from_litellm_shrinks_before_calling(self, fake_llm: FakeLLMServer) -> None:
-        """A model LiteLLM knows (gpt-4, 8192 tokens) gets a prompt that leaves room for the reply."""
+        """Reference 000 (output tokens reserved for the summary): a model LiteLLM knows (gpt-4, 8192 tokens) gets a prompt that leaves room for the reply."""
         fake_llm.set_reply(GOOD_SUMMARY)
         await summarizer(fake_llm, model="openai/gpt-4").summarize(
             request(self.long_session(), max_summary_tokens=1000)
@@ -512,7 +513,7 @@ class TestMakeSummarizer:
 
     @pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "conversation"])
     def test_model_is_litellm(self, model: str) -> None:
-        """A model string, or 'conversation', means the LiteLLM summarizer named after it."""
+        """References 001 and 004 (a configurable summary model): a model string, or 'conversation', means the LiteLLM summarizer named after it."""
         chosen = make_summarizer(SummarizerSettings(model=model), count)
         assert isinstance(chosen, LiteLLMSummarizer)
         assert chosen.name == model

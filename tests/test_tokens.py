@@ -98,7 +98,7 @@ class TestTokenizerChoice:
         ],
     )
     def test_counter_name(self, model: str, expected: str) -> None:
-        """Each model family gets its own encoding, or cl100k_base with its provider's ratio."""
+        """Reference 004 (provider multipliers): each model family gets its own encoding, or cl100k_base with its provider's ratio."""
         assert expected == counter_for(model, DEFAULTS).name
 
     def test_counters_are_shared(self) -> None:
@@ -120,7 +120,7 @@ class TestText:
         ["", "hello", "Hello, world!\n", "naïve café 漢字 🙂", "def f(x):\n    return x * 2\n"],
     )
     def test_matches_tiktoken(self, text: str) -> None:
-        """For OpenAI models the count is exactly tiktoken's."""
+        """Reference 003 (tiktoken): for OpenAI models the count is exactly tiktoken's."""
         assert raw(O200K, text) == GPT4O.text(text)
         assert raw(CL100K, text) == counter_for("gpt-4", DEFAULTS).text(text)
 
@@ -131,7 +131,7 @@ class TestText:
         assert raw(O200K, text) == GPT4O.text(text)
 
     def test_multiplier(self) -> None:
-        """Approximate counters scale cl100k_base by the provider's ratio, rounding up."""
+        """Reference 004 (provider multipliers): approximate counters scale cl100k_base by the provider's ratio, rounding up."""
         text = "The quick brown fox jumps over the lazy dog. " * 10
 
         assert math.ceil(raw(CL100K, text) * 1.23) == CLAUDE.text(text)
@@ -163,7 +163,7 @@ class TestText:
 
 class TestMessage:
     def test_string_content(self) -> None:
-        """A text message is its content's tokens plus the per-message overhead."""
+        """Reference 004 (TOKENS_PER_MESSAGE 4): a text message is its content's tokens plus the per-message overhead."""
         message = {"role": "user", "content": "What is the capital of France?"}
 
         assert raw(O200K, message["content"]) + 4 == GPT4O.message(message)
@@ -184,7 +184,7 @@ class TestMessage:
         assert GPT4O.message(plain) == GPT4O.message(pinned)
 
     def test_content_parts(self) -> None:
-        """Text parts count their text; each image counts the configured estimate."""
+        """References 002 and 004 (a fixed image estimate, 1,024 tokens by default): text parts count their text; each image counts the configured estimate."""
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 50_000}}
         message = {
             "role": "user",
@@ -201,7 +201,7 @@ class TestMessage:
         assert expected == CLAUDE.message(message)
 
     def test_other_parts_count_their_json(self) -> None:
-        """A non-text, non-image part counts as its compact JSON."""
+        """Reference 004 (file attachments count): a non-text, non-image part counts as its compact JSON."""
         part = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
         message = {"role": "user", "content": [part]}
         dumped = json.dumps(part, sort_keys=True, separators=(",", ":"))
@@ -219,7 +219,7 @@ class TestMessage:
         assert counted > DEFAULTS.message_overhead_tokens
 
     def test_tool_calls(self) -> None:
-        """A tool call counts its name, arguments and id, plus a few tokens of structure."""
+        """Reference 002 (tool use from its serialized input): a tool call counts its name, arguments and id, plus a few tokens of structure."""
         call = {
             "id": "call_abc123",
             "type": "function",
@@ -283,7 +283,7 @@ class TestTools:
         assert not GPT4O.tools(tools)
 
     def test_schema_json(self) -> None:
-        """Tool schemas count as their compact, key-sorted JSON."""
+        """Reference 004 (tool definitions from their JSON): tool schemas count as their compact, key-sorted JSON."""
         dumped = json.dumps([self.SCHEMA], sort_keys=True, separators=(",", ":"))
 
         assert raw(O200K, dumped) == GPT4O.tools([self.SCHEMA])
@@ -303,7 +303,7 @@ class TestTools:
 
 class TestBudget:
     def test_defaults_for_gpt_4o(self) -> None:
-        """gpt-4o reserves its 16k output limit; thresholds are fractions of the rest."""
+        """References 002 (effective window), 003 (a percentage of the window) and 004 (80% by default): gpt-4o reserves its 16k output limit; thresholds are fractions of the rest."""
         expected = Budget(
             window=128_000,
             output_reserve=16_384,
@@ -317,7 +317,7 @@ class TestBudget:
         assert expected == compute_budget(window(128_000, 16_384), DEFAULTS)
 
     def test_explicit_reserve_wins(self) -> None:
-        """The event's max_output_tokens beats the settings and the registry."""
+        """Reference 004 (an explicit maxTokens is the output reserve): the event's max_output_tokens beats the settings and the registry."""
         settings = BudgetSettings(output_reserve_tokens=2_000)
 
         expected = (1_000, 99_000)
@@ -335,7 +335,7 @@ class TestBudget:
         assert settings.output_reserve_tokens == budget.output_reserve
 
     def test_default_reserve(self) -> None:
-        """Without any output limit the reserve is 4096 tokens."""
+        """Reference 004 (an output reserve when none is given; ours is 4,096): without any output limit the reserve is 4096 tokens."""
         expected = 4_096
 
         budget = compute_budget(window(100_000), DEFAULTS)
@@ -344,7 +344,7 @@ class TestBudget:
 
     @pytest.mark.parametrize("explicit", [None, 50_000])
     def test_reserve_capped_at_fraction(self, explicit: int | None) -> None:
-        """No reserve takes more than max_output_reserve_fraction of the window."""
+        """Reference 004 (the reserve is capped by a share of the window; ours is 25%): no reserve takes more than max_output_reserve_fraction of the window."""
         expected = 8_192 // 4
 
         budget = compute_budget(window(8_192, 100_000), DEFAULTS, max_output_tokens=explicit)
@@ -362,7 +362,7 @@ class TestBudget:
         assert expected == (budget.available, budget.threshold, budget.target)
 
     def test_floor_raises_threshold(self) -> None:
-        """On a small window the floor, not the fraction, sets the threshold."""
+        """Reference 003 (Decision 4, a fixed token floor): on a small window the floor, not the fraction, sets the threshold."""
         settings = BudgetSettings(floor_tokens=1_000, output_reserve_tokens=0)
 
         budget = compute_budget(window(1_100), settings)
@@ -397,7 +397,7 @@ class TestBudget:
         assert budget.soft_threshold <= budget.threshold
 
     def test_reactive_target_uses_provider_maximum(self) -> None:
-        """After an overflow naming a lower maximum, aim at 70% of it minus the reserve."""
+        """Reference 004 (70% after an overflow): after an overflow naming a lower maximum, aim at 70% of it minus the reserve."""
         budget = compute_budget(window(128_000, 16_384), DEFAULTS)
 
         assert math.floor(0.7 * 60_000) - 16_384 == budget.reactive_target(60_000)
@@ -541,7 +541,7 @@ class TestProperties:
         reactive: float,
         provider_max: int | None,
     ) -> None:
-        """For any valid settings: 0 <= target < threshold <= available <= window, soft <= threshold."""
+        """Reference 002 (room below the threshold): for any valid settings: 0 <= target < threshold <= available <= window, soft <= threshold."""
         budget_settings = BudgetSettings(
             trigger_fraction=trigger,
             target_fraction=trigger * target_share,

@@ -83,7 +83,7 @@ class TestTurns:
         assert await store.pending_seqs("c") == []
 
     async def test_threshold_schedules_a_job(self, parts: Any) -> None:
-        """Crossing the hard threshold records a threshold job."""
+        """References 000-004 (the automatic trigger): crossing the hard threshold records a threshold job."""
         turns, _, store, jobs = parts
         outcome = await turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
         assert outcome.scheduled is Trigger.THRESHOLD
@@ -91,14 +91,14 @@ class TestTurns:
         assert await jobs.due(5) == ["c"]
 
     async def test_soft_threshold(self, parts: Any, settings: Settings) -> None:
-        """Between the soft and hard thresholds a background (soft) job is recorded."""
+        """DESIGN "Budget", instead of references 000 (waiting) and 004 (warnings): between the soft and hard thresholds a background (soft) job is recorded."""
         turns, *_ = parts
         settings.budget.soft_trigger_fraction = 0.3
         outcome = await turns.handle(raw("c", 1, user("word " * 700), context_window=2048), b"c")
         assert outcome.scheduled is Trigger.SOFT_THRESHOLD
 
     async def test_manual_and_reactive_requests(self, parts: Any) -> None:
-        """A turn's compaction request is recorded with the turn, reactive with its error."""
+        """References 000 and 002 (manual /compact, reactive compaction): a turn's compaction request is recorded with the turn, reactive with its error."""
         turns, _, store, _ = parts
         await turns.handle(raw("c", 1, user("hi"), compaction={"mode": "force"}), b"c")
         assert (await store.job("c")).trigger is Trigger.MANUAL
@@ -107,10 +107,68 @@ class TestTurns:
         job = await store.job("c")
         assert (job.trigger, job.error) == (Trigger.REACTIVE, err)
 
+    async def test_automatic_compaction_can_be_switched_off(self, parts: Any, settings: Settings) -> None:
+        """Reference 004 (``enabled``, the master switch): off, a crossed threshold schedules nothing; a manual request still does."""
+        turns, _, store, _ = parts
+        settings.budget.auto_compact = False
+        outcome = await turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
+        assert outcome.scheduled is None
+        assert await store.job("c") is None
+        await turns.handle(
+            raw("c", 2, assistant("ok"), compaction={"mode": "force"}, context_window=1024), b"c"
+        )
+        assert (await store.job("c")).trigger is Trigger.MANUAL
+
+    async def test_the_request_framing_counts_once(self, parts: Any, settings: Settings) -> None:
+        """Reference 004 (TOKENS_PER_CONVERSATION, 24): a conversation-level overhead is part of the fixed tokens."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("hi")), b"c")
+        meta = await store.meta("c")
+        assert meta.overhead_tokens == settings.budget.conversation_overhead_tokens == 24
+        assert meta.total_tokens == meta.history_tokens + meta.system_tokens + meta.tools_tokens + 24
+
+    async def test_a_stated_maximum_below_the_window_becomes_the_window(self, parts: Any) -> None:
+        """Reference 004 (reactive): the provider's stated maximum caps the window for every later budget check."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("hi"), context_window=128_000), b"c")
+        before = await store.meta("c")
+        assert (before.window, before.observed_window) == (128_000, None)
+        err = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+        await turns.handle(
+            raw("c", 2, compaction={"mode": "overflow", "error": err}, context_window=128_000), b"c"
+        )
+        after = await store.meta("c")
+        assert (after.window, after.observed_window) == (8192, 8192)
+        assert after.threshold < before.threshold
+        # Later turns, even ones that still claim the larger window, keep the provider's word.
+        await turns.handle(raw("c", 3, assistant("ok"), context_window=128_000), b"c")
+        assert (await store.meta("c")).window == 8192
+        # A larger stated maximum does not raise it again; an error without numbers changes nothing.
+        big = err.replace("8192", "16384")
+        await turns.handle(raw("c", 4, compaction={"mode": "overflow", "error": big}), b"c")
+        await turns.handle(raw("c", 5, compaction={"mode": "overflow", "error": "prompt is too long"}), b"c")
+        assert (await store.meta("c")).window == 8192
+
     async def test_calibration_follows_reported_usage(self, parts: Any) -> None:
-        """Provider-reported prompt tokens move the calibration factor."""
+        """Reference 003 (estimates close to the provider's count): provider-reported prompt tokens move the calibration factor."""
         turns, _, store, _ = parts
         await turns.handle(raw("c", 1, user("hello " * 100)), b"c")
         estimate = (await store.meta("c")).total_tokens
         await turns.handle(raw("c", 2, assistant("ok"), usage={"prompt_tokens": estimate * 2}), b"c")
         assert (await store.meta("c")).calibration > 1.2
+
+    async def test_system_prompt_and_tool_schemas_count_toward_the_threshold(self, parts: Any) -> None:
+        """References 000 (context meter), 001 and 004 (budget checker): the system prompt and tool schemas count toward the threshold."""
+        turns, _, store, _ = parts
+        message = user("word " * 300)  # well under the 768-token threshold of a 1,024-token window
+        schema = {"type": "function", "function": {"name": "search", "description": "word " * 600}}
+        alone = await turns.handle(raw("alone", 1, message, context_window=1024), b"alone")
+        tools = await turns.handle(raw("tools", 1, message, tools=[schema], context_window=1024), b"tools")
+        prompt = await turns.handle(
+            raw("prompt", 1, message, system_prompt="rule " * 600, context_window=1024), b"prompt"
+        )
+        assert alone.scheduled is None
+        assert tools.scheduled is prompt.scheduled is Trigger.THRESHOLD
+        meta = await store.meta("tools")
+        assert meta.total_tokens == meta.history_tokens + meta.tools_tokens + meta.overhead_tokens
+        assert meta.history_tokens < meta.threshold < meta.total_tokens

@@ -42,7 +42,7 @@ def litellm_window(model: str) -> int | None:
 
 class TestRegistry:
     def test_known_model(self) -> None:
-        """gpt-4o's window and output limit come from LiteLLM's bundled map."""
+        """References 003 and 004 (a context-window registry): gpt-4o's window and output limit come from LiteLLM's bundled map."""
         expected = WindowInfo("gpt-4o", 128_000, bundled("gpt-4o", "max_output_tokens"), "registry")
 
         assert expected == resolve_window("gpt-4o", BudgetSettings())
@@ -63,7 +63,7 @@ class TestRegistry:
         ],
     )
     def test_provider_prefixed(self, model: str, window: int) -> None:
-        """Provider and router prefixes resolve to the model's registry window."""
+        """Reference 004 (provider and prefix matching): provider and router prefixes resolve to the model's registry window."""
         info = resolve_window(model, BudgetSettings())
 
         assert (window, "registry") == (info.window, info.source)
@@ -157,7 +157,7 @@ class TestRegistry:
 
 class TestPriority:
     def test_override_beats_registry(self) -> None:
-        """A configured override replaces the registry's window but keeps its output limit."""
+        """Reference 003 (windows configurable per model): a configured override replaces the registry's window but keeps its output limit."""
         settings = BudgetSettings(window_overrides={"gpt-4o": 50_000})
         expected = WindowInfo("gpt-4o", 50_000, bundled("gpt-4o", "max_output_tokens"), "override")
 
@@ -260,3 +260,11 @@ class TestFallback:
         expected = WindowInfo("gpt-4o", 128_000, bundled("gpt-4o", "max_output_tokens"), "registry")
 
         assert expected == resolve_window("gpt-4o", BudgetSettings(fallback_window=None))
+
+    def test_default_fallback_is_32768(self) -> None:
+        """Reference 000 (fallbackContextWindow): without configuration an unknown model is assumed to have 32,768 tokens."""
+        model = unknown_model()
+
+        expected = WindowInfo(model, 32_768, None, "fallback")
+
+        assert expected == resolve_window(model, BudgetSettings())

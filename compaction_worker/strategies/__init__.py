@@ -16,7 +16,7 @@ from compaction_worker.strategies.draft import (
     message_count,
     summary_overhead,
 )
-from compaction_worker.strategies.pipeline import compact
+from compaction_worker.strategies.pipeline import compact, edited_ordinals
 from compaction_worker.strategies.repair import provider_problems, repair
 from compaction_worker.strategies.tail import partition, select_tail, split_points
 
@@ -29,6 +29,7 @@ __all__ = [
     "StageReport",
     "compact",
     "draft_tokens",
+    "edited_ordinals",
     "message_count",
     "partition",
     "provider_problems",

@@ -114,6 +114,10 @@ class CompactionResult:
     summarizer: str | None = None
     usage: LlmUsage = field(default_factory=LlmUsage)
     error: str | None = None
+    summarizers_tried: int = 0
+    """How many summarizers the summary stage asked (0 when it did not run or found nothing)."""
+    summarizer_failures: int = 0
+    """How many of them failed: the primary's health, for the circuit breaker."""
 
 
 def summary_overhead(counter: Counter) -> int:

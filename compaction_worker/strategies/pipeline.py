@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from compaction_worker.events import LlmUsage, Outcome
@@ -50,10 +50,16 @@ async def compact(
     counter: Counter,
     *,
     settings: PipelineSettings | None = None,
+    originals: Mapping[int, Mapping[str, Any]] | None = None,
     conversation_id: str = "",
     conversation_model: str = "",
 ) -> CompactionResult:
-    """Run the pipeline over a history; the result says whether to commit and what."""
+    """Run the pipeline over a history; the result says whether to commit and what.
+
+    ``originals`` are the transcript messages of entries that an earlier compaction
+    edited (pruned, de-duplicated, truncated), by ordinal: a summary covering them reads
+    what they said, not their placeholders (see :func:`edited_ordinals`).
+    """
     settings = settings or PipelineSettings()
     ctx = StageContext(limits, settings, counter, summary_overhead(counter))
     start = Draft(history.chunks, history.entries)
@@ -64,6 +70,8 @@ async def compact(
     def fits(draft: Draft) -> bool:
         # Judged after repair: the synthetic messages it may add cost tokens too.
         return ctx.fits(repair(draft, ctx).draft)
+
+    tried_failed = [0, 0]  # the summary stage's summarizers asked and failed, once it ran
 
     def result(outcome: Outcome, draft: Draft, **kw: Any) -> CompactionResult:
         if outcome is Outcome.COMPACTED:  # repair runs last on every committed draft
@@ -79,6 +87,8 @@ async def compact(
             tokens_after=ctx.tokens(draft),
             messages_before=messages_before,
             messages_after=message_count(history.with_parts(draft.chunks, draft.entries), placement),
+            summarizers_tried=tried_failed[0],
+            summarizer_failures=tried_failed[1],
             **kw,
         )
 
@@ -98,11 +108,19 @@ async def compact(
     errors: list[str] = []
     usage = LlmUsage()
     if settings.summarize:
+        # What this run's cheap stages edited is in ``history``; what earlier runs did, in ``originals``.
+        verbatim = {e.n: e.message for e in history.entries if e.edit is None and not e.synthetic}
         summary = await summarize(
-            draft, ctx, summarizers, conversation_id=conversation_id, conversation_model=conversation_model
+            draft,
+            ctx,
+            summarizers,
+            originals={**verbatim, **(originals or {})},
+            conversation_id=conversation_id,
+            conversation_model=conversation_model,
         )
         usage = summary.usage
         errors.extend(summary.errors)
+        tried_failed[:] = [summary.tried, summary.failures]
         if summary.draft is not None and summary.report is not None:
             if fits(summary.draft):
                 reports.append(summary.report)
@@ -139,6 +157,11 @@ async def compact(
             )
     errors.append("no stage can reach the target (system prompt, tools and what must stay are too large)")
     return result(Outcome.NOOP, start, usage=usage, error="; ".join(errors))
+
+
+def edited_ordinals(history: EffectiveHistory) -> list[int]:
+    """Ordinals of transcript messages the history holds only in edited form: fetch their originals."""
+    return [e.n for e in history.entries if e.edit is not None and not e.synthetic]
 
 
 def _names(reports: Sequence[StageReport]) -> tuple[str, ...]:

@@ -23,10 +23,19 @@ The cleared content, images included, becomes one string:
 ``[Old tool result cleared: read_file, 1,234 tokens; the full output is preserved in the
 transcript]``. Images in an old tool result (screenshots) are part of the stale output and
 cost a fixed amount each, so they go too; the placeholder says how many there were.
+
+What must stay exact outlives the clearing: the output's error texts, commands, paths,
+URLs and ids (its artifact ledger, :mod:`compaction_worker.artifacts`) follow the
+placeholder, within ``prune_keep_artifact_tokens``. An agent that cleared a failing test
+log still knows the exact error; and a later summary's ledger, which reads the
+effective history, finds them there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from compaction_worker.artifacts import extract_artifacts
 from compaction_worker.history import Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import (
@@ -44,11 +53,14 @@ EDIT = "pruned"
 STAGE = "prune"
 
 
-def placeholder(tool: str, entry: Entry) -> str:
-    """What a cleared tool result says instead of its output."""
+def placeholder(tool: str, entry: Entry, kept: Sequence[str] = ()) -> str:
+    """What a cleared tool result says instead of its output: its size, then what it kept verbatim."""
     images = image_count(entry.message.get("content"))
     size = f"{entry.tokens:,} tokens" + (f" and {plural(images, 'image')}" if images else "")
-    return f"[Old tool result cleared: {tool}, {size}; the full output is preserved in the transcript]"
+    text = f"[Old tool result cleared: {tool}, {size}; the full output is preserved in the transcript]"
+    if kept:
+        text += "\nKept verbatim from it:\n" + "\n".join(f"- {item}" for item in kept)
+    return text
 
 
 def prune_tool_outputs(draft: Draft, ctx: StageContext) -> StageOutcome:
@@ -77,7 +89,8 @@ def prune_tool_outputs(draft: Draft, ctx: StageContext) -> StageOutcome:
             used += entry.tokens
             continue
         exhausted = True
-        new = rewrite(entry, placeholder(tool, entry), EDIT, ctx)
+        kept = extract_artifacts([entry.message], settings.prune_keep_artifact_tokens, ctx.count)
+        new = rewrite(entry, placeholder(tool, entry, kept), EDIT, ctx)
         if worth_it(entry, new):
             edited[i] = new
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from compaction_worker.artifacts import KINDS, extract_artifacts
 from compaction_worker.errors import SummarizerError
@@ -38,6 +39,10 @@ class SummaryOutcome:
     summary_tokens: int = 0
     usage: LlmUsage = field(default_factory=LlmUsage)
     errors: tuple[str, ...] = ()
+    tried: int = 0
+    """How many summarizers were asked (0: the stage found nothing to summarize)."""
+    failures: int = 0
+    """How many of them failed; the first one asked is the primary."""
 
 
 async def summarize_with_fallback(
@@ -153,10 +158,9 @@ def make_chunk(
 
 
 def span_ledger(
-    head: Sequence[Entry], folded: Sequence[SummaryChunk], budget: int, count: CountText
+    messages: Sequence[Mapping[str, Any]], folded: Sequence[SummaryChunk], budget: int, count: CountText
 ) -> tuple[str, ...]:
     """The ledger of a new chunk: its span's artifacts, merged with the folded chunks' ledgers."""
-    messages = [public_message(e.message) for e in head]
     if not folded:
         return tuple(extract_artifacts(messages, budget, count))
     # All of the span's items compete with the folded ones, not a pre-trimmed few.
@@ -175,22 +179,42 @@ def _frame(
     return bare.tokens, full.tokens - bare.tokens
 
 
+def ledger_allowance(ctx: StageContext) -> int:
+    """What a chunk's ledger may take before room runs out (see ``summarize`` for the room).
+
+    It scales with the window: a span of a long coding session names hundreds of files,
+    commands and errors, and a fixed few hundred tokens would keep a fraction of them,
+    while the window has room for all. ``artifact_budget_tokens`` is the floor.
+    """
+    settings = ctx.settings
+    if settings.artifact_budget_tokens == 0:
+        return 0
+    return max(settings.artifact_budget_tokens, int(settings.artifact_budget_fraction * ctx.limits.window))
+
+
 async def summarize(
     draft: Draft,
     ctx: StageContext,
     summarizers: Sequence[Summarizer],
     *,
+    originals: Mapping[int, Mapping[str, Any]] | None = None,
     conversation_id: str = "",
     conversation_model: str = "",
 ) -> SummaryOutcome:
-    """Summarize what lies before the verbatim tail, folding earlier chunks if they are too big."""
+    """Summarize what lies before the verbatim tail, folding earlier chunks if they are too big.
+
+    ``originals`` are transcript messages by ordinal: the summary and its ledger read an
+    entry's original when there is one, not what pruning, de-duplication or truncation
+    left of it, because the chunk replaces the messages themselves (the cheap stages'
+    edits made them cheaper to keep, not less worth summarizing).
+    """
     limits = ctx.limits
     room = limits.target - limits.fixed_tokens
     # What the new summary may cost: capped by settings, and by a share of the room so
     # that a small window still keeps a verbatim tail.
     reserve = min(limits.max_summary_tokens, max(0, int(room * ctx.settings.summary_share)))
     # The new chunk also carries a ledger, at most about as large as its summary (below).
-    chunk_reserve = reserve + min(ctx.settings.artifact_budget_tokens, reserve)
+    chunk_reserve = reserve + min(ledger_allowance(ctx), reserve)
     existing = sum(c.tokens for c in draft.chunks)
     fold = bool(draft.chunks) and existing + chunk_reserve > limits.chunk_budget
     kept_chunks: tuple[SummaryChunk, ...] = () if fold else draft.chunks
@@ -207,11 +231,16 @@ async def summarize(
     replaced = sum(e.tokens for e in head) + sum(c.tokens for c in folded)
     # The ledger takes at most half of what is left beyond a minimal summary, both of the
     # room and of what the chunk replaces: the summary always keeps the larger share.
-    ledger_budget = min(
-        ctx.settings.artifact_budget_tokens, max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
-    )
+    allowance = ledger_allowance(ctx)
+    if fold and allowance:
+        # A fold merges every chunk's ledger: it may keep up to half the chunk budget,
+        # so that the folded chunk still leaves half for the additive chunks to come.
+        allowance = max(allowance, limits.chunk_budget // 2 - reserve)
+    ledger_budget = min(allowance, max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2))
     stages = ("summarize", "fold") if fold else ("summarize",)
-    ledger = span_ledger(head, folded, ledger_budget, ctx.count)
+    originals = originals or {}
+    messages = [public_message(originals.get(e.n, e.message)) for e in head]
+    ledger = span_ledger(messages, folded, ledger_budget, ctx.count)
     heading, ledger_tokens = _frame(head, folded, ledger, ctx.count)
     if min(limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
         return SummaryOutcome(None, errors=(f"no room for a summary: {space} tokens left under the target",))
@@ -219,7 +248,7 @@ async def summarize(
     summary_cap = min(limits.max_summary_tokens, space - ledger_tokens - heading)
     request = SummaryRequest(
         conversation_id=conversation_id,
-        messages=[public_message(e.message) for e in head],
+        messages=messages,
         previous_summaries=[c.text for c in folded],
         max_summary_tokens=summary_cap,
         # The whole chunk must be smaller than what it replaces; 0 would mean "unknown".
@@ -228,8 +257,9 @@ async def summarize(
         ledger=ledger,
     )
     summary, errors, usage = await summarize_with_fallback(request, summarizers)
+    tried = len(errors) + (summary is not None)
     if summary is None:
-        return SummaryOutcome(None, usage=usage, errors=tuple(errors))
+        return SummaryOutcome(None, usage=usage, errors=tuple(errors), tried=tried, failures=len(errors))
     chunk = make_chunk(
         summary.text,
         head,
@@ -248,4 +278,6 @@ async def summarize(
         summary_tokens=chunk.tokens,
         usage=usage,
         errors=tuple(errors),
+        tried=tried,
+        failures=len(errors),
     )

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from compaction_worker.client import Client
 from compaction_worker.events import CompactionCompleted, CompactionStarted
 from compaction_worker.history import EffectiveHistory, render
+from compaction_worker.keys import jobs_index_key
 from compaction_worker.settings import Settings
 from compaction_worker.strategies import provider_problems
 from compaction_worker.worker import Worker
@@ -53,6 +57,119 @@ async def settle(workers: Sequence[Worker], expected_deliveries: int, within: fl
             return
         await asyncio.sleep(0.25)
     raise AssertionError(f"not settled after {within}s: {[repr(w) for w in workers]}")
+
+
+async def poll_until(
+    check: Callable[[], Awaitable[bool] | bool],
+    within: float,
+    what: str,
+    interval: float = 0.1,
+    detail: Callable[[], Awaitable[object]] | None = None,
+) -> float:
+    """Poll ``check`` until it is true; returns the seconds it took, fails after ``within``.
+
+    ``detail``, when given, is awaited for the failure message (what was seen instead).
+    """
+    start = time.monotonic()
+    while True:
+        result = check()
+        if await result if inspect.isawaitable(result) else result:
+            return time.monotonic() - start
+        if time.monotonic() - start > within:
+            raise AssertionError(f"not {what} after {within}s" + (f"; {await detail()}" if detail else ""))
+        await asyncio.sleep(interval)
+
+
+async def publish_many(client: Client, records: Sequence[tuple[bytes, bytes]]) -> None:
+    """Publish ``(key, payload)`` records in this order, pipelined (per-partition order is kept)."""
+    producer = client.producer
+    assert producer is not None, "the client was opened without Kafka"
+    topic = client.settings.topics.turns
+    sent = [await producer.send(topic, payload, key=key) for key, payload in records]
+    await asyncio.gather(*sent)
+
+
+@contextlib.asynccontextmanager
+async def group_offsets(settings: Settings) -> AsyncIterator[AIOKafkaConsumer]:
+    """A consumer in the workers' group that only reads its offsets: assigned every turns
+    partition by hand, it never joins the group and never commits."""
+    topic = settings.topics.turns
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        group_id=settings.kafka.group_id,
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        await consumer.topics()  # metadata, so the partitions are known
+        consumer.assign(
+            [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        )
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+async def committed_records(consumer: AIOKafkaConsumer) -> int:
+    """How many records of its assigned partitions the consumer's group has committed, in all.
+
+    Counted from the committed offsets, not as lag against end offsets: the embedded broker
+    reports a partition's end offset as its last batch's base offset plus one, short of the
+    truth when producers batch.
+    """
+    return sum([await consumer.committed(tp) or 0 for tp in sorted(consumer.assignment())])
+
+
+async def settle_store(
+    client: Client,
+    last_seqs: Mapping[str, int],
+    deliveries: int,
+    within: float = 120,
+    quiet: float = 1.0,
+    *,
+    jobs_done: bool = True,
+) -> None:
+    """Wait until worker processes are done: for workers this test cannot look inside.
+
+    Done means: every conversation has its last turn stored and nothing held behind a gap,
+    the workers' consumer group has committed all ``deliveries`` records published to the
+    (fresh) turns topic, so every delivery was handled, and (unless ``jobs_done`` is
+    false) the job index is empty: no compaction pending or running, since a running one
+    keeps its leased entry. All of it in two checks ``quiet`` seconds apart.
+    """
+    redis = client.store.redis
+    async with group_offsets(client.settings) as offsets:
+        jobs = jobs_index_key(client.store.prefix)
+        problems: list[str] = []
+
+        async def done() -> bool:
+            problems.clear()
+            async with redis.pipeline(transaction=False) as pipe:
+                for cid in last_seqs:
+                    keys = client.store.keys(cid)
+                    pipe.hget(keys.meta, "last_seq")
+                    pipe.hlen(keys.pending)
+                pipe.zcard(jobs)
+                replies = await pipe.execute()
+            for i, (cid, expected) in enumerate(last_seqs.items()):
+                last, held = int(replies[2 * i] or 0), replies[2 * i + 1]
+                if last != expected or held:
+                    problems.append(f"{cid}: last_seq {last} of {expected}, {held} held")
+            if jobs_done and replies[-1]:
+                problems.append(f"{replies[-1]} jobs in the index")
+            committed = await committed_records(offsets)
+            if committed != deliveries:
+                problems.append(f"{committed} of {deliveries} deliveries committed")
+            return not problems
+
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if await done():
+                await asyncio.sleep(quiet)
+                if await done():
+                    return
+            await asyncio.sleep(0.25)
+        raise AssertionError(f"not settled after {within}s: {problems[:10]}")
 
 
 async def read_topic(settings: Settings, topic: str, idle: float = 2.0) -> list[bytes]:

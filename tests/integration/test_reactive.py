@@ -178,7 +178,7 @@ def _turn(cid: str, seq: int, role: str | None = None, **fields: Any) -> TurnEve
 async def test_overflow_turn_compacts_to_the_reactive_target(
     running: Running, fake_llm: FakeLLMServer, provider: str
 ) -> None:
-    """An overflow turn under the normal target still compacts, to the target the error implies, and turns go on."""
+    """References 002, 003 and 004 (reactive compaction): an overflow turn under the normal target still compacts, to the target the error implies, and turns go on."""
     worker, client, settings = running.worker, running.client, running.settings
     _, budget = budget_for(MODEL, settings.budget, WINDOW, MAX_OUTPUT)
     cid = f"reactive-{provider}-{uuid.uuid4().hex[:6]}"
@@ -214,7 +214,10 @@ async def test_overflow_turn_compacts_to_the_reactive_target(
     (begun,) = running.started(cid)
     assert (done.trigger, done.outcome) == (Trigger.REACTIVE, Outcome.COMPACTED), done.error
     assert fake_llm.requests, "the LLM summarizer was never called"
-    expected_target = budget.reactive_target(PROVIDER_MAX) if has_numbers else budget.target
+    # A stated maximum becomes the conversation's window: the reactive target is the smaller
+    # window's budget aimed lower still.
+    _, narrowed = budget_for(MODEL, settings.budget, WINDOW, MAX_OUTPUT, PROVIDER_MAX)
+    expected_target = narrowed.reactive_target(PROVIDER_MAX) if has_numbers else budget.target
     assert begun.target == done.target == expected_target
     assert done.tokens_after <= expected_target
     assert done.tokens_after < done.tokens_before

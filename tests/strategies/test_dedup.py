@@ -158,7 +158,7 @@ class TestIdenticalOutputs:
 
 class TestWhatIsKept:
     def test_short_outputs_are_not_rewritten(self) -> None:
-        """Below a 30% saving per entry (reference 004's threshold) an earlier read stays."""
+        """Reference 004 (30% saving, here per entry): below a 30% saving an earlier read stays."""
         chat = Chat().user().tool("a", "read_file", {"path": "a.py"}, words(12, "a"))
         chat.tool("b", "read_file", {"path": "a.py"}, words(12, "b")).user()
         assert deduplicate(chat.draft(), context()).report is None

@@ -13,6 +13,8 @@ from types import ModuleType
 
 import pytest
 
+from compaction_worker.settings import PipelineSettings
+
 
 def _benchmark() -> ModuleType:
     """benchmarks/fidelity.py, loaded from its path: benchmarks/ is a directory of scripts."""
@@ -33,24 +35,44 @@ fidelity = _benchmark()
 async def test_additive_summaries_with_ledgers_keep_planted_artifacts() -> None:
     """Reference 003 and the issue: additive chunks with ledgers keep >= 95% verbatim after 10 cycles.
 
-    Every cycle must really summarize (one new chunk per cycle for the additive run, a
-    fold every cycle after the first for the recursive one); the recursive-only run is
-    printed beside it and must do worse (reference 003's PoC: recursive summaries dilute
-    early context).
+    Every cycle must really summarize (a new chunk per cycle until the chunks outgrow
+    their budget and fold; a fold every cycle after the first for the recursive run); the
+    recursive-only run is printed beside it and must do worse (reference 003's PoC:
+    recursive summaries dilute early context).
     """
     additive, recursive = await fidelity.additive_and_recursive(cycles=10)
     print()
     print(fidelity.format_runs([additive, recursive]))
-    for cycle in additive.cycles:
-        assert cycle.stages == ("summarize",)
-        assert cycle.chunks == cycle.cycle
+    for previous, cycle in zip((None, *additive.cycles), additive.cycles, strict=False):
+        assert cycle.stages[0] == "summarize"
         assert cycle.tokens_after < cycle.tokens_before
+        if "fold" not in cycle.stages:
+            assert cycle.chunks == (previous.chunks if previous else 0) + 1  # additive: one more chunk
+    assert max(c.chunks for c in additive.cycles) >= 5
     for cycle in recursive.cycles[1:]:
         assert cycle.stages == ("summarize", "fold")
         assert cycle.chunks == 1
     assert additive.cycles[-1].planted >= 500
     assert additive.final >= 0.95
     assert recursive.final < additive.final
+
+
+@pytest.mark.slow
+async def test_the_default_pipeline_keeps_planted_artifacts() -> None:
+    """The same session through every default stage: pruning first, summaries when pruning is not enough.
+
+    Cleared tool outputs keep their artifacts in the placeholder (reference 004, stage 1,
+    plus the ledger), and a summary over cleared outputs reads the transcript's originals,
+    so the errors that pruning cleared are still in the ledger at the end.
+    """
+    run = await fidelity.run_fidelity("default pipeline", cycles=10, pipeline=PipelineSettings())
+    print()
+    print(fidelity.format_runs([run]))
+    stages = [c.stages for c in run.cycles]
+    assert all(s[0] == "prune" for s in stages)
+    assert any("summarize" in s for s in stages)  # summaries over pruned outputs are measured too
+    assert run.cycles[-1].planted >= 450
+    assert run.final >= 0.95
 
 
 async def test_the_measure_sees_losses() -> None:

@@ -122,7 +122,7 @@ class TestToolOutputLimits:
         assert "(1,001 lines)" in notice
 
     def test_limits_are_settings(self) -> None:
-        """Raising the limits (or None) leaves the same output whole."""
+        """Reference 004 (maxToolOutputBytes, maxToolOutputLines): raising the limits (or None) leaves the same output whole."""
         chat = Chat().user().tool("a", "run_command", {}, lines(3000)).user()
         ctx = context(BIG_WINDOW, max_tool_output_lines=None, max_tool_output_bytes=None)
         assert truncate_oversized(chat.draft(), ctx).report is None
@@ -144,7 +144,7 @@ class TestToolOutputLimits:
 
 class TestCutText:
     def test_exact_notice(self) -> None:
-        """The notice gives the exact characters and lines omitted between whole-line head and tail."""
+        """Reference 004 (a notice where output was cut): the notice gives the exact characters and lines omitted between whole-line head and tail."""
         text = lines(100)
         middle = "\n" + "\n".join(f"line {i}" for i in range(5, 95)) + "\n"
         expected = (

@@ -108,7 +108,7 @@ class Case:
 
 
 @st.composite
-def cases(draw: st.DrawFn, counter: Counter = COUNTER, max_turns: int = 8, **kw: Any) -> Case:
+def cases(draw: st.DrawFn, /, counter: Counter = COUNTER, max_turns: int = 8, **kw: Any) -> Case:
     conversation = draw(conversations(counter, max_turns=max_turns, **kw))
     tokens = sum(e.tokens for e in conversation.entries) + sum(c.tokens for c in conversation.chunks)
     return Case(conversation, draw(limits_for(tokens)), draw(st.sampled_from(PLACEMENTS)))
@@ -202,7 +202,7 @@ def test_with_a_summarizer_that_succeeds(case: Case) -> None:
 @settings(CHECKS, max_examples=1500)
 @given(case=cases())
 def test_with_a_summarizer_that_fails(case: Case) -> None:
-    """Invariants 1, 4, 5 and 6 hold when only the sliding window is left (reference 004, stage 4)."""
+    """Reference 004 (stage 4 keeps role alternation): invariants 1, 4, 5 and 6 hold when only the sliding window is left."""
     result, used = run(case, "fails")
     check(case, result, used, COUNTER)
 
@@ -240,7 +240,7 @@ def test_with_reused_call_ids(case: Case, kind: str) -> None:
 @settings(CHECKS, max_examples=300)
 @given(data=st.data())
 def test_rolling_compaction(data: st.DataObject) -> None:
-    """A compacted history that grows and compacts again keeps every promise (reference 000: rolling)."""
+    """Reference 000 (rolling compaction): a compacted history that grows and compacts again keeps every promise."""
     # The first part ends closed: the generator's next turns do not answer open calls.
     case = data.draw(cases(max_turns=5, open_end=False))
     kind = data.draw(st.sampled_from(("succeeds", "fails", "extractive")))

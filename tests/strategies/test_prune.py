@@ -143,10 +143,25 @@ class TestMinimumSaving:
         ctx = context(**settings(prune_minimum_savings_tokens=20_000, prune_minimum_savings_fraction=0.005))
         assert prune_tool_outputs(four_reads().draft(), ctx).report is not None
 
+    def test_defaults_protect_40000_tokens_and_need_20000_saved(self) -> None:
+        """Reference 004 (pruneProtectTokens 40,000, pruneMinimumSavings 20,000): the defaults, in a window large enough for both."""
+
+        def reads(count: int) -> Chat:
+            chat = Chat().user("read the files")
+            for k in range(count):
+                chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(5_000, f"f{k}_"))
+            return chat.user("thanks")
+
+        # 5,004 tokens a read: the newest seven (35,028) are protected, the eighth would pass 40,000.
+        two_old = prune_tool_outputs(reads(9).draft(), context(1_000_000))
+        assert two_old.report is None  # about 10,000 tokens saved: under the minimum
+        five_old = prune_tool_outputs(reads(12).draft(), context(1_000_000))
+        assert pruned(five_old.draft.entries) == [3, 5, 7, 9, 11]
+
 
 class TestEdits:
     def test_placeholder_and_exact_saving(self) -> None:
-        """Reference 002: the content becomes a placeholder naming the tool and tokens; the report's saving is exact."""
+        """References 002 and 004: the content becomes a placeholder naming the tool and tokens; the report's saving is exact."""
         draft = four_reads().draft()
         ctx = context(**settings())
         out = prune_tool_outputs(draft, ctx)
@@ -159,6 +174,29 @@ class TestEdits:
         assert out.report.stage == "prune"
         assert out.report.tokens_saved == 2 * SAVED_PER_READ == ctx.tokens(draft) - ctx.tokens(out.draft)
         assert out.report.detail == "2 tool outputs"
+
+    def test_a_cleared_output_keeps_its_errors_and_commands_verbatim(self) -> None:
+        """The placeholder lists the output's artifact ledger, errors first, within prune_keep_artifact_tokens."""
+        log = "\n".join(
+            [
+                "$ pytest tests/test_orders.py -k total -x",
+                words(300, "log"),
+                "E       ValueError: order 4412 total is negative",
+                "see src/orders/total.py",
+            ]
+        )
+        chat = Chat().user().tool("r", "run_command", {"command": "pytest"}, log).user()
+        out = prune_tool_outputs(chat.draft(), context(**settings(prune_protect_tokens=0)))
+        content = str(by_n(out.draft)[3].message["content"])
+        assert content.startswith("[Old tool result cleared: run_command,")
+        kept = content.split("Kept verbatim from it:\n", 1)[1].splitlines()
+        assert kept[0] == "- error: ValueError: order 4412 total is negative"
+        assert "- cmd: pytest tests/test_orders.py -k total -x" in kept
+        assert "- path: src/orders/total.py" in kept
+        none = prune_tool_outputs(
+            chat.draft(), context(**settings(prune_protect_tokens=0, prune_keep_artifact_tokens=0))
+        )
+        assert "Kept verbatim" not in str(by_n(none.draft)[3].message["content"])
 
     def test_parallel_results_are_named_by_their_own_calls(self) -> None:
         """Two results of one assistant message each name the tool of the call with their id."""
@@ -183,7 +221,7 @@ class TestEdits:
         assert entry.tokens == COUNTER.message(entry.message)
 
     def test_ordinals_pairing_and_other_fields_are_intact(self) -> None:
-        """Only content changes: ordinals, roles, tool_call_ids stay, and the history renders valid for providers."""
+        """Reference 002 (pairing stays intact): only content changes: ordinals, roles, tool_call_ids stay, and the history renders valid for providers."""
         draft = four_reads().draft()
         out = prune_tool_outputs(draft, context(**settings(prune_protect_tokens=0)))
         assert [(e.n, e.seq, e.role, e.message.get("tool_call_id")) for e in out.draft.entries] == [
@@ -219,7 +257,7 @@ class FailingSummarizer:
 
 class TestPipeline:
     def test_cheap_stages_in_order_and_switchable(self) -> None:
-        """The enabled no-LLM stages run prune, deduplicate, truncate_oversized, in that order."""
+        """References 002 and 004 (stages in cost order, each switchable): the enabled no-LLM stages run prune, deduplicate, truncate_oversized, in that order."""
         ctx = context()
         assert [s.__name__ for s in cheap_stages(ctx.settings)] == [
             "prune_tool_outputs",
@@ -230,7 +268,7 @@ class TestPipeline:
         assert [s.__name__ for s in cheap_stages(off)] == ["deduplicate"]
 
     async def test_stops_after_pruning_when_that_reaches_the_target(self) -> None:
-        """DESIGN (cheapest first, stop when the target is met): pruning alone suffices, so no LLM call."""
+        """Reference 004 and DESIGN (cheapest first, stop when the target is met): pruning alone suffices, so no LLM call."""
         draft = four_reads().draft()
         before = context().tokens(draft)
         ctx = context(target=before - 2 * SAVED_PER_READ, **settings())

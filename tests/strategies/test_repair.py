@@ -138,7 +138,7 @@ class TestRepair:
         assert out.report is None
 
     def test_an_orphan_result_gets_a_synthetic_call(self) -> None:
-        """A result without its call gets a clearly marked synthetic call before it (reference 004, Tool Pair Repair)."""
+        """Reference 004 (tool pair repair): a result without its call gets a clearly marked synthetic call before it."""
         d = draft(say("user"), result("z", name="search"), say("assistant"))
         out = repair(d, CTX)
         assert shape(out.draft) == ["user", "assistant*(z)", "tool->z", "assistant"]
@@ -153,7 +153,7 @@ class TestRepair:
         assert rendered_problems(out.draft) == []
 
     def test_an_unanswered_call_gets_a_synthetic_result(self) -> None:
-        """A call without its result (not at the very end) gets a synthetic result after the real ones (reference 004)."""
+        """Reference 004 (tool pair repair): a call without its result (not at the very end) gets a synthetic result after the real ones."""
         d = draft(say("user"), call("a", "b"), result("a"), say("user"), say("assistant"))
         out = repair(d, CTX)
         assert shape(out.draft) == ["user", "assistant(a,b)", "tool->a", "tool*->b", "user", "assistant"]
@@ -194,14 +194,14 @@ class TestRepair:
         assert rendered_problems(out.draft) == []
 
     def test_a_history_must_start_with_the_user(self) -> None:
-        """Without chunks, a leading assistant message gets a synthetic user turn before it."""
+        """Reference 001 (the first message must be the user's): without chunks, a leading assistant message gets a synthetic user turn before it."""
         out = repair(draft(say("system"), say("assistant", "Hello! How can I help?"), say("user")), CTX)
         assert shape(out.draft) == ["system", "user*", "assistant", "user"]
         assert out.draft.entries[1].message["content"] == SYNTHETIC_START
         assert rendered_problems(out.draft) == []
 
     def test_with_chunks_the_summary_is_the_first_user_turn(self) -> None:
-        """The summary turn is a user message, so an assistant entry may come first."""
+        """Reference 001 (the summary is the first, user, message): the summary turn is a user message, so an assistant entry may come first."""
         d = draft(say("assistant"), say("user"), chunks=(CHUNK,))
         assert repair(d, CTX).draft is d
 
@@ -281,7 +281,7 @@ class OneLineSummarizer:
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_compact_repairs_what_it_commits(placement: SummaryPlacement) -> None:
-    """Pinned assistant messages that meet once their turns are summarized are repaired, within the target."""
+    """Reference 004 (repair runs after compaction): pinned assistant messages that meet once their turns are summarized are repaired, within the target."""
     d = draft(
         say("user", "one two three four five six"),
         say("assistant", "pinned one", pinned=True),

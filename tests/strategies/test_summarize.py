@@ -184,13 +184,63 @@ class TestLedger:
         assert "- error: ValueError: order 4412 total is negative" in chunk.render_text()
         assert chunk.tokens == COUNTER.text(chunk.render_text())
 
+    async def test_summary_and_ledger_read_the_originals_of_edited_entries(self) -> None:
+        """A span whose tool output an earlier run cleared is summarized from the transcript's original."""
+        original = "Traceback (most recent call last):\nKeyError: 'order_id'\nsee src/orders/total.py"
+        chat = Chat().user("run the tests").tool("r", "run_command", {"command": "make test"}, original)
+        cleared = "[Old tool result cleared: run_command, 40 tokens; the full output is preserved in the transcript]"
+        chat.entries[-1] = replace(
+            chat.entries[-1], message={**chat.entries[-1].message, "content": cleared}, edit="pruned"
+        )
+        for i in range(8):
+            chat.user(f"filler {i} {FILLER}").assistant(f"reply {i} {FILLER}")
+        pruned_n = chat.entries[2].n
+        summarizer = Scripted()
+        without = await summarize(chat.draft(), ctx_with(), [Scripted()])
+        out = await summarize(
+            chat.draft(),
+            ctx_with(),
+            [summarizer],
+            originals={pruned_n: {**chat.entries[2].message, "content": original}},
+        )
+        assert without.draft is not None
+        assert out.draft is not None
+        assert "error: KeyError: 'order_id'" not in without.draft.chunks[0].artifacts
+        assert "error: KeyError: 'order_id'" in out.draft.chunks[0].artifacts
+        assert "path: src/orders/total.py" in out.draft.chunks[0].artifacts
+        (request,) = summarizer.requests
+        assert original in [m.get("content") for m in request.messages]
+
+    async def test_ledger_budget_scales_with_the_window(self) -> None:
+        """artifact_budget_fraction of the window, above the floor: a large window keeps every path."""
+        paths = " ".join(f"src/pkg/module_{i}.py" for i in range(200))
+        draft = artifact_chat(texts=(f"Look at {paths}", "KeyError: 'order_id'", "fine")).draft()
+        small, large = (
+            replace(ctx_with(), settings=ctx_with().settings.model_copy(update=update))
+            for update in (
+                {"artifact_budget_tokens": 30, "artifact_budget_fraction": 0},
+                {"artifact_budget_tokens": 30, "artifact_budget_fraction": 0.02},  # 80 of 4,000
+            )
+        )
+        kept = []
+        for ctx in (small, large):
+            out = await summarize(draft, ctx, [Scripted()])
+            assert out.draft is not None
+            kept.append(out.draft.chunks[0].artifacts)
+        sizes = [COUNTER.text("\n".join(ledger)) for ledger in kept]
+        assert sizes[0] <= 30 < sizes[1] <= 80
+        assert set(kept[0]) < set(kept[1])
+
     async def test_ledger_stays_within_its_budget_errors_first(self) -> None:
         """Many artifacts, a small budget: the ledger fits it and keeps the error over paths."""
         paths = " ".join(f"src/pkg/module_{i}.py" for i in range(200))
         texts = (f"Look at {paths}", "KeyError: 'order_id'", "fine")
         draft = artifact_chat(texts=texts).draft()
         ctx = replace(
-            ctx_with(), settings=ctx_with().settings.model_copy(update={"artifact_budget_tokens": 30})
+            ctx_with(),
+            settings=ctx_with().settings.model_copy(
+                update={"artifact_budget_tokens": 30, "artifact_budget_fraction": 0}
+            ),
         )
         out = await summarize(draft, ctx, [Scripted()])
         assert out.draft is not None

@@ -57,7 +57,7 @@ def ns(es: Sequence[Entry]) -> list[int]:
 
 class TestSplitPoints:
     def test_never_between_call_and_result(self) -> None:
-        """A tail cannot start while a tool call is unanswered."""
+        """References 000 and 001 (no orphan tool result at the head of the tail): a tail cannot start while a tool call is unanswered."""
         es = entries(("user", 1), call("a"), result("a"), ("assistant", 1), ("user", 1))
         assert split_points(es) == [0, 1, 3, 4]
 
@@ -85,24 +85,24 @@ class TestSplitPoints:
 
 class TestSelectTail:
     def test_bounded_by_message_count_and_snapped_to_user(self) -> None:
-        """The tail holds at most N messages and starts at a user message (reference 000)."""
+        """References 000, 001 and 003: the tail holds at most N messages and starts at a user message."""
         es = entries(*[(r, 10) for r in ["user", "assistant"] * 5])
         assert select_tail(es, max_messages=5, max_tokens=10_000) == 6
 
     def test_bounded_by_tokens(self) -> None:
-        """The token bound wins when it is tighter (reference 000: whichever is more restrictive)."""
+        """References 000 (whichever is more restrictive) and 003 (last N turns capped at T tokens): the token bound wins when it is tighter."""
         es = entries(("user", 10), ("assistant", 10), ("user", 10), ("assistant", 500))
         assert select_tail(es, max_messages=6, max_tokens=100) == 4
 
     def test_single_long_tool_turn_can_still_compact(self) -> None:
-        """With one user message, an assistant boundary is used (better than reference 000)."""
+        """Reference 000 (single-turn boundary), improved: with one user message, an assistant boundary is used."""
         es = entries(("user", 10), call("a"), result("a"), call("b"), result("b"), ("assistant", 10))
         split = select_tail(es, max_messages=3, max_tokens=1000)
         assert split == 3
         assert es[split].role == "assistant"
 
     def test_degrades_to_nothing(self) -> None:
-        """When even the shortest clean tail is over budget, it degrades to empty (reference 003)."""
+        """Reference 003 (degrading guard): when even the shortest clean tail is over budget, it degrades to empty."""
         es = entries(("user", 10), ("assistant", 10), ("user", 500))
         assert select_tail(es, max_messages=6, max_tokens=100) == 3
 
@@ -150,7 +150,7 @@ class TestSelectTail:
 
 class TestPartition:
     def test_pinned_messages_are_lifted_out_of_the_head(self) -> None:
-        """Pinned messages before the tail are kept, in order, between summary and tail (reference 003, Alternative B)."""
+        """Reference 003 (Alternative B, pinned messages): pinned messages before the tail are kept, in order, between summary and tail."""
         es = entries(
             ("user", 10), pinned("assistant"), ("user", 10), pinned("user"), ("assistant", 10), ("user", 10)
         )

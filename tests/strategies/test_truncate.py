@@ -57,7 +57,7 @@ class TestFirstExchange:
     """Reference 004, stage 4: "always preserves the first user-assistant pair"."""
 
     def test_first_user_message_and_reply_are_quoted_verbatim(self) -> None:
-        """Reference 004: the first user message and the first reply survive, word for word."""
+        """References 004 and 002 (context collapse keeps the first group): the first user message and the first reply survive, word for word."""
         _, _, marker, _ = window(conversation().draft())
         assert marker.model == TRUNCATION_MODEL
         assert f"First user message:\n{FIRST_USER}\n" in marker.text
@@ -77,7 +77,7 @@ class TestFirstExchange:
         assert "pytest -q" not in marker.text
 
     def test_huge_first_message_is_trimmed_with_a_notice(self) -> None:
-        """A huge first message keeps a verbatim prefix, within its budget, and says how much is cut."""
+        """Reference 004 (text cut to a token budget): a huge first message keeps a verbatim prefix, within its budget, and says how much is cut."""
         huge = "Please review this log: " + words(5_000, "log")
         c = Chat().user(huge).assistant(FIRST_REPLY)
         for i in range(12):
@@ -127,7 +127,7 @@ class TestMarker:
     """Reference 004: a marker says what was removed; the originals stay in the transcript."""
 
     def test_marker_counts_what_it_removed_and_points_to_the_transcript(self) -> None:
-        """The notice counts the covered messages not quoted, and names the transcript."""
+        """References 004 and 002: the notice counts the covered messages not quoted, and names the transcript."""
         after, _, marker, _ = window(conversation().draft())
         covered = [n for n in range(1, 27) if marker.covers(n)]
         assert f"[{len(covered) - 2} later messages were removed here" in marker.text
@@ -157,7 +157,7 @@ class TestCoverage:
     """Invariant 1: whatever the window drops, the marker covers."""
 
     def test_marker_covers_everything_it_replaced(self) -> None:
-        """Every message before the tail is covered; the tail is not."""
+        """Reference 002 (only the API-facing view collapses): every message before the tail is covered; the tail is not."""
         before = conversation().draft()
         after, _, marker, _ = window(before)
         assert coverage_problems(before, after) == []
@@ -222,7 +222,7 @@ class TestSavings:
         assert out.report.detail == f"{covered} messages behind a marker"
 
     def test_nothing_to_drop_changes_nothing(self) -> None:
-        """A draft that is all tail is returned as it is, with no report."""
+        """Reference 004 (no truncation when there is nothing to remove): a draft that is all tail is returned as it is, with no report."""
         draft = Chat().user("hi").assistant("hello").draft()
         out = sliding_window(draft, context(window=10_000, target=500))
         assert out.report is None
