@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
@@ -54,6 +54,7 @@ ASSIGNED = re.compile(r"Consumer (\S+) assigned to partitions")
 WORKER = {"lock_ttl_seconds": 2.0, "retry_backoff_seconds": 0.5}
 
 Streams = Mapping[str, Sequence[TurnEvent]]
+Server = TypeVar("Server", EmbeddedKafka, EmbeddedRedis)
 
 
 # --- servers of our own -----------------------------------------------------------------
@@ -67,21 +68,17 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     reply, so even an unclean stop could not lose it; the test stops it gracefully
     (SIGTERM), and the restarted server loads the file before it answers PING.
     """
-    server = EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data")
-    try:
-        server.start()
-    except ConfigError as e:
-        pytest.skip(str(e))
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _running(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
 
 
 @pytest.fixture
 def own_kafka() -> Iterator[EmbeddedKafka]:
     """An embedded broker for one test; its memory storage empties on restart."""
-    server = EmbeddedKafka()
+    yield from _running(EmbeddedKafka())
+
+
+def _running(server: Server) -> Iterator[Server]:
+    """Start ``server`` (skip the test if its binary is missing), yield it, close it."""
     try:
         server.start()
     except ConfigError as e:
