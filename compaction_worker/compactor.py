@@ -191,26 +191,14 @@ class Compactor:
             else:
                 completed = await self._noop(run, snapshot, result, llm_failures)
         except StaleFenceError as e:
-            completed = self._event(
-                run,
-                Outcome.FAILED,
-                version=meta.version,
-                status=meta.context_status,
-                result=result,
-                error=str(e),
-                llm_failures=llm_failures,
+            completed = self._unchanged(
+                run, meta, Outcome.FAILED, result, error=str(e), llm_failures=llm_failures
             )
         except Exception as e:  # a compaction failure is an event, never a dead worker
             log.exception("compaction of %s failed", cid)
             error = f"{type(e).__name__}: {e}"
-            completed = self._event(
-                run,
-                Outcome.FAILED,
-                version=meta.version,
-                status=meta.context_status,
-                result=None,
-                error=error,
-                llm_failures=llm_failures,
+            completed = self._unchanged(
+                run, meta, Outcome.FAILED, None, error=error, llm_failures=llm_failures
             )
         retry_in: float | None = None
         # A newer fence means another writer owns the conversation now (it took the lock
@@ -243,19 +231,19 @@ class Compactor:
         llm_failures: int,
     ) -> CompactionCompleted:
         """The ``compaction.completed`` event of a run; only a commit reports savings."""
-        compacted = outcome is Outcome.COMPACTED and result is not None
+        compacted = result if outcome is Outcome.COMPACTED else None
         return CompactionCompleted(
             conversation_id=run.conversation_id,
             compaction_id=run.compaction_id,
             trigger=run.trigger,
             outcome=outcome,
             stages=list(result.stages) if result else [],
-            stage_savings=_stage_savings(result, run.scale) if compacted and result else {},
+            stage_savings=_stage_savings(compacted, run.scale) if compacted else {},
             tokens_before=run.tokens_before,
-            tokens_after=int(result.tokens_after * run.scale) if compacted and result else run.tokens_before,
+            tokens_after=int(compacted.tokens_after * run.scale) if compacted else run.tokens_before,
             messages_before=result.messages_before if result else 0,
             messages_after=(result.messages_after if compacted else result.messages_before) if result else 0,
-            summary_tokens=result.summary_tokens if compacted and result else 0,
+            summary_tokens=compacted.summary_tokens if compacted else 0,
             summarizer_model=result.summarizer if result else None,
             llm_usage=result.usage if result else LlmUsage(),
             window=run.window,
@@ -265,6 +253,27 @@ class Compactor:
             duration_ms=int((time.monotonic() - run.started_at) * 1000),
             error=error,
             circuit_open=run.circuit_open,
+            llm_failures=llm_failures,
+        )
+
+    def _unchanged(
+        self,
+        run: _Run,
+        meta: Meta,
+        outcome: Outcome,
+        result: strategies.CompactionResult | None,
+        *,
+        error: str | None,
+        llm_failures: int,
+    ) -> CompactionCompleted:
+        """The event of a run that committed nothing: the conversation stays at its version."""
+        return self._event(
+            run,
+            outcome,
+            version=meta.version,
+            status=meta.context_status,
+            result=result,
+            error=error,
             llm_failures=llm_failures,
         )
 
@@ -282,15 +291,7 @@ class Compactor:
         await self.store.set_meta(
             run.conversation_id, noop_tokens=int(meta.total_tokens * meta.calibration) or 1
         )
-        return self._event(
-            run,
-            Outcome.NOOP,
-            version=meta.version,
-            status=meta.context_status,
-            result=result,
-            error=error,
-            llm_failures=llm_failures,
-        )
+        return self._unchanged(run, meta, Outcome.NOOP, result, error=error, llm_failures=llm_failures)
 
     async def _commit(
         self,
@@ -366,8 +367,7 @@ class Compactor:
 
     async def _superseded(self, cid: str, fence: int) -> bool:
         """Whether another writer acquired the conversation since our fence."""
-        current: bytes | str | None = await self.store.redis.get(self.store.keys(cid).fence)
-        return int(current or 0) != fence
+        return await self.store.fence(cid) != fence
 
     async def _record_failure(self, cid: str, meta: Meta) -> float:
         """Count the failure and back off; returns the backoff in seconds."""

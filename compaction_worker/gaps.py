@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from compaction_worker.errors import BadEventError, DeadLetterReason
 from compaction_worker.keys import gaps_index_key
-from compaction_worker.store import Store
+from compaction_worker.store import Store, as_text
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class GapIndex:
         """Conversations whose oldest held turn has waited past the timeout, oldest first."""
         cutoff = now_ms - self.timeout_ms
         raw = await self.redis.zrangebyscore(self.index, "-inf", cutoff, start=0, num=self.batch)
-        return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+        return [as_text(r) for r in raw]
 
     async def _expire(self, cid: str, now_ms: int) -> list[ExpiredTurn]:
         pending = self.store.keys(cid).pending

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from compaction_worker.events import Trigger
 from compaction_worker.keys import jobs_index_key
-from compaction_worker.store import Job, Store
+from compaction_worker.store import Job, Store, as_text
 
 # KEYS: index. ARGV: conversation, now_ms, lease_until_ms. Returns the lease score, or nil.
 CLAIM_SCRIPT = """
@@ -74,7 +74,7 @@ class JobQueue:
     async def due(self, limit: int) -> list[str]:
         """Conversations whose job is due or whose lease ran out, oldest first."""
         raw = await self.redis.zrangebyscore(self.index, "-inf", _now_ms(), start=0, num=limit)
-        return [r.decode() if isinstance(r, bytes) else str(r) for r in raw]
+        return [as_text(r) for r in raw]
 
     async def claim(self, conversation_id: str) -> Claim | None:
         """Take a lease on a due job; None if it is not due or another lease stands."""

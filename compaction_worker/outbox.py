@@ -24,7 +24,7 @@ import time
 from compaction_worker.jobs import CLAIM_SCRIPT, UNINDEX_SCRIPT
 from compaction_worker.keys import outbox_index_key
 from compaction_worker.publisher import Publisher
-from compaction_worker.store import Store
+from compaction_worker.store import Store, as_text
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Outbox:
         due = await self.redis.zrangebyscore(self.index, "-inf", now, start=0, num=limit)
         published = 0
         for raw in due:
-            cid = raw.decode() if isinstance(raw, bytes) else str(raw)
+            cid = as_text(raw)
             # Half a millisecond off the grid ``expect`` scores on: a re-armed entry never looks like our lease.
             lease = now + self.grace_ms + 0.5
             if await self._claim(keys=[self.index], args=[cid, now, lease]) is None:

@@ -228,7 +228,7 @@ class Meta:
 
     @classmethod
     def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> Meta:
-        data = {_s(k): _s(v) for k, v in raw.items()}
+        data = {as_text(k): as_text(v) for k, v in raw.items()}
 
         def i(name: str) -> int:
             return int(float(data.get(name) or 0))
@@ -466,8 +466,9 @@ def restore_entries(
     return tuple(entries)
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def as_text(value: object) -> str:
+    """A Redis reply as text (clients may or may not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _now() -> float:
@@ -489,6 +490,10 @@ class Store:
 
     def keys(self, conversation_id: str) -> ConversationKeys:
         return conversation_keys(conversation_id, self.prefix)
+
+    async def fence(self, conversation_id: str) -> int:
+        """The conversation's current fencing token (0 before its first lock)."""
+        return int(await self.redis.get(self.keys(conversation_id).fence) or 0)
 
     async def meta(self, conversation_id: str) -> Meta:
         """The conversation's metadata (all zero for an unknown conversation)."""
@@ -557,7 +562,7 @@ class Store:
                 *entries,
             ],
         )
-        status = _s(result[0])
+        status = as_text(result[0])
         last = int(result[1])
         history = int(result[2]) if len(result) > 2 else 0
         return status, last, history
@@ -575,7 +580,7 @@ class Store:
         raw = await self.redis.hgetall(self.keys(conversation_id).job)
         if not raw:
             return None
-        data = {_s(k): _s(v) for k, v in raw.items()}
+        data = {as_text(k): as_text(v) for k, v in raw.items()}
         return Job(
             conversation_id=conversation_id,
             id=data["id"],
@@ -704,7 +709,7 @@ class Store:
                 payload,
             ],
         )
-        status_text = _s(result[0])
+        status_text = as_text(result[0])
         if status_text != "committed":
             raise StaleFenceError(f"commit refused for {conversation_id}: {status_text}")
         return CommitResult(
@@ -788,7 +793,7 @@ class Store:
                 "",
             ],
         )
-        status_text = _s(result[0])
+        status_text = as_text(result[0])
         if status_text != "committed":
             raise StaleFenceError(f"rewind refused for {conversation_id}: {status_text}")
         return RewindResult(

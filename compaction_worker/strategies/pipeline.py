@@ -23,7 +23,7 @@ from compaction_worker.strategies.draft import (
 from compaction_worker.strategies.oversized import truncate_oversized
 from compaction_worker.strategies.prune import prune_tool_outputs
 from compaction_worker.strategies.repair import repair
-from compaction_worker.strategies.summarize import summarize
+from compaction_worker.strategies.summarize import SummaryOutcome, summarize
 from compaction_worker.strategies.truncate import TRUNCATION_MODEL, sliding_window
 from compaction_worker.summarizer import Summarizer
 
@@ -71,7 +71,7 @@ async def compact(
         # Judged after repair: the synthetic messages it may add cost tokens too.
         return ctx.fits(repair(draft, ctx).draft)
 
-    tried_failed = [0, 0]  # the summary stage's summarizers asked and failed, once it ran
+    summary: SummaryOutcome | None = None  # the summary stage's, once it ran
 
     def result(outcome: Outcome, draft: Draft, **kw: Any) -> CompactionResult:
         if outcome is Outcome.COMPACTED:  # repair runs last on every committed draft
@@ -87,8 +87,8 @@ async def compact(
             tokens_after=ctx.tokens(draft),
             messages_before=messages_before,
             messages_after=message_count(history.with_parts(draft.chunks, draft.entries), placement),
-            summarizers_tried=tried_failed[0],
-            summarizer_failures=tried_failed[1],
+            summarizers_tried=summary.tried if summary else 0,
+            summarizer_failures=summary.failures if summary else 0,
             **kw,
         )
 
@@ -120,7 +120,6 @@ async def compact(
         )
         usage = summary.usage
         errors.extend(summary.errors)
-        tried_failed[:] = [summary.tried, summary.failures]
         if summary.draft is not None and summary.report is not None:
             if fits(summary.draft):
                 reports.append(summary.report)

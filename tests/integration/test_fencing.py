@@ -150,7 +150,7 @@ async def test_worker_whose_lock_expired_cannot_commit_over_the_new_holder(
     # B compacted and committed the next version, with the next fence.
     assert (done_b.outcome, done_b.version) == (Outcome.COMPACTED, 1), done_b.error
     assert done_b.summarizer_model == "summarizer-B"
-    assert int(await redis_client.get(store.keys(CID).fence) or 0) == 2  # A's acquisition was 1
+    assert await store.fence(CID) == 2  # A's acquisition was 1
     # A got its summary but the commit was refused, and A's completion event says so.
     assert a_in_call.is_set()
     assert done_a is not None
@@ -197,7 +197,7 @@ async def test_worker_whose_lock_expired_cannot_commit_even_if_nobody_took_it(
     assert "lock_lost" in done.error, done.error
     assert completed_events(published) == [done]
     # The fence did not move (nobody acquired since), so the lock check alone refused it.
-    assert int(await redis_client.get(store.keys(CID).fence) or 0) == 1
+    assert await store.fence(CID) == 1
     after = await store.snapshot(CID)
     assert after.meta.version == 0
     assert (after.history.chunks, after.history.entries) == (before.history.chunks, before.history.entries)
