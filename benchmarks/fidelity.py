@@ -8,8 +8,12 @@ conversation: turns are appended until the budget check would trigger, then
 ``strategies.compact()`` runs with the deterministic extractive summarizer and the real
 token counter (no LLM). After every cycle the rendered effective history is searched for
 each artifact planted so far, verbatim. tests/strategies/test_fidelity.py asserts the
-floor on the additive run and the default pipeline, and that recursive-only does worse;
-the others are printed to show where the figures come from.
+floor on the additive run, the recursive one (a fold's ledger carries what its summary
+drops), the default pipeline and the prose case; the others are printed to show where
+the figures come from. The prose case (issue 9)
+is a chat on an 8K window whose artifacts are only ever written in sentences (inline
+commands, errors mid-line, ticket keys, names, facts the user states), summarized by a
+summarizer that keeps no identifier at all: what survives, the ledger carried.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from compaction_worker.tokens import compute_budget, counter_for
 from compaction_worker.windows import resolve_window
 
 MODEL = "gpt-4o-mini"  # a 128k window from the bundled registry, o200k tokenizer
+PROSE_MODEL = "gpt-4"  # an 8K window
 SYSTEM_PROMPT = "You are a careful coding agent. Use the tools; keep exact paths and commands."
 SUMMARY_ONLY = PipelineSettings(prune=False, deduplicate=False, truncate_oversized=False)
 """The pipeline with the summary stage alone, so that every cycle summarizes.
@@ -146,6 +151,99 @@ class Session:
         yield self._work("run_command", {"command": command}, passed, reply)
 
 
+_PROSE = (
+    "we agreed to keep the rollout slow and to watch the dashboards for a while before touching "
+    "anything else because the last change surprised everyone and the team would rather spend an "
+    "extra hour checking than another night cleaning up after a hurried fix that nobody reviewed"
+)
+_PROSE_WORDS = _PROSE.split()
+_NAMES = ("orders", "ledger", "search", "billing", "media", "audit", "payments", "catalog", "session")
+_REGIONS = ("east", "west", "north", "south", "central")
+
+
+class ProseSession:
+    """A chat about operations in which artifacts are only ever mentioned in prose.
+
+    One message per turn, user and assistant alternating, about 150 tokens each; every
+    third turn mentions one artifact in a sentence, cycling through the kinds people
+    write: commands in inline code, errors in the middle of a line, errno names with their
+    address, ticket keys, commit SHAs, UUIDs, host:port, bucket/cluster/flag names, paths,
+    URLs, and numbers with units, dates and versions stated by the user. The planted text
+    is the artifact's core, what must stay verbatim. Each ``task`` is six turns.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.seq = 0
+        self.planted: list[Planted] = []
+        self.mentions = 0
+
+    def _prose(self, words: int) -> str:
+        return " ".join(self.rng.choices(_PROSE_WORDS, k=words)).capitalize() + "."
+
+    def _plant(self, kind: str, text: str) -> str:
+        self.planted.append(Planted(kind, text))
+        return text
+
+    def _mention(self) -> str:
+        """One sentence naming the next artifact (facts fall on user turns: stated by the user)."""
+        k = self.mentions
+        self.mentions += 1
+        name = _NAMES[k % len(_NAMES)]
+        region = _REGIONS[k % len(_REGIONS)]
+        sha = uuid.UUID(int=self.rng.getrandbits(128)).hex
+        plant = self._plant
+        kinds = (
+            lambda: f"Please set the memory limit to {plant('fact', f'{384 + 16 * k} MiB')} for it.",
+            lambda: f"I ran `{plant('cmd', f'kubectl rollout restart deployment/{name}-{k} -n prod')}` then.",
+            lambda: (
+                f"The client then saw error: {plant('error', f'ECONNREFUSED 10.0.{k % 250}.7:{5000 + k}')} twice."
+            ),
+            lambda: f"I opened ticket {plant('id', f'INC-{40000 + k}')} for the on-call team.",
+            lambda: (
+                f"The freeze starts on {plant('fact', f'2025-{1 + k % 12:02d}-{1 + k % 28:02d}')}, plan for it."
+            ),
+            lambda: f"The settings live in {plant('path', f'services/{name}/config/rollout-{k}.yaml')} now.",
+            lambda: (
+                f"The graph is at {plant('url', f'https://grafana.example.com/d/{name}-{k}/latency?orgId=1')}."
+            ),
+            lambda: (
+                f"The worker crashed with {plant('error', f'ValueError: shard {k} of {name} has no leader')}, then recovered."
+            ),
+            lambda: f"We run Postgres {plant('fact', f'15.{k}')} there, do not upgrade it.",
+            lambda: f"That was reverted in commit {plant('id', sha[:12])} this morning.",
+            lambda: f"The failing request had id {plant('id', str(uuid.UUID(sha)))} in the logs.",
+            lambda: f"The cache at {plant('id', f'{name}-cache.internal:{6000 + k}')} looks healthy again.",
+            lambda: f"Keep the timeout at {plant('fact', f'{1000 + 25 * k}ms')} as before.",
+            lambda: f"I emptied the bucket {plant('name', f'acme-{name}-{region}-archive')} as asked.",
+            lambda: f"The cluster {plant('name', f'{name}-{region}')} took the traffic.",
+            lambda: f"The feature flag {plant('name', f'enable_{name}_{region}_batching')} is off for now.",
+            lambda: f"The migration failed: {plant('error', f'lock timeout on table {name}_events_{k}')}.",
+            lambda: (
+                f"Then run `{plant('cmd', f'terraform apply -target=module.{name}_{region} -auto-approve')}` too."
+            ),
+        )
+        return kinds[k % len(kinds)]()
+
+    def task(self, k: int) -> Iterator[Turn]:
+        """Six turns, user and assistant alternating; turns 3k and 3k+3 mention an artifact."""
+        for i in range(6):
+            self.seq += 1
+            user = i % 2 == 0
+            text = self._prose(self.rng.randint(90, 120))
+            if i % 3 == 0:
+                middle = self.rng.randint(30, 60)
+                words = text.split()
+                text = (
+                    " ".join(words[:middle])
+                    + ". "
+                    + self._mention()
+                    + " "
+                    + " ".join(words[middle:]).capitalize()
+                )
+            yield self.seq, [{"role": "user" if user else "assistant", "content": text}]
+
+
 class ParaphrasingSummarizer:
     """Stands for an LLM at its worst: a summary that keeps no artifact verbatim."""
 
@@ -161,6 +259,8 @@ class Cycle:
     """The effective history right after one compaction cycle."""
 
     cycle: int
+    turns: int
+    """Turns in the conversation so far."""
     planted: int
     kept: int
     tokens_before: int
@@ -181,6 +281,8 @@ class Run:
 
     label: str
     cycles: tuple[Cycle, ...]
+    planted: tuple[Planted, ...] = ()
+    """Every artifact the session planted."""
 
     @property
     def final(self) -> float:
@@ -208,17 +310,20 @@ async def run_fidelity(
     recursive: bool = False,
     pipeline: PipelineSettings = SUMMARY_ONLY,
     summarizer: Summarizer | None = None,
+    prose: bool = False,
 ) -> Run:
     """Grow a session and compact it ``cycles`` times; measure what survives after each.
 
     ``recursive`` sets the chunk budget to zero, so that every compaction after the first
     folds all chunks into one (recursive-only summaries). Limits are derived from the
-    default settings exactly as the worker derives them. Raises RuntimeError when a cycle
-    does not compact.
+    default settings exactly as the worker derives them. ``prose`` runs the prose session
+    (:class:`ProseSession`) on :data:`PROSE_MODEL`'s 8K window instead of the coding session.
+    Raises RuntimeError when a cycle does not compact.
     """
     settings = Settings()
-    counter = counter_for(MODEL, settings.budget)
-    budget = compute_budget(resolve_window(MODEL, settings.budget), settings.budget)
+    model = PROSE_MODEL if prose else MODEL
+    counter = counter_for(model, settings.budget)
+    budget = compute_budget(resolve_window(model, settings.budget), settings.budget)
     limits = strategies.Limits(
         target=budget.target,
         fixed_tokens=counter.text(SYSTEM_PROMPT) + settings.budget.message_overhead_tokens,
@@ -230,7 +335,7 @@ async def run_fidelity(
     )
     overhead = strategies.summary_overhead(counter)
     summarizers = [summarizer or ExtractiveSummarizer(counter.text)]
-    session = Session(seed, scale)
+    session: Session | ProseSession = ProseSession(seed) if prose else Session(seed, scale)
     history = EffectiveHistory((), (), system_prompt=SYSTEM_PROMPT)
     n, k, out = 0, 0, []
     transcript: dict[int, Mapping[str, Any]] = {}
@@ -260,6 +365,7 @@ async def run_fidelity(
         out.append(
             Cycle(
                 cycle=cycle,
+                turns=session.seq,
                 planted=planted,
                 kept=planted - sum(missing.values()),
                 tokens_before=result.tokens_before,
@@ -269,7 +375,7 @@ async def run_fidelity(
                 missing=dict(missing),
             )
         )
-    return Run(label, tuple(out))
+    return Run(label, tuple(out), tuple(session.planted))
 
 
 async def additive_and_recursive(cycles: int = 10, seed: int = 7, scale: float = 1.0) -> list[Run]:
@@ -290,6 +396,18 @@ async def breakdown(cycles: int = 10, seed: int = 7) -> list[Run]:
         ),
         await run_fidelity("default pipeline", cycles=cycles, seed=seed, pipeline=PipelineSettings()),
     ]
+
+
+async def prose(cycles: int = 10, seed: int = 7) -> Run:
+    """The issue's prose case: artifacts only in sentences, 8K window, a summary that keeps no identifier."""
+    return await run_fidelity(
+        "prose, no-identifier summary",
+        cycles=cycles,
+        seed=seed,
+        prose=True,
+        pipeline=PipelineSettings(),
+        summarizer=ParaphrasingSummarizer(),
+    )
 
 
 def format_runs(runs: Sequence[Run]) -> str:
@@ -317,6 +435,12 @@ async def _main(cycles: int, seed: int) -> None:
     print(format_runs(await breakdown(cycles, seed)))
     print("\nDense session (a stress case): the same artifacts in tool outputs a third as long")
     print(format_runs(await additive_and_recursive(cycles, seed, scale=1 / 3)))
+    run = await prose(cycles, seed)
+    print(
+        f"\nArtifacts in prose: {PROSE_MODEL} (8K window), default pipeline, {run.cycles[-1].turns} turns, "
+        "one artifact every third turn, a summarizer that keeps no identifier"
+    )
+    print(format_runs([run]))
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
-"""The verbatim artifact ledger: exact paths, commands, errors, URLs and ids from a span.
+"""The verbatim artifact ledger: exact paths, commands, errors, URLs, ids, names and facts of a span.
 
 LLM summaries paraphrase: a public measurement found that only 9.8% of file paths and 0.2%
 of commands survived summarization verbatim. The ledger is extracted deterministically
-from the messages and stored next to the summary, so the exact strings outlive it.
+from the messages and stored next to the summary, so the exact strings outlive it. Log
+lines, tool calls and code blocks are read here; what people write in sentences (inline
+commands, errors mid-line, names, numbers the user states) by :mod:`compaction_worker.mentions`.
 
 Every pattern here is applied to one line (or one word) at a time, and lines are cut at
 ``MAX_LINE_CHARS``, so extraction stays linear in the input whatever the input is.
@@ -15,10 +17,24 @@ import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["KINDS", "MAX_ITEM_CHARS", "MAX_LINE_CHARS", "extract_artifacts"]
+from compaction_worker import mentions
 
-KINDS: Final = ("error", "cmd", "path", "url", "id")
-"""Item kinds, in the order they are listed and kept when the budget is tight."""
+__all__ = [
+    "KINDS",
+    "MAX_ITEM_CHARS",
+    "MAX_LINE_CHARS",
+    "extract_artifacts",
+    "item_core",
+    "item_kind",
+    "scan_items",
+    "select_items",
+]
+
+KINDS: Final = ("error", "cmd", "path", "url", "id", "host", "name", "fact")
+"""Item kinds, in the order they are listed and kept when the budget is tight.
+
+``host`` is a host:port, ``name`` a kebab- or snake-case name (bucket, cluster, flag),
+``fact`` a number with its unit, a date or a version stated by the user."""
 
 MAX_LINE_CHARS: Final = 2_000
 """Only the first this-many characters of a line are looked at."""
@@ -88,7 +104,7 @@ _BARE_FILENAMES: Final = frozenset({"Dockerfile", "Makefile", "Procfile", "Gemfi
 # Every id has a digit; every path a slash, a backslash, a drive colon or a dot inside a
 # word (an extension), unless it is a bare file name. A line with none of them (most
 # prose) holds no path or id, and its words need not be looked at one by one.
-_MAY_HOLD_WORDS: Final = re.compile(r"[\d/\\:]|\.\w|" + "|".join(sorted(_BARE_FILENAMES)))
+_MAY_HOLD_WORDS: Final = re.compile(r"[\d/\\:]|[.\-_]\w|" + "|".join(sorted(_BARE_FILENAMES)))
 _UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _SHA: Final = re.compile(r"[0-9a-f]{7,40}")
 _TICKET: Final = re.compile(r"[A-Z][A-Z0-9]{1,9}-\d{1,6}")
@@ -114,31 +130,105 @@ def extract_artifacts(
     Items are de-duplicated, each keeping the position of its most recent occurrence,
     and listed by kind (``KINDS``), then by that position. When they do not all fit, the
     items kept are chosen by kind priority (``KINDS`` order) and, within a kind, most
-    recent first. The budget holds for the items joined by newlines. Items in ``exclude``
-    (a ledger kept elsewhere) are left out before choosing, so the budget goes to others.
+    recent first (see :func:`select_items`). The budget holds for the items joined by
+    newlines. Items in ``exclude`` (a ledger kept elsewhere) are left out before choosing,
+    so the budget goes to others.
     """
     if max_tokens <= 0:
         return []
     skip = frozenset(exclude)
-    last_seen: dict[Found, int] = {}
+    last_seen: dict[str, int] = {}
     for position, found in enumerate(_scan(messages)):
-        if not skip or _item(found) not in skip:
-            last_seen[found] = position
-    if not last_seen:
-        return []
+        item = _item(found)
+        if item not in skip:
+            last_seen.pop(item, None)  # re-inserted: the dict stays in order of last sight
+            last_seen[item] = position
     rank = {kind: i for i, kind in enumerate(KINDS)}
-    by_priority = sorted(last_seen, key=lambda f: (rank[f[0]], -last_seen[f]))
-    chosen: list[Found] = []
-    used = 0
-    for found in by_priority:
-        cost = count_tokens(_item(found)) + 1  # +1 for the newline joining it to the next
-        if used + cost <= max_tokens + 1:
-            chosen.append(found)
-            used += cost
+    by_priority = sorted(last_seen, key=lambda it: (rank[item_kind(it)], -last_seen[it]))
+    return select_items(
+        by_priority,
+        max_tokens,
+        count_tokens,
+        listed=lambda items: sorted(items, key=lambda it: (rank[item_kind(it)], last_seen[it])),
+    )
+
+
+def select_items(
+    ranked: Sequence[str],
+    budget: int,
+    count: Callable[[str], int],
+    *,
+    listed: Callable[[list[str]], list[str]] = list,
+    carried: str = "",
+) -> list[str]:
+    """What is kept of ``ranked`` (best first) within ``budget`` tokens, joined by newlines.
+
+    An item whose core ``carried`` (a summary) or an item kept before it already holds
+    verbatim takes no room. When not all fit whole, coverage comes first: every item is
+    tried as its core (``item_core``), best first, and those kept get their whole text
+    back, best first, while room is left. ``listed`` orders the kept items (given as
+    they are in ``ranked``); the result is what is stored, in that order.
+    """
+    if budget <= 0:
+        return []
+    candidates = (
+        [it for it in ranked if not mentions.holds(carried, item_core(it))] if carried else list(ranked)
+    )
+    chosen, used, short = _greedy(candidates, budget, count, shrink=False)
+    if short:
+        chosen, used, _ = _greedy(candidates, budget, count, shrink=True)
+        for item, text in chosen.items():
+            extra = count(item) - count(text)
+            if text != item and used + extra <= budget + 1:
+                chosen[item] = item
+                used += extra
+    kept = list(chosen)
     # Token counts are not exactly additive; the joined text is what must fit.
-    while chosen and count_tokens("\n".join(_ordered(chosen, last_seen, rank))) > max_tokens:
-        chosen.pop()
-    return _ordered(chosen, last_seen, rank)
+    while kept and count("\n".join(chosen[it] for it in listed(kept))) > budget:
+        kept.pop()
+    return [chosen[it] for it in listed(kept)]
+
+
+def _greedy(
+    items: Sequence[str], budget: int, count: Callable[[str], int], *, shrink: bool
+) -> tuple[dict[str, str], int, bool]:
+    """Items (as their cores if ``shrink``) in order while they fit; the room used; whether any did not."""
+    chosen: dict[str, str] = {}
+    held = ""  # the texts kept so far: an item whose core they hold is carried already
+    used = 0
+    short = False
+    for item in items:
+        kind, _, text = item.partition(": ")
+        core = mentions.core(kind, text)
+        if core in held and mentions.holds(held, core):
+            continue
+        stored = f"{kind}: {core}" if shrink else item
+        cost = count(stored) + 1  # +1 for the newline joining it to the next
+        if used + cost <= budget + 1:
+            chosen[item] = stored
+            used += cost
+            held += "\n" + (core if shrink else text)
+        else:
+            short = True
+    return chosen, used, short
+
+
+def scan_items(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, str]]:
+    """Every item of ``messages`` as ``(message index, "<kind>: <text>")``, in order, repeats included."""
+    for index, message in enumerate(messages):
+        for found in _scan_message(message):
+            yield index, _item(found)
+
+
+def item_kind(item: str) -> str:
+    """The kind of a ledger item (``"path: a.py"`` -> ``"path"``)."""
+    return item.split(": ", 1)[0]
+
+
+def item_core(item: str) -> str:
+    """The verbatim part of a ledger item that must survive (see :func:`mentions.core`)."""
+    kind, _, text = item.partition(": ")
+    return mentions.core(kind, text) if text else item
 
 
 def _item(found: Found) -> str:
@@ -146,19 +236,19 @@ def _item(found: Found) -> str:
     return f"{kind}: {text}"
 
 
-def _ordered(chosen: list[Found], last_seen: dict[Found, int], rank: dict[str, int]) -> list[str]:
-    return [_item(f) for f in sorted(chosen, key=lambda f: (rank[f[0]], last_seen[f]))]
-
-
 # --- scanning ---------------------------------------------------------------------------
 
 
 def _scan(messages: Sequence[Mapping[str, Any]]) -> Iterator[Found]:
     for message in messages:
-        yield from _scan_text(_content_text(message.get("content")))
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, Mapping):
-                yield from _scan_tool_call(call)
+        yield from _scan_message(message)
+
+
+def _scan_message(message: Mapping[str, Any]) -> Iterator[Found]:
+    yield from _scan_text(_content_text(message.get("content")), user=message.get("role") == "user")
+    for call in message.get("tool_calls") or ():
+        if isinstance(call, Mapping):
+            yield from _scan_tool_call(call)
 
 
 def _content_text(content: Any) -> str:
@@ -201,7 +291,8 @@ def _commands(lines: Sequence[str]) -> Iterator[Found]:
             yield "cmd", _cap(command)
 
 
-def _scan_text(text: str) -> Iterator[Found]:
+def _scan_text(text: str, *, user: bool = False) -> Iterator[Found]:
+    """Items of a text; ``user``: the user wrote it, so the numbers it states are facts."""
     fence: str | None = None  # the language of the ``` block we are in, "" for a plain one
     traceback = False
     for raw in text.splitlines():
@@ -222,7 +313,12 @@ def _scan_text(text: str) -> Iterator[Found]:
             yield "error", _cap(stripped)
         elif (pytest := _PYTEST_ERROR.match(stripped)) and _is_exception(message := stripped[pytest.end() :]):
             yield "error", _cap(message)  # the exception verbatim, without pytest's prefix
+        elif fence is None:  # prose: errors and commands inside sentences
+            yield from (("error", _cap(e)) for e in mentions.inline_errors(stripped))
+            yield from (("cmd", _cap(c)) for c in mentions.inline_commands(stripped))
         yield from _scan_words(line)
+        if user and fence is None:
+            yield from (("fact", _cap(f)) for f in mentions.facts(stripped))
 
 
 def _is_exception(text: str) -> bool:
@@ -234,10 +330,28 @@ def _scan_words(line: str) -> Iterator[Found]:
         yield "url", _cap(url.group().rstrip(".,:;!?"))
     if not _MAY_HOLD_WORDS.search(line):
         return
-    for word in _URL.sub(" ", line).split():
-        found = _classify(word.strip(_WORD_EDGES).rstrip(".:"))
+    # `orders-api`: in code, a name whatever its shape.
+    code = {span for span in mentions.code_spans(line) if " " not in span} if "`" in line else set()
+    words = _URL.sub(" ", line).split()
+    for i, raw in enumerate(words):
+        if raw.isalpha():  # most words: prose, no item unless a bare file name
+            if raw in _BARE_FILENAMES:
+                yield "path", raw
+            continue
+        word = _bare(raw)
+        found = _classify(word)
+        if found is None and ("-" in word or "_" in word):
+            before = _bare(words[i - 1]).lower() if i else ""
+            after = _bare(words[i + 1]).lower() if i + 1 < len(words) else ""
+            if mentions.is_name(word, before, after, code=word in code):
+                found = "name", word
         if found is not None:
             yield found
+
+
+def _bare(word: str) -> str:
+    word = word.strip(_WORD_EDGES).rstrip(".:").rstrip(_WORD_EDGES)  # "[PAY-12]:" -> "PAY-12"
+    return word[:-2] if word.endswith(("'s", "\u2019s")) else word  # "INC-4000's" -> "INC-4000"
 
 
 def _classify(word: str) -> Found | None:
@@ -250,11 +364,12 @@ def _classify(word: str) -> Found | None:
         return ("path", word) if word in _BARE_FILENAMES else None
     if _is_id(word):
         return "id", word
-    if _WINDOWS_PATH.fullmatch(word):
-        return "path", word
-    path = _LINE_SUFFIX.sub("", word.split("::", 1)[0])  # "tests/x.py::test_y" -> "tests/x.py"
-    if _UNIX_PATH.fullmatch(path) and _looks_like_path(path):
-        return "path", path
+    windows = bool(_WINDOWS_PATH.fullmatch(word))
+    path = word if windows else _LINE_SUFFIX.sub("", word.split("::", 1)[0])
+    if windows or (_UNIX_PATH.fullmatch(path) and _looks_like_path(path)):
+        return "path", path  # "tests/x.py::test_y" and "src/x.py:12" -> their file
+    if mentions.is_host_port(word):
+        return "host", word
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -226,6 +227,33 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             else:
                 for k, v in data.items():
                     click.echo(f"{k:>20}: {v}")
+
+    _run_async(go())
+
+
+@main.command()
+@click.argument("conversation_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
+    """List every artifact extracted from a conversation's compacted turns, and which the history lost."""
+    settings = _settings(ctx)
+
+    async def go() -> None:
+        async with Client.connect(settings, kafka=False) as client:
+            if (await client.meta(conversation_id)).last_seq == 0:
+                raise click.ClickException(f"no conversation {conversation_id!r}")
+            found = await client.artifacts(conversation_id)
+        if as_json:
+            click.echo(json.dumps([dataclasses.asdict(a) for a in found], indent=2, ensure_ascii=False))
+            return
+        missing = sum(not a.in_history for a in found)
+        click.echo(
+            f"{conversation_id}: {len(found)} artifacts archived, "
+            f"{missing} no longer in the effective history (marked *)"
+        )
+        for a in found:
+            click.echo(f"{'*' if not a.in_history else ' '} turn {a.seq:<5} {a.kind:<5} {a.text}")
 
     _run_async(go())
 

@@ -16,6 +16,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from compaction_worker.archive import Archive, carried
 from compaction_worker.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.connections import connect_redis, kafka_client_args
 from compaction_worker.errors import ConfigError
@@ -23,7 +24,6 @@ from compaction_worker.events import CompactionMode, CompactionRequest, TurnEven
 from compaction_worker.history import render
 from compaction_worker.settings import Settings
 from compaction_worker.store import Meta, Snapshot, Store
-from compaction_worker.tokens import conversation_budget, counter_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +53,25 @@ class ContextStats:
     context_status: str
 
 
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An artifact archived for a conversation (see :mod:`compaction_worker.archive`)."""
+
+    kind: str
+    """``error``, ``cmd``, ``path``, ``url``, ``id``, ``host``, ``name`` or ``fact``."""
+    text: str
+    seq: int
+    """The turn that first named it (of those compacted)."""
+    n: int
+    """That message's transcript ordinal (0: known only from a folded summary's ledger)."""
+    in_history: bool
+    """Whether the effective history still carries it verbatim (else the archive alone has it)."""
+
+
 def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> ContextStats:
     """The context meter of a conversation from its stored metadata (pure; no I/O)."""
+    from compaction_worker.tokens import conversation_budget  # noqa: PLC0415  # loads LiteLLM: seconds
+
     _, budget = conversation_budget(meta, settings.budget)
     scale = meta.calibration or 1.0
     parts = {
@@ -168,6 +185,8 @@ class Client:
         reserve; see :mod:`compaction_worker.attachments` for how files are previewed, cut or
         dropped. A conversation not stored yet (the first message) gets the fallback window.
         """
+        from compaction_worker.tokens import counter_for  # noqa: PLC0415  # loads LiteLLM: seconds
+
         meta = await self.store.meta(conversation_id)
         stats = context_stats(conversation_id, meta, self.settings)
         budget = file_budget(stats.window, stats.tokens, stats.window - stats.available)
@@ -185,6 +204,18 @@ class Client:
     async def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
         """The log of committed compactions."""
         return await self.store.compactions(conversation_id)
+
+    async def artifacts(self, conversation_id: str) -> list[Artifact]:
+        """Every artifact ever extracted from the conversation's compacted spans, first seen first.
+
+        Summaries paraphrase and ledgers are bounded; what they let go stays here, with
+        whether the effective history still carries it verbatim.
+        """
+        archive = Archive(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
+        archived = await archive.all(conversation_id)
+        history = (await self.store.snapshot(conversation_id)).history
+        present = carried([a.item for a in archived], history)
+        return [Artifact(a.kind, a.text, a.seq, a.n, a.item in present) for a in archived]
 
 
 def transcript_messages(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker import strategies
+from compaction_worker.archive import Archive
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.events import (
     CompactionCompleted,
@@ -87,6 +88,7 @@ class Compactor:
         self.publish = publish
         self.summarizers = summarizers or self.default_summarizers
         self.outbox = Outbox(store, publish, settings.worker.lock_ttl_seconds)
+        self.archive = Archive(store.redis, store.prefix, settings.redis.retention_seconds)
 
     def default_summarizers(self, model: str, counter: TokenCounter) -> Sequence[Summarizer]:
         """The configured summarizer, then the deterministic extractive one as the fallback."""
@@ -186,7 +188,13 @@ class Compactor:
             await self._record_llm_health(cid, meta, llm_failures)
             if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
                 completed = await self._commit(
-                    run, snapshot, result, fence=fence, lock_token=lock_token, llm_failures=llm_failures
+                    run,
+                    snapshot,
+                    result,
+                    originals,
+                    fence=fence,
+                    lock_token=lock_token,
+                    llm_failures=llm_failures,
                 )
             else:
                 completed = await self._noop(run, snapshot, result, llm_failures)
@@ -229,6 +237,7 @@ class Compactor:
         result: strategies.CompactionResult | None,
         error: str | None,
         llm_failures: int,
+        artifacts_dropped: int = 0,
     ) -> CompactionCompleted:
         """The ``compaction.completed`` event of a run; only a commit reports savings."""
         compacted = result if outcome is Outcome.COMPACTED else None
@@ -254,6 +263,8 @@ class Compactor:
             error=error,
             circuit_open=run.circuit_open,
             llm_failures=llm_failures,
+            artifacts_dropped=artifacts_dropped,
+            notes=list(result.notes) if result else [],
         )
 
     def _unchanged(
@@ -298,19 +309,22 @@ class Compactor:
         run: _Run,
         snapshot: Snapshot,
         result: strategies.CompactionResult,
+        originals: Mapping[int, Mapping[str, Any]],
         *,
         fence: int,
         lock_token: str,
         llm_failures: int,
     ) -> CompactionCompleted:
-        """The fenced commit, with its completion event in the outbox; then the event is published."""
+        """Archive what it replaced (idempotent), then the fenced commit with its event in the outbox; publish."""
         cid, meta = run.conversation_id, snapshot.meta
         overhead = strategies.summary_overhead(counter_for(meta.model, self.settings.budget))
         old = strategies.draft_tokens(
             strategies.Draft(snapshot.history.chunks, snapshot.history.entries), overhead
         )
         new = strategies.draft_tokens(result.draft, overhead)
-        status = ContextStatus.SUMMARIZED if result.draft.chunks else ContextStatus.FULL
+        status = context_status(result.draft)
+        history = snapshot.history.with_parts(result.draft.chunks, result.draft.entries)
+        dropped = await self.archive.record(cid, snapshot.history, history, originals)
         # The commit succeeds only at exactly this version (the script checks it).
         completed = self._event(
             run,
@@ -320,6 +334,7 @@ class Compactor:
             result=result,
             error=result.error,
             llm_failures=llm_failures,
+            artifacts_dropped=dropped,
         )
         record: Mapping[str, Any] = {
             "version": meta.version + 1,
@@ -386,6 +401,13 @@ class Compactor:
         _, budget = conversation_budget(meta, self.settings.budget)
         if int(meta.total_tokens * meta.calibration) >= budget.threshold:
             await self.jobs.schedule(cid, Trigger.THRESHOLD, delay_seconds=delay)
+
+
+def context_status(draft: strategies.Draft) -> ContextStatus:
+    """``summarized`` when anything the model saw was replaced: a chunk, or a pruned, de-duplicated
+    or truncated message (the event's stages say which); messages repair made up replace nothing."""
+    edited = any(e.edit is not None and not e.synthetic for e in draft.entries)
+    return ContextStatus.SUMMARIZED if draft.chunks or edited else ContextStatus.FULL
 
 
 def limits_for(

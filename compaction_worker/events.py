@@ -197,7 +197,11 @@ class Outcome(StrEnum):
 
 
 class ContextStatus(StrEnum):
-    """Whether the effective history is the whole conversation or contains summaries."""
+    """Whether the model sees the whole conversation, or a reduced history.
+
+    ``summarized`` whenever anything the model saw was replaced: turns covered by a summary
+    (or the sliding window's marker), or messages pruned, de-duplicated or truncated.
+    """
 
     FULL = "full"
     SUMMARIZED = "summarized"
@@ -266,6 +270,18 @@ class CompactionCompleted(_Event):
         default=0,
         ge=0,
         description="Failed LLM runs in a row for this conversation after this one (0 after a success).",
+    )
+    artifacts_dropped: int = Field(
+        default=0,
+        ge=0,
+        description="Artifacts ever extracted from this conversation (paths, commands, errors, ids, "
+        "names, stated facts) that the effective history no longer carries verbatim; all of them stay "
+        "retrievable (`compaction-worker artifacts`).",
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What a person should know about how the compaction went, in words (e.g. the verbatim "
+        "tail could not start on a user turn).",
     )
 
 

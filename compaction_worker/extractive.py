@@ -18,6 +18,7 @@ from compaction_worker.errors import SummarizerError
 from compaction_worker.events import LlmUsage
 from compaction_worker.prompts import SECTIONS, render_content
 from compaction_worker.summarizer import CountTokens, SummaryRequest, SummaryResult, validate_summary
+from compaction_worker.toolpairs import pair_results
 
 __all__ = ["ExtractiveSummarizer"]
 
@@ -195,18 +196,17 @@ def _text(message: Mapping[str, Any]) -> str:
 
 
 def _tool_facts(messages: Sequence[Mapping[str, Any]]) -> Iterator[str]:
-    names: dict[str, str] = {}
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
-                names[str(call.get("id"))] = str(call["function"].get("name", "tool"))
+    # By position: an id reused across turns names a different call each time.
+    calls = pair_results(messages)
+    for index, message in enumerate(messages):
         if message.get("role") == "tool":
             # A shell echo ("$ make test") repeats the command, which the artifacts list; a
             # command's outcome is usually its last line ("1 failed", "exit code 2").
             lines = [ln.strip() for ln in _text(message).splitlines() if ln.strip()]
             lines = [ln for ln in lines if not ln.startswith("$ ")] or lines
             if lines:
-                name = message.get("name") or names.get(str(message.get("tool_call_id")), "tool")
+                call = calls.get(index)
+                name = message.get("name") or (call.name if call and call.name else "tool")
                 last = f" … {_words(lines[-1], 12)}" if len(lines) > 1 else ""
                 yield f"{name}: {_words(lines[0], 25)}{last}"
 

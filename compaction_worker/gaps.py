@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from compaction_worker.errors import BadEventError, DeadLetterReason
 from compaction_worker.keys import gaps_index_key
-from compaction_worker.store import Store, as_text
+from compaction_worker.store import Store, as_text, split_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ DeadLetterSink = Callable[[bytes, str, int, BadEventError], Awaitable[None]]
 """Publishes one held turn to the dead-letter topic: original bytes, conversation, seq, reason."""
 
 # Reads the prefix store.py writes before a held turn: "<held_ms>:" or "<held_ms>/<lease_ms>:".
-# Returns the hold time (as written), the lease (0: none) and where the original bytes start.
+# Returns the hold time (as written), the lease (0: none) and where the rest starts (the
+# original bytes, after the turn's fingerprint if it has one: store.split_fingerprint).
 _LUA_HELD = """
 local function held_of(value)
   local held, lease, at = string.match(value, '^(%d+)/(%d+):()')
@@ -64,7 +65,7 @@ end
 
 # KEYS: pending. ARGV: cutoff_ms, now_ms, lease_until_ms.
 # Leases every turn held at or before the cutoff that no live lease covers; returns a flat
-# list of (seq, held_ms, original bytes).
+# list of (seq, held_ms, fingerprint and original bytes).
 _CLAIM = (
     _LUA_HELD
     + """
@@ -151,10 +152,18 @@ class GapIndex:
         self._drop = self.redis.register_script(_DROP)
         self._oldest = self.redis.register_script(_OLDEST)
 
-    async def hold(self, conversation_id: str, turn_seq: int, raw: bytes, now: float | None = None) -> bool:
+    async def hold(
+        self,
+        conversation_id: str,
+        turn_seq: int,
+        raw: bytes,
+        now: float | None = None,
+        *,
+        fingerprint: str | None = None,
+    ) -> bool:
         """Hold a turn until its gap fills or it times out; False if that seq was already held."""
         at = _ms(now)
-        added = await self.store.buffer_pending(conversation_id, turn_seq, raw, at)
+        added = await self.store.buffer_pending(conversation_id, turn_seq, raw, at, fingerprint)
         # After the hash, always (see the module docstring); LT keeps the oldest hold time.
         await self.redis.zadd(self.index, {conversation_id: at}, lt=True)
         return added
@@ -204,24 +213,44 @@ class GapIndex:
         claimed = sorted((int(flat[i]), int(flat[i + 1]), bytes(flat[i + 2])) for i in range(0, len(flat), 3))
         last_seq = (await self.store.meta(cid)).last_seq
         expired: list[ExpiredTurn] = []
-        for seq, held_ms, raw in claimed:
-            if seq <= last_seq:
-                # Held by a worker that lost a race with the append of this very seq (a
-                # rebalance overlap): it is stored, so this copy is a duplicate.
-                log.info("turn %s of %s was applied meanwhile; dropping its held copy", seq, cid)
+        for seq, held_ms, body in claimed:
+            fingerprint, raw = split_fingerprint(body)
+            waited = (now_ms - held_ms) / 1000
+            bad: BadEventError | None = None
+            if seq > last_seq:
+                bad = BadEventError(DeadLetterReason.SEQUENCE_GAP, _detail(cid, seq, waited, last_seq), cid)
             else:
-                waited = (now_ms - held_ms) / 1000
-                detail = _detail(cid, seq, waited, last_seq)
-                await self.dead_letter(
-                    raw, cid, seq, BadEventError(DeadLetterReason.SEQUENCE_GAP, detail, cid)
-                )
-                expired.append(ExpiredTurn(cid, seq, waited, detail))
+                # Held by a worker that lost a race with the append of this very seq (a
+                # rebalance overlap): it is stored, so this copy is a duplicate, unless its
+                # content differs (turns without a fingerprint are taken as duplicates).
+                stored = await self.store.fingerprint(cid, seq)
+                if fingerprint is not None and stored is not None and fingerprint != stored:
+                    bad = conflicting_duplicate(cid, seq, fingerprint, stored)
+                else:
+                    log.info("turn %s of %s was applied meanwhile; dropping its held copy", seq, cid)
+            if bad is not None:
+                await self.dead_letter(raw, cid, seq, bad)
+                expired.append(ExpiredTurn(cid, seq, waited, bad.detail))
             if not await self._drop(keys=[pending], args=[seq, lease]):
                 log.warning("turn %s of %s outlived its claim; another sweep may send it again", seq, cid)
         return expired
 
     def __repr__(self) -> str:
         return f"<GapIndex timeout={self.timeout_ms / 1000:g}s expired={self.expired}>"
+
+
+def conflicting_duplicate(
+    cid: str, seq: int, fingerprint: str, kept: str, *, held: bool = False
+) -> BadEventError:
+    """The error for a turn whose seq another turn, stored or ``held``, already has with other content."""
+    word = "held" if held else "stored"
+    what = "the turn held behind a gap" if held else "a stored turn"
+    return BadEventError(
+        DeadLetterReason.CONFLICTING_DUPLICATE,
+        f"turn_seq {seq} of {cid} is already taken by {what} with other content "
+        f"(fingerprint {fingerprint}, {word} {kept}); the {word} turn is kept",
+        cid,
+    )
 
 
 def _detail(cid: str, seq: int, waited: float, last_seq: int) -> str:

@@ -40,6 +40,10 @@ class ConversationKeys:
     """List: a record of every committed compaction, for audit and rewind."""
     outbox: str
     """Hash: events written with a commit and not yet published, by compaction id (outbox.py)."""
+    artifacts: str
+    """Hash: every artifact ever extracted from a compacted span, by ledger item (archive.py)."""
+    fingerprints: str
+    """Hash: each stored turn's content fingerprint, by seq (tells a redelivery from a conflict)."""
 
     def all(self) -> tuple[str, ...]:
         """All keys, for retention (EXPIRE) and deletion."""
@@ -54,6 +58,8 @@ class ConversationKeys:
             self.job,
             self.compactions,
             self.outbox,
+            self.artifacts,
+            self.fingerprints,
         )
 
 
@@ -71,6 +77,8 @@ def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> Con
         job=f"{base}:job",
         compactions=f"{base}:compactions",
         outbox=f"{base}:outbox",
+        artifacts=f"{base}:artifacts",
+        fingerprints=f"{base}:fingerprints",
     )
 
 

@@ -12,15 +12,24 @@ and output caps that do not depend on the input ("max_tokens is too large: 12800
 model supports at most 16384 completion tokens", "The maximum tokens you requested
 exceeds the model limit of 4096"). An error that ties the output budget to the *window*
 ("input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000") is an
-overflow: a shorter input makes room for the output.
+overflow: a shorter input makes room for the output. So is an HTTP 413 (the request body
+is too large): a shorter history is a smaller body.
+
+Several hosts relay another vendor's wording: Azure OpenAI sends OpenAI's sentences,
+Bedrock and Vertex AI send Anthropic's. The provider named is the one that refused, so
+what marks the host (LiteLLM's "<Provider>Exception", the exception's ``llm_provider`` or
+request URL, the SDK's own framing such as botocore's "when calling the Converse
+operation") wins over the vendor a sentence belongs to.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 __all__ = ["OverflowInfo", "detect_overflow"]
 
@@ -47,6 +56,7 @@ class _Pattern:
 _ACT = r"(?P<actual>\d[\d,]{0,14})"
 _MAX = r"(?P<max>\d[\d,]{0,14})"
 _NUM = r"\d[\d,]{0,14}"
+_TGI_INPUTS = r"`?inputs?`?"
 
 
 def _p(pattern: str, provider: str | None, *, strong: bool = True, tokens: bool = True) -> _Pattern:
@@ -96,6 +106,13 @@ _PATTERNS: Final[tuple[_Pattern, ...]] = (
     _p(rf"input tokens exceed the configured limit of {_MAX} tokens", "openai"),
     _p(rf"exceeds the model'?s maximum context length(?: of {_MAX})?", None),
     _p(rf"maximum prompt length is {_MAX} but the request contains {_ACT} tokens", "xai"),
+    # Hugging Face TGI's router (also behind Inference Endpoints and LiteLLM's huggingface/);
+    # releases before 0.9 wrote the names without backticks, and "input" for "inputs".
+    _p(
+        rf"{_TGI_INPUTS} tokens \+ `?max_new_tokens`? must be <= {_MAX}\. Given: {_ACT} {_TGI_INPUTS} tokens",
+        "huggingface",
+    ),
+    _p(rf"{_TGI_INPUTS} must have less than {_MAX} tokens\. Given: {_ACT}", "huggingface"),
     # vLLM's engine-level messages.
     _p(
         rf"the prompt \(total length {_ACT}\) is too long to fit into the model "
@@ -125,6 +142,8 @@ _PATTERNS: Final[tuple[_Pattern, ...]] = (
     _p(rf"tokens in the prompt exceeds the limit of {_MAX}", "cohere"),
     # OpenAI's error code, also relayed by Azure and gateways.
     _p(r"context_length_exceeded", None),
+    # HTTP 413: the body is too large (Anthropic's request_too_large, gateways, web servers).
+    _p(r"request_too_large", "anthropic"),
     # Generic phrases count only when no rate-limit or quota word is next to them. Azure's
     # "content_length_exceeded" comes from the reference design; no real sample was found.
     _p(
@@ -144,6 +163,9 @@ _PATTERNS: Final[tuple[_Pattern, ...]] = (
     _p(
         r"maximum number of tokens(?! (?:to generate|for (?:the )?(?:output|completion)))", None, strong=False
     ),
+    # A bare 413, last: any wording above says more about who refused and why.
+    _p(r"request entity too large|payload too large", None),
+    _p(r"\A\W{0,3}413\b|(?:error|status|code|http(?:/[\d.]+)?)(?: code)?\W{0,3}413\b", None),
 )
 
 # Words of a rate limit, quota or throttle: the request may fit, the account is just busy.
@@ -158,16 +180,47 @@ _NOT_OVERFLOW: Final = re.compile(
 # match names the provider that actually refused.
 _PROVIDER_MARKERS: Final = re.compile(
     r"(?P<name>anthropic|azure_ai|azure|bedrock|vertex_?ai|gemini|mistral|hosted_vllm|vllm|ollama"
-    r"|openrouter|deepseek|groq|xai|cohere|openai)(?:error|exception)\b",
+    r"|openrouter|deepseek|groq|xai|cohere|huggingface|openai)(?:error|exception)\b",
     re.IGNORECASE,
 )
 _MARKER_NAMES: Final = {"vertexai": "vertex_ai", "hosted_vllm": "vllm"}
 
+# What the SDKs of hosts that relay another vendor's wording add around it: Azure's .NET
+# and Python SDKs ("Azure.RequestFailedException", azure-core's "(code) message\nCode:
+# code", the "model_error" status), botocore and Bedrock's own framing.
+_HOSTS: Final = (
+    (
+        "azure",
+        re.compile(
+            r"\bazure\b|\bmodel_error\b|^\((?P<code>[a-z_]+)\) .*\nCode: (?P=code)\b",
+            re.IGNORECASE | re.MULTILINE,
+        ),
+    ),
+    (
+        "bedrock",
+        re.compile(
+            r"\bbedrock\b|ValidationException|the model returned the following errors"
+            r"|when calling the (?:InvokeModel\w*|Converse\w*) operation",
+            re.IGNORECASE,
+        ),
+    ),
+)
+_URL_HOSTS: Final = (
+    ((".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com"), "azure"),
+    ((".amazonaws.com",), "bedrock"),
+    (("aiplatform.googleapis.com",), "vertex_ai"),
+)
+_STATUS_KEYS: Final = frozenset({"status", "status_code", "statuscode", "httpstatuscode", "code"})
+
 _MAX_TEXT = 50_000  # error texts can embed whole request bodies; the verdict is near the top
 _MAX_CHAIN = 8
+_MAX_DEPTH = 6
+
+ErrorInput = BaseException | str | Mapping[str, Any] | Sequence[Any]
+"""An exception, its text, or a provider's error body as parsed JSON (nested dicts and lists)."""
 
 
-def detect_overflow(error: BaseException | str) -> OverflowInfo | None:
+def detect_overflow(error: ErrorInput) -> OverflowInfo | None:
     """Return what the error says about a context overflow, or None when it is no overflow."""
     texts, typed, attr_provider = _collect(error)
     text = "\n".join(texts)[:_MAX_TEXT]
@@ -176,19 +229,25 @@ def detect_overflow(error: BaseException | str) -> OverflowInfo | None:
         match = pattern.regex.search(text)
         if match is None or (blocked and not pattern.strong):
             continue
-        provider = _marker_before(text, match.start()) or attr_provider or pattern.provider
+        provider = _marker_before(text, match.start()) or attr_provider or _host_in(text) or pattern.provider
         if not pattern.numbers_are_tokens:
             return OverflowInfo(provider, None, None)
         return OverflowInfo(provider, _actual(match, text), _int(match.groupdict().get("max")))
     if typed:
-        return OverflowInfo(_marker_before(text, len(text)) or attr_provider, None, None)
+        return OverflowInfo(_marker_before(text, len(text)) or attr_provider or _host_in(text), None, None)
     return None
 
 
-def _collect(error: BaseException | str) -> tuple[list[str], bool, str | None]:
-    """Texts of the error and its causes, whether LiteLLM typed it as an overflow, its provider."""
+def _collect(error: ErrorInput) -> tuple[list[str], bool, str | None]:
+    """Texts of the error and its causes, whether it is typed as an overflow, its provider.
+
+    Typed: LiteLLM's ContextWindowExceededError, or an HTTP status of 413 on an exception
+    (or its response) or in an error body.
+    """
     if isinstance(error, str):
         return [error], False, None
+    if not isinstance(error, BaseException):
+        return [_dump(error)], _has_413(error), None
     texts: list[str] = []
     typed = False
     provider: str | None = None
@@ -198,15 +257,83 @@ def _collect(error: BaseException | str) -> tuple[list[str], bool, str | None]:
         seen.add(id(current))
         # By class name, so this module needs no LiteLLM import to recognise LiteLLM's type.
         typed = typed or any(c.__name__ == "ContextWindowExceededError" for c in type(current).__mro__)
+        typed = typed or _status_of(current) == 413
         attr = getattr(current, "llm_provider", None)
         if provider is None and isinstance(attr, str) and attr:
             provider = attr
+        provider = provider or _url_provider(current)
         texts.append(_safe_str(current))
         body = getattr(current, "body", None)
         if isinstance(body, dict | list):
-            texts.append(json.dumps(body, default=str)[:_MAX_TEXT])
+            texts.append(_dump(body))
+            typed = typed or _has_413(body)
         current = current.__cause__ or current.__context__
     return texts, typed, provider
+
+
+def _dump(body: object) -> str:
+    try:
+        return json.dumps(body, default=str, ensure_ascii=False)[:_MAX_TEXT]
+    except (TypeError, ValueError, RecursionError):  # a circular or unserialisable body
+        return repr(body)[:_MAX_TEXT]
+
+
+def _has_413(body: object, depth: int = 0) -> bool:
+    """Whether a parsed error body says 413 under a status or code key, at any nesting."""
+    if depth > _MAX_DEPTH:
+        return False
+    if isinstance(body, Mapping):
+        for key, value in body.items():
+            if str(key).lower().lstrip("$") in _STATUS_KEYS and _is_413(value):
+                return True
+            if isinstance(value, Mapping | list) and _has_413(value, depth + 1):
+                return True
+        return False
+    if isinstance(body, list):
+        return any(_has_413(item, depth + 1) for item in body[:50])
+    return False
+
+
+def _is_413(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) and value == 413) or value == "413"
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status an SDK's exception carries (openai, anthropic, LiteLLM, httpx, aiohttp)."""
+    for holder in (exc, _safe_attr(exc, "response")):
+        for name in ("status_code", "status"):
+            value = _safe_attr(holder, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def _url_provider(exc: BaseException) -> str | None:
+    """The host the failed request went to, from the request an SDK's exception keeps."""
+    request = _safe_attr(exc, "request") or _safe_attr(_safe_attr(exc, "response"), "request")
+    url = _safe_attr(request, "url")
+    if url is None:
+        return None
+    host = (urlsplit(str(url)).hostname or "").lower()
+    for suffixes, name in _URL_HOSTS:
+        if host.endswith(suffixes) and (name != "bedrock" or host.startswith("bedrock")):
+            return name
+    return None
+
+
+def _safe_attr(obj: object, name: str) -> Any:
+    # httpx raises RuntimeError for a response's missing request; SDK objects are not ours.
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _host_in(text: str) -> str | None:
+    for name, regex in _HOSTS:
+        if regex.search(text):
+            return name
+    return None
 
 
 def _safe_str(exc: BaseException) -> str:

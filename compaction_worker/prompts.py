@@ -3,15 +3,20 @@
 A transcript is untrusted: any message in it may try to give orders. It is rendered as
 numbered blocks inside one ``<transcript>`` fence (earlier summaries in their own), every
 spelling of our delimiters inside content is neutralised, and the user message says the
-fenced text is data. The helpers at the end shrink a transcript that is too large for the
-summarizer's own window (tool outputs cut to head and tail, then the middle dropped).
+fenced text is data. The helpers at the end serve a transcript too large for the
+summarizer's own input: what each message costs in the prompt, where a span may be split
+into pieces without parting a tool call from its results, and a long tool output cut to
+its head and tail. No message is ever left out of a prompt to make it fit.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
+
+from compaction_worker.toolpairs import pair_results
 
 if TYPE_CHECKING:  # the request type lives with the summarizers, which import this module
     from compaction_worker.summarizer import SummaryRequest
@@ -22,10 +27,11 @@ __all__ = [
     "clamp_tool_output",
     "compose_prompt",
     "default_instructions",
-    "drop_middle",
-    "omitted_notice",
+    "piece_boundaries",
+    "piece_end",
     "render_content",
     "transcript_blocks",
+    "transcript_costs",
 ]
 
 SECTIONS: Final = (
@@ -104,24 +110,23 @@ def _neutralise(text: str) -> str:
 
 def transcript_blocks(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """One rendered, neutralised block per message, numbered by its position in the span."""
-    tool_names: dict[str, str] = {}
+    # By position: runtimes reuse call ids across turns, so an id alone may name another call.
+    calls = pair_results(messages)
     blocks = []
     for n, message in enumerate(messages, 1):
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
-                tool_names[str(call.get("id"))] = str(call["function"].get("name", "?"))
-        blocks.append(_neutralise(_render_message(n, message, tool_names)))
+        call = calls.get(n - 1)
+        blocks.append(_neutralise(_render_message(n, message, call.name if call else None)))
     return blocks
 
 
-def _render_message(n: int, message: Mapping[str, Any], tool_names: Mapping[str, str]) -> str:
+def _render_message(n: int, message: Mapping[str, Any], tool_name: str | None) -> str:
     role = str(message.get("role", "unknown"))
     details = []
     call_id = message.get("tool_call_id")
     if message.get("name"):
         details.append(str(message["name"]))
-    elif call_id and str(call_id) in tool_names:
-        details.append(tool_names[str(call_id)])
+    elif tool_name:
+        details.append(tool_name)
     if call_id:
         details.append(str(call_id))
     lines = [f"[{n}] {role}" + (f" ({', '.join(details)})" if details else "") + ":"]
@@ -153,7 +158,61 @@ def render_content(content: Any) -> str:
     return "\n".join(parts)
 
 
-# --- shrinking a transcript that does not fit the summarizer ------------------------------
+# --- a transcript too large for the summarizer ------------------------------------------
+
+
+def transcript_costs(messages: Sequence[Mapping[str, Any]], count: Callable[[str], int]) -> list[int]:
+    """Tokens each message adds to a prompt's transcript: its block and the blank line after it.
+
+    The costs of a span's messages add up to what its transcript costs to within a token
+    or two per message (a block's number depends on where the piece starts).
+    """
+    return [count(block) + 2 for block in transcript_blocks(messages)]
+
+
+def piece_boundaries(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Indexes where a span may be cut into pieces without parting a tool call from its results.
+
+    ``i`` is a boundary when no call before ``i`` has its result at or after ``i``; ``0`` and
+    ``len(messages)`` always are. A result that answers no call binds nothing.
+    """
+    crossing = [0] * (len(messages) + 2)
+    for result, call in pair_results(messages).items():
+        crossing[call.owner + 1] += 1
+        crossing[result + 1] -= 1
+    points: list[int] = []
+    depth = 0
+    for i in range(len(messages) + 1):
+        depth += crossing[i]
+        if depth == 0:
+            points.append(i)
+    return points
+
+
+def piece_end(costs: Sequence[int], cuts: Sequence[int], start: int, limit: int | None) -> int:
+    """Where the piece starting at ``start`` ends: at a cut, within ``limit``, pieces balanced.
+
+    ``costs`` are the messages' transcript tokens, ``cuts`` the sorted indexes a piece may
+    end at (``len(costs)`` among them). Everything left is one piece when it fits (or
+    there is no limit); else the piece aims at an equal share of what is left over as few
+    pieces as the limit allows, so that the last piece is not a sliver with a sliver's
+    summary budget. A first unit over the limit is a piece alone: the summarizer cuts its
+    long tool outputs, or says it cannot, and the caller splits finer.
+    """
+    total = sum(costs[start:])
+    later = [c for c in cuts if c > start]
+    if limit is None or total <= limit or not later:
+        return len(costs)
+    aim = total / math.ceil(total / max(1, limit))
+    best, best_gap, used, at = later[0], math.inf, 0, start
+    for cut in later:
+        used += sum(costs[at:cut])
+        at = cut
+        if used > limit:
+            break
+        if abs(used - aim) <= best_gap:
+            best, best_gap = cut, abs(used - aim)
+    return best
 
 
 def clamp_tool_output(message: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -166,37 +225,3 @@ def clamp_tool_output(message: Mapping[str, Any]) -> Mapping[str, Any]:
     omitted = len(content) - _TOOL_HEAD - _TOOL_TAIL
     notice = f"\n[... {omitted} characters of this tool output omitted to fit the summarizer ...]\n"
     return {**message, "content": content[:_TOOL_HEAD] + notice + content[-_TOOL_TAIL:]}
-
-
-def omitted_notice(count: int) -> str:
-    """The block that stands for ``count`` messages dropped from the middle."""
-    return f"[... {count} messages omitted from the middle of the transcript to fit ...]"
-
-
-def drop_middle(blocks: Sequence[str], costs: Sequence[int], budget: int) -> list[str]:
-    """The first block, as many of the last as fit, then more from the start; a marker between."""
-    n = len(blocks)
-    if sum(costs) <= budget:
-        return list(blocks)
-    head: list[int] = []
-    used = 0
-    if n and costs[0] <= budget:
-        head, used = [0], costs[0]
-    tail: list[int] = []
-    for i in range(n - 1, len(head) - 1, -1):
-        if used + costs[i] > budget:
-            break
-        tail.append(i)
-        used += costs[i]
-    for i in range(len(head), min(tail, default=n)):
-        if used + costs[i] > budget:
-            break
-        head.append(i)
-        used += costs[i]
-    if not head and not tail:
-        return []
-    return (
-        [blocks[i] for i in head]
-        + [omitted_notice(n - len(head) - len(tail))]
-        + [blocks[i] for i in reversed(tail)]
-    )

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from compaction_worker import strategies
+from compaction_worker.archive import Archive, carried
 from compaction_worker.compactor import limits_for
 from compaction_worker.errors import LockNotAcquiredError
 from compaction_worker.events import (
@@ -95,6 +96,8 @@ class Rewinder:
         before = result.before
         restored = before.history.with_parts(result.chunks, result.entries)
         placement = self.settings.pipeline.summary_placement
+        archive = Archive(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
+        archived = await archive.items(cid)
         compaction_id = uuid.uuid4()
         tokens_before = int(before.meta.total_tokens * scale)
         # The whole total after the rewind, messages appended while it ran included.
@@ -124,6 +127,8 @@ class Rewinder:
             version=result.version,
             context_status=result.context_status,
             duration_ms=int((time.monotonic() - started_at) * 1000),
+            # A rewind brings messages back: fewer archived artifacts are missing from the history.
+            artifacts_dropped=len(archived) - len(carried(archived, restored)),
         )
         await self.publish(self.settings.topics.started, encode(started), cid.encode())
         await self.publish(self.settings.topics.completed, encode(completed), cid.encode())

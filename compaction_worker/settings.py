@@ -201,7 +201,11 @@ class SummarizerSettings(_Section):
     max_retries: int = Field(default=2, ge=0)
     fallback_models: list[str] = Field(default_factory=list)
     max_summary_tokens: int = Field(default=2048, ge=64)
-    max_input_tokens: int | None = Field(default=None, ge=256)
+    max_input_tokens: int | None = Field(
+        default=None,
+        ge=256,
+        description="Prompt tokens the summarizer takes, if less than its window; larger spans go in pieces.",
+    )
     breaker_failures: int = Field(
         default=3,
         ge=0,

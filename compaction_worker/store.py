@@ -63,25 +63,52 @@ end
 return 0
 """
 
-# KEYS: meta, transcript, entries, pending, chunks, compactions, job, fence
+# The fingerprint a held turn may carry after its hold-time prefix: "<held_ms>:<fp>:<raw>"
+# (see held_value). A held turn's own bytes start with "{" or whitespace, never a hex digit.
+_LUA_HELD_FINGERPRINT = """
+local function held_fingerprint(value)
+  local fp = string.match(value, '^%d+/?%d*:(%x+):')
+  if fp and #fp == 32 then return fp end
+  return nil
+end
+"""
+
+# KEYS: meta, transcript, entries, pending, chunks, compactions, job, fence, fingerprints
 # ARGV: seq, expected_count, n_new, history_delta, now, retention_ms, meta_json, job_json
-#       ("" for none), then n_new transcript records, then n_new entries
+#       ("" for none), fingerprint ("" for none), then n_new transcript records, then
+#       n_new entries
+# A turn stored before fingerprints were kept has none: a redelivery of it is accepted as
+# a duplicate, as every redelivery was then. A turn held behind a gap arrived first, so a
+# different turn with its seq is refused (it would otherwise replace it unseen).
 _APPEND = (
     _LUA_PUSH
     + _LUA_SET_JOB
+    + _LUA_HELD_FINGERPRINT
     + """
 local meta = KEYS[1]
 local seq = tonumber(ARGV[1])
+local fp = ARGV[9]
 local last = tonumber(redis.call('HGET', meta, 'last_seq') or '0')
-if seq <= last then return {'duplicate', last} end
+if seq <= last then
+  local stored = redis.call('HGET', KEYS[9], ARGV[1])
+  if fp ~= '' and stored and stored ~= fp then return {'conflicting_duplicate', last} end
+  return {'duplicate', last}
+end
 if seq ~= last + 1 then return {'gap', last} end
 local count = tonumber(redis.call('HGET', meta, 'msg_count') or '0')
 if count ~= tonumber(ARGV[2]) then return {'conflict', last} end
+if fp ~= '' then
+  local held = redis.call('HGET', KEYS[4], ARGV[1])
+  if held then
+    local held_fp = held_fingerprint(held)
+    if held_fp and held_fp ~= fp then return {'conflicting_held', last} end
+  end
+end
 local n = tonumber(ARGV[3])
 local records, entries = {}, {}
 for i = 1, n do
-  records[i] = ARGV[8 + i]
-  entries[i] = ARGV[8 + n + i]
+  records[i] = ARGV[9 + i]
+  entries[i] = ARGV[9 + n + i]
 end
 if n > 0 then
   push(KEYS[2], records, 1, n)
@@ -95,6 +122,7 @@ redis.call('HSETNX', meta, 'version', 0)
 redis.call('HSETNX', meta, 'context_status', 'full')
 local history = redis.call('HINCRBY', meta, 'history_tokens', tonumber(ARGV[4]))
 redis.call('HDEL', KEYS[4], ARGV[1])
+if fp ~= '' then redis.call('HSET', KEYS[9], ARGV[1], fp) end
 if ARGV[8] ~= '' then
   local job = cjson.decode(ARGV[8])
   set_job(KEYS[7], job.id, job.priority, job.trigger, job.requested_at, job.error, job.estimate)
@@ -171,7 +199,14 @@ class AppendStatus(StrEnum):
 
     APPENDED = "appended"
     DUPLICATE = "duplicate"
+    """The seq is stored with the same fingerprint (or one stored before fingerprints were kept)."""
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    """The seq is stored with another fingerprint: the turn is not the one stored."""
+    CONFLICTING_HELD = "conflicting_held"
+    """A different turn with this seq is held behind a gap; it arrived first and is kept."""
     GAP = "gap"
+    CONFLICT = "conflict"
+    """Another writer appended since the caller read the message count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,8 +340,11 @@ def _job_args(request: JobRequest) -> list[str]:
 # A held turn is stored as ``<held_ms>:<raw>``, or ``<held_ms>/<lease_ms>:<raw>`` while a
 # sweeper dead-letters it (gaps.py, whose scripts read the same prefix): the hold time makes
 # the gap timeout per turn, the lease keeps two sweepers from dead-lettering one turn twice.
-# A held turn was a JSON object, so its own first byte is never a digit.
+# The turn's fingerprint may follow the prefix (``<held_ms>:<fp>:<raw>``), for the append
+# script to refuse a different turn with the same seq. A held turn was a JSON object, so its
+# own first byte is never a digit, nor a hex digit.
 _HELD_PREFIX = re.compile(rb"(\d+)(?:/(\d+))?:")
+_HELD_FINGERPRINT = re.compile(rb"([0-9a-f]{32}):")
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,11 +356,25 @@ class HeldTurn:
     raw: bytes
     lease_ms: int = 0
     """While a sweeper dead-letters it: until when (epoch ms) no other sweeper may."""
+    fingerprint: str | None = None
+    """The turn's content fingerprint; None for a turn held before fingerprints were kept."""
 
 
-def held_value(raw: bytes, held_ms: int) -> bytes:
+def held_value(raw: bytes, held_ms: int, fingerprint: str | None = None) -> bytes:
     """The stored form of a held turn."""
-    return b"%d:%s" % (held_ms, raw)
+    if fingerprint is None:
+        return b"%d:%s" % (held_ms, raw)
+    if re.fullmatch(r"[0-9a-f]{32}", fingerprint) is None:
+        raise ValueError(f"not a turn fingerprint: {fingerprint!r}")
+    return b"%d:%s:%s" % (held_ms, fingerprint.encode(), raw)
+
+
+def split_fingerprint(body: bytes) -> tuple[str | None, bytes]:
+    """A held turn's fingerprint (None if it has none) and its original bytes, from what follows the prefix."""
+    match = _HELD_FINGERPRINT.match(body)
+    if match is None:
+        return None, body
+    return match.group(1).decode(), body[match.end() :]
 
 
 def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
@@ -332,7 +384,8 @@ def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
     if match is None:
         return HeldTurn(turn_seq, 0, data)
     held, lease = match.groups()
-    return HeldTurn(turn_seq, int(held), data[match.end() :], int(lease or 0))
+    fingerprint, raw = split_fingerprint(data[match.end() :])
+    return HeldTurn(turn_seq, int(held), raw, int(lease or 0), fingerprint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,13 +565,17 @@ class Store:
         *,
         expected_count: int,
         request: JobRequest | None = None,
+        fingerprint: str | None = None,
     ) -> tuple[str, int, int]:
         """Append one turn if it is the next in sequence; returns (status, last_seq, history_tokens).
 
-        ``expected_count`` is the message count the caller read: ordinals are assigned
-        from it, and the script refuses (``conflict``) if another writer appended since.
-        A compaction ``request`` carried by the turn is recorded in the same script, so a
-        crash can never keep the turn and lose the request.
+        The status is an :class:`AppendStatus` value. ``expected_count`` is the message
+        count the caller read: ordinals are assigned from it, and the script refuses
+        (``conflict``) if another writer appended since. A compaction ``request`` carried
+        by the turn is recorded in the same script, so a crash can never keep the turn and
+        lose the request. ``fingerprint`` (the turn's content, see turns.turn_fingerprint)
+        is stored with the turn; a later turn with this seq and another fingerprint is
+        refused as ``conflicting_duplicate``.
         """
         keys = self.keys(conversation_id)
         now = _now()
@@ -545,6 +602,9 @@ class Store:
                 keys.compactions,
                 keys.job,
                 keys.fence,
+                keys.fingerprints,
+                # Only its expiry is refreshed here: the archive lives as long as the conversation.
+                keys.artifacts,
             ],
             args=[
                 turn_seq,
@@ -558,6 +618,7 @@ class Store:
                     {k: str(v) for k, v in meta_fields.items()}, separators=(",", ":"), ensure_ascii=False
                 ),
                 _job_json(request),
+                fingerprint or "",
                 *records,
                 *entries,
             ],
@@ -595,24 +656,41 @@ class Store:
         return bool(await self._finish_job(keys=[self.keys(conversation_id).job], args=[job_id]))
 
     async def buffer_pending(
-        self, conversation_id: str, turn_seq: int, raw: bytes, held_ms: int | None = None
+        self,
+        conversation_id: str,
+        turn_seq: int,
+        raw: bytes,
+        held_ms: int | None = None,
+        fingerprint: str | None = None,
     ) -> bool:
         """Hold a turn that arrived ahead of a gap; False if that seq was already held.
 
         The hold time (epoch ms, default now) is kept with the bytes so that each held turn
-        times out on its own (gaps.py); a redelivery keeps the first hold time.
+        times out on its own (gaps.py); a redelivery keeps the first hold time, and the
+        first turn's bytes and fingerprint.
         """
         keys = self.keys(conversation_id)
         at = int(_now() * 1000) if held_ms is None else held_ms
-        added = await self.redis.hsetnx(keys.pending, str(turn_seq), held_value(raw, at))
+        value = held_value(raw, at, fingerprint)
+        added = await self.redis.hsetnx(keys.pending, str(turn_seq), value)
         if self.retention_ms:
             await self.redis.pexpire(keys.pending, self.retention_ms)
         return bool(added)
 
     async def pending_turn(self, conversation_id: str, turn_seq: int) -> bytes | None:
         """A held turn with this seq, if one arrived ahead of its predecessor."""
+        held = await self.held_turn(conversation_id, turn_seq)
+        return None if held is None else held.raw
+
+    async def held_turn(self, conversation_id: str, turn_seq: int) -> HeldTurn | None:
+        """The held turn with this seq, with its hold time and fingerprint, if there is one."""
         value = await self.redis.hget(self.keys(conversation_id).pending, str(turn_seq))
-        return None if value is None else parse_held(turn_seq, value).raw
+        return None if value is None else parse_held(turn_seq, value)
+
+    async def fingerprint(self, conversation_id: str, turn_seq: int) -> str | None:
+        """The stored turn's content fingerprint; None if it has none (stored before they were kept)."""
+        value = await self.redis.hget(self.keys(conversation_id).fingerprints, str(turn_seq))
+        return None if value is None else as_text(value)
 
     async def held_turns(self, conversation_id: str) -> list[HeldTurn]:
         """Every turn held behind a gap, by ascending seq, with when it was held."""

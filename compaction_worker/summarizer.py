@@ -1,8 +1,10 @@
 """Summaries of conversation spans: the only module that calls an LLM.
 
 :class:`LiteLLMSummarizer` asks any LiteLLM model for a structured summary (the prompt is
-built in :mod:`compaction_worker.prompts`), with its own retries, fallback models, and an
-escalation that shrinks its input when the summarizer's own window is too small.
+built in :mod:`compaction_worker.prompts`), with its own retries and fallback models.
+It never leaves a message out to fit its own window: it says how much transcript a
+request may carry (:func:`transcript_limit`), and a span over that is split by the
+summary stage into pieces, each summarized on its own.
 :class:`~compaction_worker.extractive.ExtractiveSummarizer` writes the same sections
 without an LLM. Both return summaries that passed :func:`validate_summary`: an empty,
 error-text, cut-off or oversized summary never leaves them (DESIGN invariant 6).
@@ -14,10 +16,9 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 from compaction_worker._litellm import litellm
 from compaction_worker.errors import SummarizerError
@@ -27,15 +28,21 @@ from compaction_worker.prompts import (
     clamp_tool_output,
     compose_prompt,
     default_instructions,
-    drop_middle,
-    omitted_notice,
     transcript_blocks,
 )
 from compaction_worker.settings import SummarizerSettings
+from compaction_worker.validation import (
+    ERROR_TEXT_PATTERNS,
+    looks_like_error_text,
+    summary_problem,
+    validate_summary,
+)
 
 __all__ = [
     "ERROR_TEXT_PATTERNS",
     "CountTokens",
+    "InputLimited",
+    "InputTooLargeError",
     "LiteLLMSummarizer",
     "Summarizer",
     "SummaryRequest",
@@ -43,6 +50,7 @@ __all__ = [
     "is_retryable",
     "looks_like_error_text",
     "make_summarizer",
+    "transcript_limit",
     "validate_summary",
 ]
 
@@ -84,7 +92,11 @@ class SummaryResult:
 
 
 class Summarizer(Protocol):
-    """Turns a :class:`SummaryRequest` into a valid summary, or raises SummarizerError."""
+    """Turns a :class:`SummaryRequest` into a valid summary, or raises SummarizerError.
+
+    One whose input is bounded also implements :class:`InputLimited`; that part is optional,
+    so a summarizer without a bound (the extractive one, a test's fake) needs nothing more.
+    """
 
     name: str
     """Shown in events and the CLI: a model string or ``extractive``."""
@@ -92,6 +104,37 @@ class Summarizer(Protocol):
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         """Summarize the request's span; raises SummarizerError when no valid summary results."""
         ...
+
+
+@runtime_checkable
+class InputLimited(Protocol):
+    """A summarizer whose input is bounded: it says how much transcript one request may carry."""
+
+    def transcript_limit(self, request: SummaryRequest) -> int | None:
+        """Tokens of transcript that fit around the request's frame; None when unbounded.
+
+        Counted as :func:`compaction_worker.prompts.transcript_costs` counts them, with the
+        summarizer's own counter; the request's messages are ignored, its earlier
+        summaries and summary budget are not (they take room too).
+        """
+        ...
+
+
+def transcript_limit(summarizer: Summarizer, request: SummaryRequest) -> int | None:
+    """How much transcript ``summarizer`` takes in one request; None when it declares no bound."""
+    return summarizer.transcript_limit(request) if isinstance(summarizer, InputLimited) else None
+
+
+class InputTooLargeError(SummarizerError):
+    """The span does not fit the summarizer's input, even with long tool outputs cut.
+
+    ``transcript_limit`` is what the summarizer now knows it takes (for instance from the
+    provider's overflow error), None when it cannot tell: split the span and ask again.
+    """
+
+    def __init__(self, message: str, *, transcript_limit: int | None, usage: LlmUsage | None = None) -> None:
+        super().__init__(message, usage=usage)
+        self.transcript_limit = transcript_limit
 
 
 def make_summarizer(settings: SummarizerSettings, count_tokens: CountTokens) -> Summarizer:
@@ -102,81 +145,6 @@ def make_summarizer(settings: SummarizerSettings, count_tokens: CountTokens) -> 
     from compaction_worker.extractive import ExtractiveSummarizer  # noqa: PLC0415  # a cycle at import time
 
     return ExtractiveSummarizer(count_tokens)
-
-
-# --- validation ---------------------------------------------------------------------------
-
-ERROR_TEXT_PATTERNS: Final[tuple[re.Pattern[str], ...]] = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"^\W*error\b",
-        r"^\W*(?:an? )?(?:unexpected |internal )?error (?:has )?occurred",
-        r"^(?:i'?m|i am) sorry\b",
-        r"^sorry\b",
-        r"^(?:unfortunately,? )?i (?:cannot|can'?t|am unable|'m unable|was unable)\b",
-        r"^as an ai\b",
-        r"^\d{3} [a-z]",  # "429 Too Many Requests", "502 Bad Gateway"
-        r"rate.?limit",
-        r"too many requests",
-        r"quota",
-        r"context (?:length|window)",
-        r"maximum context",
-        r"internal server error",
-        r"service unavailable|temporarily unavailable",
-        r"bad gateway|gateway time-?out",
-        r"overloaded",
-        r"timed? ?out",
-        r"invalid api key|unauthori[sz]ed",
-        r"<html|<!doctype",
-        r"\{\s*[\"']error[\"']\s*:",
-    )
-)
-"""What an LLM or proxy error returned as reply content looks like (checked on short replies)."""
-
-_ERROR_TEXT_MAX_CHARS: Final = 400
-_MARKUP: Final = re.compile(r"^\s*(?:<!doctype html|<html|<\?xml)", re.IGNORECASE)
-_HEADING: Final = re.compile(r"^#{1,6} \S", re.MULTILINE)
-
-
-def looks_like_error_text(text: str) -> bool:
-    """Whether a reply is an error message rather than a summary.
-
-    Only a short, unstructured reply is judged by ``ERROR_TEXT_PATTERNS``: a real summary
-    may well quote "rate limit exceeded" in its Errors section. An HTML page is an error
-    whatever its length.
-    """
-    stripped = text.strip()
-    if _MARKUP.match(stripped):
-        return True
-    if len(stripped) > _ERROR_TEXT_MAX_CHARS or _HEADING.search(stripped) or stripped.count("\n") > 3:
-        return False
-    return any(p.search(stripped) for p in ERROR_TEXT_PATTERNS)
-
-
-def _problem(text: str, tokens: int, request: SummaryRequest) -> tuple[str, bool] | None:
-    """What is wrong with a summary, and whether asking again could help; None if nothing."""
-    if not text.strip():
-        return "the summary is empty", True
-    if looks_like_error_text(text):
-        return f"the reply is an error text, not a summary: {text.strip()[:120]!r}", True
-    if tokens > request.max_summary_tokens:
-        return (
-            f"the summary has {tokens} tokens, over its budget of {request.max_summary_tokens}",
-            False,
-        )
-    if request.replaced_tokens > 0 and tokens >= request.replaced_tokens:
-        return (
-            f"the summary ({tokens} tokens) is not smaller than what it replaces "
-            f"({request.replaced_tokens} tokens)"
-        ), False
-    return None
-
-
-def validate_summary(text: str, tokens: int, request: SummaryRequest) -> None:
-    """Raise SummarizerError when a summary is empty, an error text, too big, or not smaller."""
-    problem = _problem(text, tokens, request)
-    if problem is not None:
-        raise SummarizerError(problem[0])
 
 
 # --- the LLM summarizer -------------------------------------------------------------------
@@ -217,6 +185,10 @@ def is_retryable(error: BaseException) -> bool:
 class _ModelFailed(Exception):
     """One model gave up; the next fallback gets its turn."""
 
+    def __init__(self, reason: str, *, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.too_large = too_large
+
 
 @dataclass(slots=True)
 class _Usage:
@@ -247,15 +219,17 @@ class _Usage:
 
 
 class LiteLLMSummarizer:
-    """Summaries from any LiteLLM model, with retries, fallback models and input escalation.
+    """Summaries from any LiteLLM model, with retries and fallback models.
 
     Each model is tried in turn (``settings.model``, then ``settings.fallback_models``).
     A retryable failure is asked again up to ``settings.max_retries`` times with
     exponential backoff and jitter; any other failure, or an invalid summary, moves on to
-    the next model. When the summarizer's own input is too large (the model said so, or
-    the prompt is over ``settings.max_input_tokens`` or the model's window), the input is
-    shrunk: first every tool output is cut to its head and tail, then the middle of the
-    transcript is dropped behind a marker; after that the model gives up.
+    the next model. A model's input limit is the smallest of ``settings.max_input_tokens``,
+    its window in LiteLLM's registry minus the reply, and what its overflow errors taught
+    this instance. A prompt over it has its long tool outputs cut to head and tail; if it
+    is still over, the model is not asked, and when that happens to the first model the
+    summary fails with :class:`InputTooLargeError`: the caller splits the span
+    (:meth:`transcript_limit` says how much fits). No message is dropped to make room.
     """
 
     def __init__(
@@ -279,12 +253,61 @@ class LiteLLMSummarizer:
         # Redaction replaces the key wherever it appears; a placeholder key such as "fake"
         # or "none" would mangle ordinary words, and is no secret.
         self._secret = self._key if self._key and len(self._key) >= 8 else None
+        self._learned: dict[str, int] = {}
+        """Prompt limits that models' overflow errors revealed, in our counter's tokens."""
 
     def __repr__(self) -> str:
         return f"<LiteLLMSummarizer {self.name} fallbacks={self.settings.fallback_models}>"
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         """Summarize with the first model that produces a valid summary."""
+        models = self._models(request)
+        system = self._instructions(request)
+        usage = _Usage()
+        failures: list[str] = []
+        cause: BaseException | None = None
+        primary_too_large = False
+        for model in models:
+            try:
+                return await self._with_model(model, request, system, usage)
+            except _ModelFailed as e:
+                failures.append(f"{model}: {e}")
+                cause = e.__cause__ or cause
+                primary_too_large = primary_too_large or (e.too_large and model == models[0])
+                # Sized out is the caller's to handle (it splits the span); anything else is a failure.
+                log.log(
+                    logging.INFO if e.too_large else logging.WARNING,
+                    "summary by %s %s: %s",
+                    model,
+                    "does not fit" if e.too_large else "failed",
+                    e,
+                    extra={"conversation_id": request.conversation_id},
+                )
+        message = self._redact("no valid summary from " + "; ".join(failures))
+        # The failed calls were paid for: the caller adds their usage to the compaction's.
+        spent = usage.event() if usage.calls else None
+        if primary_too_large:
+            limit = self.transcript_limit(request)
+            raise InputTooLargeError(message, transcript_limit=limit, usage=spent) from cause
+        raise SummarizerError(message, usage=spent) from cause
+
+    def transcript_limit(self, request: SummaryRequest) -> int | None:
+        """Tokens of transcript the first model takes around this request's frame; None if unknown.
+
+        The first model is the one the span is split for: a fallback model with a smaller
+        window takes what fits it and leaves the rest to the next summarizer.
+        """
+        try:
+            model = self._models(request)[0]
+            system = self._instructions(request)
+        except SummarizerError:
+            return None  # summarize() fails the same way, without a call
+        limit = self._input_limit(model, request)
+        if limit is None:
+            return None
+        return max(0, self._transcript_room(request, system, limit))
+
+    def _models(self, request: SummaryRequest) -> list[str]:
         primary = self.settings.model or ""
         if primary == "conversation":
             primary = request.conversation_model
@@ -293,19 +316,7 @@ class LiteLLMSummarizer:
             raise SummarizerError(
                 "no summarizer model: 'conversation' was configured but the request names none"
             )
-        system = self._instructions(request)
-        usage = _Usage()
-        failures: list[str] = []
-        cause: BaseException | None = None
-        for model in models:
-            try:
-                return await self._with_model(model, request, system, usage)
-            except _ModelFailed as e:
-                failures.append(f"{model}: {e}")
-                cause = e.__cause__ or cause
-        message = "no valid summary from " + "; ".join(failures)
-        # The failed calls were paid for: the caller adds their usage to the compaction's.
-        raise SummarizerError(self._redact(message), usage=usage.event() if usage.calls else None) from cause
+        return models
 
     def _instructions(self, request: SummaryRequest) -> str:
         if self.settings.prompt:
@@ -322,37 +333,39 @@ class LiteLLMSummarizer:
     async def _with_model(
         self, model: str, request: SummaryRequest, system: str, usage: _Usage
     ) -> SummaryResult:
-        level, retries = 0, 0
-        limit = self._input_limit(model, request)
-        overflowed: list[dict[str, str]] | None = None  # the prompt the model last refused
+        clamped, retries = False, 0
         while True:
-            prompt = self._escalated(request, system, level, limit)
-            if prompt is None:
-                raise _ModelFailed("not even one message of the transcript fits the summarizer's window")
+            limit = self._input_limit(model, request)
+            prompt = self._prompt(request, system, clamped=clamped)
             size = self._tokens(prompt)
-            if level < 2 and (prompt == overflowed or (limit is not None and size > limit)):
-                level += 1  # this level cannot help: shrink further before spending a call
-                continue
             if limit is not None and size > limit:
-                raise _ModelFailed(f"the summarizer's input ({size} tokens) does not fit its limit ({limit})")
+                if not clamped:
+                    clamped = True  # cut long tool outputs before spending a call
+                    continue
+                raise _ModelFailed(
+                    f"the summarizer's input ({size} tokens) is over its limit ({limit})", too_large=True
+                )
             try:
                 usage.calls += 1
                 response: Any = await litellm.acompletion(**self._call_args(model, prompt, request))
             except Exception as e:
                 overflow = detect_overflow(e)
-                if overflow is not None and level < 2:
-                    overflowed = prompt
-                    limit = self._learned_limit(overflow, size, request, limit)
-                    level += 1
+                if overflow is not None:
+                    self._learn(model, overflow, size, request, system)
                     log.info(
-                        "summarizer input over %s's window; shrinking (level %d)",
+                        "summarizer input over %s's window (%d tokens); now %d",
                         model,
-                        level,
+                        size,
+                        self._learned[model],
                         extra={"conversation_id": request.conversation_id},
                     )
-                    continue
-                reason = "input too large even after shrinking" if overflow else self._describe(e)
-                if overflow is None and is_retryable(e) and retries < self.settings.max_retries:
+                    if not clamped:
+                        clamped = True
+                        continue
+                    self._scrub(e)
+                    raise _ModelFailed("input too large even with tool outputs cut", too_large=True) from e
+                reason = self._describe(e)
+                if is_retryable(e) and retries < self.settings.max_retries:
                     retries += 1
                     await self._backoff(model, retries, reason, request)
                     continue
@@ -360,7 +373,7 @@ class LiteLLMSummarizer:
                 raise _ModelFailed(reason) from e
             usage.add(response)
             text, finish = _reply(response)
-            problem = _problem(text, self._count(text), request)
+            problem = summary_problem(text, self._count(text), request)
             if finish in _CUT_OFF:
                 problem = (f"the summary was cut off (finish_reason={finish})", False)
             if problem is None:
@@ -383,7 +396,7 @@ class LiteLLMSummarizer:
             "max_tokens": request.max_summary_tokens,
             "temperature": self.settings.temperature,
             # Retries are ours (LiteLLM's and the provider SDK's are off), so backoff, fallbacks
-            # and escalation stay in one place.
+            # and input limits stay in one place.
             "num_retries": 0,
             "max_retries": 0,
         }
@@ -403,7 +416,7 @@ class LiteLLMSummarizer:
         await self._sleep(delay)
 
     def _input_limit(self, model: str, request: SummaryRequest) -> int | None:
-        """Prompt tokens the model accepts: the configured cap, and its window minus the reply."""
+        """Prompt tokens the model accepts: the configured cap, its window minus the reply, what it said."""
         limits = [self.settings.max_input_tokens] if self.settings.max_input_tokens else []
         try:
             window = litellm.get_model_info(model).get("max_input_tokens")
@@ -411,33 +424,33 @@ class LiteLLMSummarizer:
             window = None
         if isinstance(window, int) and window > 0:
             limits.append(window - request.max_summary_tokens)
+        if model in self._learned:
+            limits.append(self._learned[model])
         return min(limits) if limits else None
 
-    def _learned_limit(
-        self, overflow: OverflowInfo, size: int, request: SummaryRequest, limit: int | None
-    ) -> int | None:
-        """The limit the provider's numbers imply, in our token counter's units."""
-        if overflow.max_tokens is None:
-            return limit
-        learned = overflow.max_tokens - request.max_summary_tokens
-        if overflow.actual_tokens:
-            learned = int(learned * size / overflow.actual_tokens)  # its tokenizer is not ours
-        return min(learned, limit) if limit is not None else learned
+    def _learn(
+        self, model: str, overflow: OverflowInfo, size: int, request: SummaryRequest, system: str
+    ) -> None:
+        """Remember the prompt limit an overflow implies, in our token counter's units."""
+        if overflow.max_tokens is not None:
+            learned = overflow.max_tokens - request.max_summary_tokens
+            if overflow.actual_tokens:
+                learned = int(learned * size / overflow.actual_tokens)  # its tokenizer is not ours
+        else:
+            # No numbers (a bare 413, say): half the transcript is a guess that converges.
+            frame = self._tokens(compose_prompt(request, system, []))
+            learned = frame + (size - frame) // 2
+        # A prompt of ``size`` tokens was refused, whatever the numbers claim.
+        self._learned[model] = min(learned, size - 1, self._learned.get(model, size))
 
-    def _escalated(
-        self, request: SummaryRequest, system: str, level: int, limit: int | None
-    ) -> list[dict[str, str]] | None:
-        """The prompt at an escalation level; None when nothing of the transcript fits."""
-        messages = request.messages if level == 0 else [clamp_tool_output(m) for m in request.messages]
-        blocks = transcript_blocks(messages)
-        if level < 2:
-            return compose_prompt(request, system, blocks)
-        full = self._tokens(compose_prompt(request, system, blocks))
-        frame = self._tokens(compose_prompt(request, system, [omitted_notice(len(blocks))]))
+    def _transcript_room(self, request: SummaryRequest, system: str, limit: int) -> int:
         # A little headroom: token counts of blocks do not add up exactly to the whole.
-        budget = int((limit if limit is not None else full // 2) * 0.97) - frame
-        kept = drop_middle(blocks, [self._count(b) + 2 for b in blocks], budget)
-        return compose_prompt(request, system, kept) if kept else None
+        return int(limit * 0.97) - self._tokens(compose_prompt(request, system, []))
+
+    def _prompt(self, request: SummaryRequest, system: str, *, clamped: bool) -> list[dict[str, str]]:
+        """The prompt, with every long tool output cut to its head and tail when ``clamped``."""
+        messages = [clamp_tool_output(m) for m in request.messages] if clamped else request.messages
+        return compose_prompt(request, system, transcript_blocks(messages))
 
     def _tokens(self, prompt: Sequence[Mapping[str, str]]) -> int:
         return sum(self._count(m["content"]) + _PER_MESSAGE_TOKENS for m in prompt)

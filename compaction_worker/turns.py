@@ -6,6 +6,7 @@ It never waits on an LLM: compactions run later, from the job queue (see compact
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import time
@@ -22,12 +23,12 @@ from compaction_worker.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.gaps import GapIndex
+from compaction_worker.gaps import GapIndex, conflicting_duplicate
 from compaction_worker.jobs import JobQueue
 from compaction_worker.overflow import detect_overflow
 from compaction_worker.publisher import Publisher, encode
 from compaction_worker.settings import Settings
-from compaction_worker.store import JobRequest, Meta, NewMessage, Store
+from compaction_worker.store import AppendStatus, HeldTurn, JobRequest, Meta, NewMessage, Store
 from compaction_worker.tokens import (
     budget_for,
     calibrate,
@@ -95,8 +96,12 @@ class TurnHandler:
         except BadEventError as bad:
             await self.dead_letter(raw, key, partition, offset, bad=bad)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
-        outcome = await self._apply(event, raw)
         cid = event.conversation_id
+        try:
+            outcome = await self._apply(event, raw)
+        except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
+            await self.dead_letter(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
+            outcome = TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
         if outcome.status is TurnStatus.APPENDED:
             await self._drain_pending(cid, event.turn_seq)
         else:
@@ -149,10 +154,17 @@ class TurnHandler:
         return event
 
     async def _apply(self, event: TurnEvent, raw: bytes) -> TurnOutcome:
+        """Append, hold or recognise a redelivery; raises BadEventError for a conflicting duplicate."""
         cid = event.conversation_id
+        fingerprint = turn_fingerprint(event)
         while True:
             meta = await self.store.meta(cid)
             if event.turn_seq <= meta.last_seq:
+                stored = await self.store.fingerprint(cid, event.turn_seq)
+                # A turn stored before fingerprints were kept has none: its redeliveries are
+                # accepted as duplicates, as every redelivery was then.
+                if stored is not None and stored != fingerprint:
+                    raise conflicting_duplicate(cid, event.turn_seq, fingerprint, stored)
                 # A redelivery: the request it carried was recorded with the append; make
                 # sure it is indexed (the crash may have come between the two writes).
                 if await self.store.job(cid) is not None:
@@ -161,14 +173,23 @@ class TurnHandler:
                 scheduled = await self._check_threshold(cid, meta)
                 return TurnOutcome(TurnStatus.DUPLICATE, cid, scheduled)
             if event.turn_seq > meta.last_seq + 1:
-                await self.gaps.hold(cid, event.turn_seq, raw)
+                if not await self.gaps.hold(cid, event.turn_seq, raw, fingerprint=fingerprint):
+                    held = await self.store.held_turn(cid, event.turn_seq)
+                    if held is None:
+                        continue  # released or expired since the hold was refused: look again
+                    _check_held(event, fingerprint, held)
                 log.info("turn %s of %s waits for turn %s", event.turn_seq, cid, meta.last_seq + 1)
                 return TurnOutcome(TurnStatus.BUFFERED, cid)
             request = _request_of(event)
-            status, _, _ = await self._append(event, meta, request)
-            if status == "appended":
+            status, _, _ = await self._append(event, meta, request, fingerprint)
+            if status == AppendStatus.APPENDED:
                 break
+            if status == AppendStatus.CONFLICTING_HELD:
+                held = await self.store.held_turn(cid, event.turn_seq)
+                if held is not None:
+                    _check_held(event, fingerprint, held)
             # "conflict": another writer appended meanwhile (a rebalance overlap); read again.
+            # A duplicate, conflicting or not, is told apart by the first branch.
         if request is not None:
             await self.jobs.mark_due(cid)
             self.on_scheduled(cid)
@@ -177,7 +198,9 @@ class TurnHandler:
         scheduled = await self._check_threshold(cid, await self.store.meta(cid))
         return TurnOutcome(TurnStatus.APPENDED, cid, scheduled)
 
-    async def _append(self, event: TurnEvent, meta: Meta, request: JobRequest | None) -> tuple[str, int, int]:
+    async def _append(
+        self, event: TurnEvent, meta: Meta, request: JobRequest | None, fingerprint: str
+    ) -> tuple[str, int, int]:
         settings = self.settings.budget
         counter = counter_for(event.model, settings)
         new = [NewMessage(m.to_dict(), counter.message(m.to_dict())) for m in event.messages]
@@ -200,6 +223,17 @@ class TurnHandler:
             "threshold": budget.threshold,
             "overhead_tokens": settings.conversation_overhead_tokens,
         }
+        if info.source == "fallback" and event.model != meta.model:
+            # Once per conversation (its first turn, then each change of model), from what
+            # the metadata already holds: per turn would flood the log, per process would
+            # name the model only in the first of its conversations.
+            log.warning(
+                "%s: model %r has no known context window; assuming %d tokens "
+                "(set the turn's context_window or budget.window_overrides)",
+                event.conversation_id,
+                event.model,
+                info.window,
+            )
         if info.source == "provider" and info.window != meta.observed_window:
             fields["observed_window"] = info.window
             log.warning(
@@ -229,7 +263,13 @@ class TurnHandler:
         if calibration != meta.calibration:
             fields["calibration"] = calibration
         return await self.store.append_turn(
-            event.conversation_id, event.turn_seq, new, fields, expected_count=meta.msg_count, request=request
+            event.conversation_id,
+            event.turn_seq,
+            new,
+            fields,
+            expected_count=meta.msg_count,
+            request=request,
+            fingerprint=fingerprint,
         )
 
     async def _check_threshold(self, cid: str, meta: Meta) -> Trigger | None:
@@ -273,13 +313,12 @@ class TurnHandler:
     async def handle_held(self, raw: bytes, cid: str, turn_seq: int) -> TurnOutcome:
         """Apply one held turn (it was valid when it was held)."""
         try:
-            event = self.parse(raw, cid.encode())
-        except BadEventError as bad:  # settings changed since it was held
+            return await self._apply(self.parse(raw, cid.encode()), raw)
+        except BadEventError as bad:  # settings changed since it was held, or its seq was stored meanwhile
             await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
             # Left held, it would block its conversation and be dead-lettered again on expiry.
             await self.store.drop_pending(cid, turn_seq)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
-        return await self._apply(event, raw)
 
     async def dead_letter(
         self,
@@ -314,6 +353,30 @@ class TurnHandler:
         # Held turns were keyed by their conversation (or not keyed: parse allows that); the
         # record is keyed by it either way, so it lands beside the conversation's other letters.
         await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
+
+
+_IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
+
+
+def turn_fingerprint(event: TurnEvent) -> str:
+    """A digest of a turn's content: equal for every delivery of one turn, whatever its event id.
+
+    The event's identity (id, timestamp, schema version) is left out, so a runtime that
+    publishes a turn again under a new id sends the same turn. Fields at their defaults are
+    left out too, so a field added to the schema later keeps stored turns' fingerprints.
+    """
+    content = event.model_dump(mode="json", exclude=set(_IDENTITY), exclude_defaults=True)
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _check_held(event: TurnEvent, fingerprint: str, held: HeldTurn) -> None:
+    """Raise for a turn whose seq is held behind a gap with other content (held first, it is kept)."""
+    # A turn held before fingerprints were kept has none: accepted as a duplicate.
+    if held.fingerprint is not None and held.fingerprint != fingerprint:
+        raise conflicting_duplicate(
+            event.conversation_id, event.turn_seq, fingerprint, held.fingerprint, held=True
+        )
 
 
 def _request_of(event: TurnEvent) -> JobRequest | None:

@@ -1,8 +1,17 @@
 """The context-window registry: how many input tokens a model accepts, and where that came from.
 
 Priority: the event's ``context_window``, then ``budget.window_overrides``, then LiteLLM's
-bundled model map, then ``budget.fallback_window`` (logged once per model). Nothing here
-raises for an unknown or malformed model string; it falls back instead.
+bundled model map, then ``budget.fallback_window``. Nothing here raises for an unknown or
+malformed model string, nor logs: it falls back, and the per-turn path warns once per
+conversation (turns.py) rather than on every resolution.
+
+Model strings reach LiteLLM's map in many spellings: routers and hosts prefix them
+("openrouter/anthropic/claude-3.5-sonnet", "bedrock/us.anthropic.claude-...-v2:0",
+"ollama/llama3.1:8b"), vendors spell versions differently ("claude-3.5-sonnet" and
+"claude-3-5-sonnet"), and the map keeps some models only under another host. So the
+lookup tries the name and its prefix-stripped forms, then LiteLLM's entries for the same
+model under any host (:func:`_by_base_name`), then, for Gemini, the tier's ``-latest``
+entry (:func:`_gemini_tier`).
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -22,9 +32,8 @@ log = logging.getLogger(__name__)
 DEFAULT_FALLBACK_WINDOW = 32_768
 """The fallback when ``fallback_window`` is unset: small enough to be safe for most models."""
 
-# Longer strings are not model names; they would only bloat the caches and the logs.
+# Longer strings are not model names; they would only bloat the caches.
 _MAX_MODEL_LEN = 256
-_MAX_WARNED = 4096
 _DATED = re.compile(r"^(?P<stem>.+?)-(?P<date>\d{8}|latest)$")
 _MISTRAL_FAMILY = (
     "mistral",
@@ -38,12 +47,26 @@ _MISTRAL_FAMILY = (
     "pixtral",
 )
 _OPENAI_FAMILY = re.compile(r"^(gpt-|chatgpt-|o\d(-|$)|text-embedding-)")
+# Bedrock's cross-region inference profiles put the region before the vendor.
+_BEDROCK_REGION = re.compile(r"^(?:us|eu|apac|global|au|jp|ca|us-gov)\.(?P<rest>.+)$")
+# Vendor (and region) prefixes of host-specific ids: "us.anthropic.", "meta.", "amazon.".
+# Letters only, so that "gpt-4.1" or "llama3.1" keep their dots.
+_VENDOR_DOTS = re.compile(r"^(?:[a-z]+(?:-[a-z]+)*\.)+")
+_BEDROCK_VERSION = re.compile(r"-v\d+(?::\d+)?$")
+_VERTEX_VERSION = re.compile(r"(?:-v\d+)?@(?P<tag>\w+)$")
+_OLLAMA_TAG = re.compile(r":[\w.-]+$")
+_DIGIT_DOT = re.compile(r"(?<=\d)\.(?=\d)")
+# OpenRouter's order, "gemini-pro-1.5", for Google's "gemini-1.5-pro".
+_GEMINI_TIER_FIRST = re.compile(
+    r"^gemini-(?P<tier>pro|flash-lite|flash)-(?P<version>\d+(?:\.\d+)?)(?P<rest>-.*)?$"
+)
+_GEMINI = re.compile(r"^gemini-(?P<version>\d+(?:\.\d+)?)-(?P<tier>pro|flash-lite|flash)(?:-|$)")
+# Map entries that describe chat models (others, such as embeddings, share names with them).
+_CHAT_MODES = frozenset({"chat", "completion", "responses", None})
 
 # LiteLLM asks these providers' servers (or the Hugging Face Hub) when looking a model up;
 # the budget check must stay offline and fast, so for them only the bundled map counts.
 _DYNAMIC_PROVIDERS = frozenset({"ollama", "ollama_chat", "huggingface", "lemonade"})
-
-_warned: set[str] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +97,7 @@ def resolve_window(model: str, settings: BudgetSettings, event_window: int | Non
         return WindowInfo(model, override, max_output, "override")
     if known is not None:
         return WindowInfo(model, known[0], max_output, "registry")
-    fallback = settings.fallback_window or DEFAULT_FALLBACK_WINDOW
-    _warn_once(model, fallback)
-    return WindowInfo(model, fallback, None, "fallback")
+    return WindowInfo(model, settings.fallback_window or DEFAULT_FALLBACK_WINDOW, None, "fallback")
 
 
 def is_known_model(model: str) -> bool:
@@ -98,20 +119,6 @@ def _strip_provider(model: str) -> str:
     return model.rsplit("/", 1)[-1]
 
 
-def _warn_once(model: str, fallback: int) -> None:
-    if model in _warned:
-        return
-    if len(_warned) >= _MAX_WARNED:
-        # Model strings come from events; an unbounded set would be a memory leak.
-        _warned.clear()
-    _warned.add(model)
-    log.warning(
-        "unknown model %r: no context window in the registry, using %d tokens",
-        model[:_MAX_MODEL_LEN],
-        fallback,
-    )
-
-
 def _registry(model: str) -> tuple[int, int | None] | None:
     """``(window, max_output_tokens)`` from LiteLLM's bundled map, or None when unknown."""
     if len(model) > _MAX_MODEL_LEN:
@@ -125,7 +132,7 @@ def _registry_cached(model: str) -> tuple[int, int | None] | None:
         found = _lookup(name)
         if found is not None:
             return found
-    return None
+    return _by_base_name(model) or _gemini_tier(model)
 
 
 def _lookup(name: str) -> tuple[int, int | None] | None:
@@ -157,15 +164,25 @@ def _candidates(model: str) -> list[str]:
 
     LiteLLM's map misses many names runtimes actually send: router prefixes
     ("openrouter/openai/gpt-4o"), first-party names it only keeps under another host
-    (Anthropic's dated Claude 3.x ids survive only as Bedrock or Vertex ids), and providers'
-    names without LiteLLM's prefix ("mistral-large-latest").
+    (Anthropic's dated Claude 3.x ids survive only as Bedrock or Vertex ids), providers'
+    names without LiteLLM's prefix ("mistral-large-latest"), Bedrock regions it does not
+    list, Ollama tags ("llama3.1:8b") and OpenRouter's dotted versions ("claude-3.5-sonnet").
     """
     name = model.strip()
     parts = [p for p in name.split("/") if p]
     names = [name] + ["/".join(parts[i:]) for i in range(len(parts))]
     base = parts[-1] if parts else ""
+    if (region := _BEDROCK_REGION.match(base)) is not None:
+        names.append(region.group("rest"))  # the id without its cross-region profile
+        base = _VENDOR_DOTS.sub("", _BEDROCK_VERSION.sub("", base))
+    elif base.startswith("anthropic."):
+        base = _BEDROCK_VERSION.sub("", base.removeprefix("anthropic."))
+    if parts and parts[0].lower() in ("ollama", "ollama_chat"):
+        bare = _OLLAMA_TAG.sub("", "/".join(parts[1:]))
+        names += [f"ollama/{'/'.join(parts[1:])}", f"ollama/{bare}"]
     lower = base.lower()
     if lower.startswith("claude"):
+        base = _DIGIT_DOT.sub("-", base)
         names.append(f"anthropic/{base}")
         dated = _DATED.match(base)
         stem = dated.group("stem") if dated else base
@@ -175,12 +192,87 @@ def _candidates(model: str) -> list[str]:
             names.append(f"vertex_ai/{stem}@{date}")
         names.append(f"vertex_ai/{stem}")
     elif lower.startswith(("gemini", "gemma")):
+        if (reordered := _GEMINI_TIER_FIRST.match(lower)) is not None:
+            base = f"gemini-{reordered['version']}-{reordered['tier']}{reordered['rest'] or ''}"
         names += [f"gemini/{base}", f"vertex_ai/{base}"]
     elif lower.startswith(_MISTRAL_FAMILY):
         names.append(f"mistral/{base}")
+        if not _DATED.match(base) and not re.search(r"-\d{4}$", base):
+            names.append(f"mistral/{base}-latest")  # OpenRouter's "mistralai/mistral-large"
+    elif lower.startswith("grok"):
+        names.append(f"xai/{base}")
     elif _OPENAI_FAMILY.match(lower):
         # OpenAI's own entry is sometimes empty where Azure's is not (e.g. o1-mini).
         names += [f"openai/{base}", f"azure/{base}"]
     if lower != base:
         names.append(lower)
     return [n for n in dict.fromkeys(names) if n]
+
+
+def base_name(model: str) -> str:
+    """A model's name without host, region, vendor prefix, version suffix or tag, lower case.
+
+    "bedrock/us.anthropic.claude-3-5-sonnet-20241022-v2:0",
+    "vertex_ai/claude-3-5-sonnet-v2@20241022" and "claude-3-5-sonnet-20241022" all become
+    "claude-3-5-sonnet-20241022"; "openrouter/anthropic/claude-3.5-sonnet" becomes
+    "claude-3-5-sonnet"; "ollama/llama3.1:8b" becomes "llama3.1".
+    """
+    base = model.strip().rsplit("/", 1)[-1].lower()
+    if base.startswith("ft:"):
+        return ""  # a fine-tune's id: its own model, not the base model's
+    base = _VENDOR_DOTS.sub("", base)
+    if (vertex := _VERTEX_VERSION.search(base)) is not None:
+        tag = vertex.group("tag")
+        base = base[: vertex.start()] + (f"-{tag}" if tag.isdigit() else "")
+    base = _OLLAMA_TAG.sub("", _BEDROCK_VERSION.sub("", base))
+    if base.startswith("claude"):
+        base = _DIGIT_DOT.sub("-", base)
+    if (reordered := _GEMINI_TIER_FIRST.match(base)) is not None:
+        base = f"gemini-{reordered['version']}-{reordered['tier']}{reordered['rest'] or ''}"
+    return base
+
+
+@lru_cache(maxsize=1)
+def _base_index() -> dict[str, tuple[int, int | None]]:
+    """Every chat model in LiteLLM's map by :func:`base_name`, with one window each.
+
+    Where several hosts list one model, the window most of them list wins (the smaller on
+    a tie): one host that caps the context far below the model's own must not decide.
+    """
+    found: defaultdict[str, list[tuple[int, int | None]]] = defaultdict(list)
+    for key, info in litellm.model_cost.items():
+        if not isinstance(info, dict) or info.get("mode") not in _CHAT_MODES:
+            continue
+        window = _positive(info.get("max_input_tokens")) or _positive(info.get("max_tokens"))
+        base = base_name(key)
+        if window is not None and base:
+            found[base].append((window, _positive(info.get("max_output_tokens"))))
+    index: dict[str, tuple[int, int | None]] = {}
+    for base, limits in found.items():
+        counts = Counter(window for window, _ in limits)
+        window = min(counts, key=lambda w: (-counts[w], w))
+        outputs = [out for w, out in limits if w == window and out is not None]
+        index[base] = (window, min(outputs) if outputs else None)
+    return index
+
+
+def _by_base_name(model: str) -> tuple[int, int | None] | None:
+    """LiteLLM's window for the same model under any host ("groq/llama-3.3-70b-versatile")."""
+    base = base_name(model)
+    if not base:
+        return None
+    index = _base_index()
+    return index.get(base) or index.get(base.removesuffix("-latest"))
+
+
+def _gemini_tier(model: str) -> tuple[int, int | None] | None:
+    """A Gemini version LiteLLM no longer lists, as its tier's ``-latest`` entry.
+
+    Google retired Gemini 1.5 and 2.0 and LiteLLM's map dropped them; every Gemini since
+    1.5 accepts at least the tier's current window (1.5 Pro took twice as much), so the
+    tier's alias is a window the model is known to accept, not a guess above it.
+    """
+    match = _GEMINI.match(base_name(model))
+    if match is None or float(match.group("version")) < 1.5:
+        return None  # Gemini 1.0 had 32K: no later tier speaks for it
+    return _lookup(f"gemini/gemini-{match.group('tier')}-latest")

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction_worker.artifacts import KINDS, MAX_ITEM_CHARS, extract_artifacts
+from compaction_worker.artifacts import KINDS, MAX_ITEM_CHARS, extract_artifacts, item_core, scan_items
 
 _PIECES = re.compile(r"\w+|[^\w\s]")
 
@@ -193,6 +193,138 @@ class TestUrlsAndIds:
         assert ledger("UTF-8 SHA-256 deadbeef 12345678 127.0.0.1") == []
 
 
+def said(text: str, role: str = "assistant") -> list[str]:
+    """The ledger of one message."""
+    return extract_artifacts([{"role": role, "content": text}], 10_000, count)
+
+
+class TestProse:
+    """Issue 9: artifacts written in sentences, as assistants and users mention them."""
+
+    def test_inline_code_that_looks_like_a_command(self) -> None:
+        """A known program, a script by path, or any program with flags; not an identifier or a phrase."""
+        items = said(
+            "I ran `kubectl rollout restart deployment/svc-12 -n prod`, then `./scripts/seed.sh staging`, "
+            "`sudo systemctl restart nginx` and `frobnicate --all`; `user_id`, `foo bar` and `x = 5` are code."
+        )
+        assert [i for i in items if i.startswith("cmd:")] == [
+            "cmd: kubectl rollout restart deployment/svc-12 -n prod",
+            "cmd: ./scripts/seed.sh staging",
+            "cmd: sudo systemctl restart nginx",
+            "cmd: frobnicate --all",
+        ]
+
+    def test_errors_in_the_middle_of_a_line(self) -> None:
+        """Exceptions with their message, error:/failed: clauses and errno names with their address."""
+        items = said(
+            "The client then saw error: ECONNREFUSED 10.0.3.7:5012 twice. The worker crashed with "
+            "ValueError: shard 7 has no leader, then recovered. The migration failed: lock timeout on "
+            "table orders. Node said connect ECONNRESET 10.0.0.9:443 again."
+        )
+        assert [i for i in items if i.startswith("error:")] == [
+            "error: error: ECONNREFUSED 10.0.3.7:5012 twice",
+            "error: ValueError: shard 7 has no leader",
+            "error: failed: lock timeout on table orders",
+            "error: ECONNRESET 10.0.0.9:443",
+        ]
+
+    def test_ids_inside_punctuation(self) -> None:
+        """Ticket keys in brackets or with a possessive, commit SHAs and UUIDs in sentences."""
+        items = said(
+            "Opened (INC-40003); INC-40004's fix is in commit 3f9a2c1d7e4b, see [PAY-12]: "
+            "request 123e4567-e89b-12d3-a456-426614174000 failed."
+        )
+        assert [i for i in items if i.startswith("id:")] == [
+            "id: INC-40003",
+            "id: INC-40004",
+            "id: 3f9a2c1d7e4b",
+            "id: PAY-12",
+            "id: 123e4567-e89b-12d3-a456-426614174000",
+        ]
+
+    def test_hosts_with_ports(self) -> None:
+        """An IP, a host name or localhost with a port; not a time of day or a ratio."""
+        items = said("Use 10.0.3.7:5012, db-1.internal:5432 or localhost:8080 at 12:30, not 3:1.")
+        assert items == ["host: 10.0.3.7:5012", "host: db-1.internal:5432", "host: localhost:8080"]
+
+    def test_kebab_and_snake_case_names(self) -> None:
+        """snake_case always; kebab-case with a digit, three parts, in code, or next to a resource noun."""
+        items = said(
+            "The feature flag enable_fast_checkout is on, the cluster payments-east and the "
+            "acme-logs-archive bucket are new, svc-12 restarted, `orders-api` too, DATABASE_URL is set."
+        )
+        assert [i for i in items if i.startswith("name:")] == [
+            "name: enable_fast_checkout",
+            "name: payments-east",
+            "name: acme-logs-archive",
+            "name: svc-12",
+            "name: orders-api",
+            "name: DATABASE_URL",
+        ]
+
+    def test_facts_stated_by_the_user(self) -> None:
+        """Numbers with units, dates and versions the user states, with the words that say what they are."""
+        text = (
+            "Set the memory limit to 512 MiB before 2025-03-14; we run Postgres 15.4 and v2.3 of the "
+            "client, the budget is $1,200 and uptime 99.9% by March 5, 2025."
+        )
+        assert [i for i in said(text, "user") if i.startswith("fact:")] == [
+            "fact: memory limit to 512 MiB",
+            "fact: before 2025-03-14",
+            "fact: we run Postgres 15.4",
+            "fact: and v2.3",
+            "fact: the budget is $1,200",
+            "fact: and uptime 99.9%",
+            "fact: by March 5, 2025",
+        ]
+        assert not [i for i in said(text, "assistant") if i.startswith("fact:")]
+
+    def test_ordinary_prose_holds_no_artifact(self) -> None:
+        """Hyphenated English, times, ratios, plain numbers and capitalised words before numbers are prose."""
+        text = (
+            "Our up-to-date, well-known and end-to-end tests are state-of-the-art; a read-only, long-term, "
+            "real-time plan. At 10:30 we met 3 people, e.g. Anna; it was 3.5 times faster, a 3:1 ratio. "
+            "Chapter 3 says the error rate fell. A KeyError is raised when a key is missing. We had "
+            "`the usual` talk about failure modes and a follow-up on the x-ray."
+        )
+        assert said(text, "user") == []
+        assert said(text, "assistant") == []
+
+    def test_cores(self) -> None:
+        """The core: the errno and its address, the exception and its message, the stated value."""
+        assert item_core("error: error: ECONNREFUSED 10.0.3.7:5012 twice") == "ECONNREFUSED 10.0.3.7:5012"
+        assert item_core("error: It crashed with KeyError: 'id', then restarted") == "KeyError: 'id'"
+        assert item_core("fact: the memory limit to 512 MiB") == "512 MiB"
+        assert item_core("cmd: make test") == "make test"
+        long = "error: " + "word " * 60
+        assert len(item_core(long)) <= 120
+
+    def test_scan_items_gives_the_message_of_each_item(self) -> None:
+        """Positions let the archive say where an artifact was first seen."""
+        messages = [
+            {"role": "user", "content": "see src/a.py"},
+            {"role": "assistant", "content": "INC-1 src/a.py"},
+        ]
+        assert list(scan_items(messages)) == [(0, "path: src/a.py"), (1, "id: INC-1"), (1, "path: src/a.py")]
+
+    def test_pathological_prose_is_linear(self) -> None:
+        """Backticks, endless clauses, hyphens, digits and errno names do not make the scan backtrack."""
+        nasty = "\n".join(
+            [
+                "`" * 50_000,
+                "error: " + "a" * 50_000,
+                "a-" * 50_000,
+                "1" * 50_000 + " MiB",
+                "ECONNREFUSED " * 10_000,
+                "ValueError: " * 10_000,
+                "x " * 50_000,
+            ]
+        )
+        started = time.perf_counter()
+        extract_artifacts([{"role": "user", "content": nasty}], 500, count)
+        assert time.perf_counter() - started < 2.0
+
+
 class TestLedger:
     """De-duplication, ordering and the budget."""
 
@@ -205,7 +337,10 @@ class TestLedger:
 
     def test_ordered_by_kind_then_position(self) -> None:
         """Kinds are listed in KINDS order whatever order they appeared in."""
-        items = ledger("id ABC-1 at https://x.io then src/a.py\n$ make\nerror: boom")
+        items = ledger(
+            "the limit 512 MiB, the cluster orders-east, db.internal:5432, id ABC-1 at https://x.io "
+            "then src/a.py\n$ make\nerror: boom"
+        )
         assert [i.split(":", 1)[0] for i in items] == list(KINDS)
 
     def test_tight_budget_keeps_errors_before_paths_and_recent_before_old(self) -> None:
@@ -286,3 +421,7 @@ def test_never_raises_and_respects_the_budget(
     assert all(i.split(":", 1)[0] in KINDS for i in items)
     if items:
         assert counter("\n".join(items)) <= budget
+    # Kept whole or as its core: either way verbatim, an item of the messages.
+    every = {item for _, item in scan_items(messages)}
+    forms = set(every) | {f"{item.split(': ', 1)[0]}: {item_core(item)}" for item in every}
+    assert set(items) <= forms

@@ -1,4 +1,4 @@
-"""The command line: run on embedded defaults, history, status, compact, rewind and schemas."""
+"""The command line: run on embedded defaults, history, status, compact, rewind, artifacts and schemas."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from compaction_worker.settings import Settings
 from compaction_worker.store import Store
 from compaction_worker.testing import turn_payload
 from compaction_worker.turns import TurnHandler
+from tests.orchestration import Published
+from tests.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
 
@@ -197,6 +199,59 @@ def test_rewind_json_and_refusals(compacted: tuple[str, Settings]) -> None:
     assert "nothing to undo" in again.output
     missing = CliRunner().invoke(main, ["rewind", "nope"])
     assert "no conversation 'nope'" in missing.output
+
+
+@pytest.fixture
+async def archived(
+    redis_client: redis.asyncio.Redis,
+    redis_url: str,
+    settings: Settings,
+    published: Published,
+    monkeypatch: pytest.MonkeyPatch,
+) -> CompactionCompleted:
+    """Conversation "a", compacted once by a summarizer that keeps no artifact; the CLI points at its Redis."""
+    monkeypatch.setenv("COMPACTION_REDIS__URL", redis_url)
+    monkeypatch.setenv("COMPACTION_REDIS__KEY_PREFIX", settings.redis.key_prefix)
+    done, _, _ = await compact_mentions(redis_client, settings, published)
+    return done
+
+
+def test_artifacts_lists_every_archived_artifact(archived: CompactionCompleted) -> None:
+    """Issue 9: `artifacts` lists what compactions extracted, marking what the effective history lost."""
+    data = json.loads(CliRunner().invoke(main, ["artifacts", "a", "--json"]).output)
+    assert {"kind": "id", "text": "INC-40001", "seq": 1, "n": 1} in [
+        {k: a[k] for k in ("kind", "text", "seq", "n")} for a in data
+    ]
+    assert sum(not a["in_history"] for a in data) == archived.artifacts_dropped > 0
+    result = CliRunner().invoke(main, ["artifacts", "a"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == (
+        f"a: {len(data)} artifacts archived, {archived.artifacts_dropped} no longer in the effective "
+        "history (marked *)"
+    )
+    assert len(lines) == 1 + len(data)
+    assert sum(line.startswith("*") for line in lines[1:]) == archived.artifacts_dropped
+    missing = CliRunner().invoke(main, ["artifacts", "nope"])
+    assert missing.exit_code == 1
+    assert "no conversation 'nope'" in missing.output
+
+
+def test_artifacts_does_not_load_litellm(archived: CompactionCompleted) -> None:
+    """The command reads Redis only: it starts without importing LiteLLM (seconds of start-up)."""
+    script = (
+        "import json, sys\n"
+        "from click.testing import CliRunner\n"
+        "from compaction_worker.cli import main\n"
+        "result = CliRunner().invoke(main, ['artifacts', 'a', '--json'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(len(json.loads(result.output)), 'litellm' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    count, loaded = out.stdout.split()
+    assert (int(count) > 0, loaded) == (True, "False")
 
 
 def test_schemas_check_passes_on_the_committed_files() -> None:

@@ -6,17 +6,26 @@ import math
 from typing import Any, cast
 
 import pytest
+import redis.asyncio
 
 from compaction_worker.attachments import file_budget, fit_files
 from compaction_worker.client import Client
 from compaction_worker.compactor import Compactor
-from compaction_worker.history import SUMMARY_ACK, SUMMARY_HEADER, EffectiveHistory, Entry, SummaryChunk
+from compaction_worker.history import (
+    SUMMARY_ACK,
+    SUMMARY_HEADER,
+    EffectiveHistory,
+    Entry,
+    SummaryChunk,
+    text_of,
+)
 from compaction_worker.jobs import JobQueue
 from compaction_worker.settings import Settings
 from compaction_worker.store import Meta, Snapshot, Store
 from compaction_worker.tokens import counter_for
 from compaction_worker.turns import TurnHandler
-from tests.orchestration import raw, user
+from tests.orchestration import Published, raw, user
+from tests.test_compactor import compact_mentions
 
 HISTORY = EffectiveHistory(
     chunks=(SummaryChunk("c", "earlier work", 1, 2, 1, 2, 4, "2024-01-01T00:00:00+00:00", "fake"),),
@@ -98,3 +107,23 @@ async def test_fit_files_in_calibrated_tokens(
 
     assert 2 * sum(counter.text(f.text) for f in fitted) <= budget
     assert fitted == fit_files(FILES, budget // 2, counter.text, max_tokens_per_byte=counter.multiplier)
+
+
+@pytest.mark.integration
+async def test_artifacts_are_listed_with_whether_the_history_carries_them(
+    redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+) -> None:
+    """Issue 9: `Client.artifacts()` lists every archived artifact, first seen first, and what the history lost."""
+    done, store, _ = await compact_mentions(redis_client, settings, published)
+    found = await Client(settings, store, None).artifacts("a")
+    assert [a.seq for a in found] == sorted(a.seq for a in found)
+    assert {a.kind for a in found} == {"cmd", "error", "host", "id"}
+    assert ("cmd", "kubectl rollout restart deployment/svc-1 -n prod", 1, 1) in [
+        (a.kind, a.text, a.seq, a.n) for a in found
+    ]
+    lost = [a for a in found if not a.in_history]
+    assert len(lost) == done.artifacts_dropped > 0
+    shown = "\n".join(text_of(m) for m in await Client(settings, store, None).messages("a"))
+    assert all(a.text not in shown for a in lost if a.kind in {"cmd", "id"})
+    assert all(a.text in shown for a in found if a.in_history and a.kind in {"cmd", "id"})
+    assert await Client(settings, store, None).artifacts("unknown") == []

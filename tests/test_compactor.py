@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis.asyncio
 
-from compaction_worker.compactor import Compactor, next_llm_failures
+from compaction_worker.archive import Archive, ArchivedArtifact
+from compaction_worker.compactor import Compactor, context_status, next_llm_failures
 from compaction_worker.errors import SummarizerError
 from compaction_worker.events import (
     CompactionCompleted,
     CompactionStarted,
+    ContextStatus,
     LlmUsage,
     Outcome,
     Trigger,
 )
 from compaction_worker.extractive import ExtractiveSummarizer
-from compaction_worker.history import render
+from compaction_worker.history import Entry, render, text_of
 from compaction_worker.jobs import JobQueue
 from compaction_worker.lock import Locks
 from compaction_worker.settings import Settings
@@ -28,7 +31,16 @@ from compaction_worker.strategies import CompactionResult, Draft, provider_probl
 from compaction_worker.summarizer import SummaryRequest, SummaryResult
 from compaction_worker.tokens import budget_for, calibrate
 from compaction_worker.turns import TurnHandler
-from tests.orchestration import Published, assistant, compact_now, conversation, overhead, raw, user
+from tests.orchestration import (
+    Published,
+    assistant,
+    compact_now,
+    conversation,
+    make_parts,
+    overhead,
+    raw,
+    user,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -106,8 +118,8 @@ class TestCompactor:
         assert seen == [(1, 0)]
         assert len(published.on("compaction.completed")) == 1
 
-    async def test_context_status_says_whether_a_summary_is_in_effect(self, parts: Any) -> None:
-        """Reference 003 (Decision 7): context_status stays "full" when only tool outputs were cleared, "summarized" once a summary is in effect."""
+    async def test_context_status_says_whether_the_model_sees_a_reduced_history(self, parts: Any) -> None:
+        """Reference 003 and issue 9: "summarized" as soon as anything the model saw was replaced, cleared tool outputs included; the stages say what."""
         turns, compactor, store, jobs = parts
         await turns.handle(raw("p", 1, user("read the four files"), context_window=2048), b"p")
         for k, word in enumerate(["alpha", "bravo", "charlie", "delta"], start=2):
@@ -118,9 +130,11 @@ class TestCompactor:
             ]
             await turns.handle(raw("p", k, *read, context_window=2048), b"p")
         await turns.handle(raw("p", 6, user("thanks"), context_window=2048), b"p")
+        assert (await store.meta("p")).context_status.value == "full"
         pruned = await compact_now(jobs, compactor, "p")
         assert (pruned.outcome, pruned.stages) == (Outcome.COMPACTED, ["prune"])
-        assert pruned.context_status.value == (await store.meta("p")).context_status.value == "full"
+        assert not (await store.snapshot("p")).history.chunks
+        assert pruned.context_status.value == (await store.meta("p")).context_status.value == "summarized"
         for event in conversation(24):
             await turns.handle(event, b"c")
         summarized = await compact_now(jobs, compactor)
@@ -329,6 +343,19 @@ class TestCircuitBreaker:
         assert [e.circuit_open for e in events] == [False, False, True, False]
 
 
+def test_context_status_of_a_draft() -> None:
+    """Edited messages (pruned, de-duplicated, truncated) reduce the history as a chunk does; made-up ones do not."""
+    chat = [
+        Entry(n=1, seq=1, message=user("hi"), tokens=3),
+        Entry(n=2, seq=2, message=assistant("ok"), tokens=3),
+    ]
+    made_up = Entry(n=0, seq=2, message=user("(continued)"), tokens=3, edit="synthetic")
+    assert context_status(Draft((), (*chat, made_up))) is ContextStatus.FULL
+    for edit in ("pruned", "deduplicated", "truncated"):
+        edited = replace(chat[1], edit=edit)
+        assert context_status(Draft((), (chat[0], edited))) is ContextStatus.SUMMARIZED
+
+
 def test_breaker_count_changes_only_when_the_llm_was_asked() -> None:
     """The count moves on an LLM run only: not while open, not without a fallback, not when no summary ran."""
     base = CompactionResult(Outcome.COMPACTED, Draft((), ()), 10, 5, 2, 1)
@@ -339,3 +366,95 @@ def test_breaker_count_changes_only_when_the_llm_was_asked() -> None:
     assert next_llm_failures(1, failed, summarizers=1, circuit_open=True) == 1
     assert next_llm_failures(1, failed, summarizers=1, circuit_open=False) == 1
     assert next_llm_failures(1, base, summarizers=2, circuit_open=False) == 1
+
+
+class Forgetful:
+    """A summarizer that keeps no identifier at all: a generic sentence."""
+
+    name = "forgetful"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        text = "The team worked on the services and discussed the next steps."
+        return SummaryResult(text, self.name, 12, LlmUsage())
+
+
+def mentions(seq: int) -> str:
+    """A turn naming artifacts in prose, as people write them."""
+    return (
+        f"turn {seq}: I ran `kubectl rollout restart deployment/svc-{seq} -n prod` and saw error: "
+        f"ECONNREFUSED 10.0.3.{seq}:5012 twice, so I opened ticket INC-{40000 + seq}. " + "detail " * 40
+    )
+
+
+async def compact_mentions(
+    redis_client: redis.asyncio.Redis, settings: Settings, published: Published, ledger: int | None = None
+) -> tuple[CompactionCompleted, Store, Compactor]:
+    """Conversation "a": 24 turns naming artifacts in prose on a 2K window, compacted once by ``Forgetful``.
+
+    ``ledger`` sets the ledger's budget (0: no ledger); by default the settings' own.
+    """
+    if ledger is not None:
+        pipeline = settings.pipeline.model_copy(
+            update={"artifact_budget_tokens": ledger, "artifact_budget_fraction": 0}
+        )
+        settings = settings.model_copy(update={"pipeline": pipeline})
+    turns, _, store, jobs = make_parts(redis_client, settings, published)
+    compactor = Compactor(
+        settings, store, Locks(redis_client, 30), jobs, published, summarizers=lambda _m, _c: [Forgetful()]
+    )
+    for seq in range(1, 25):
+        message = user(mentions(seq)) if seq % 2 else assistant(mentions(seq))
+        await turns.handle(raw("a", seq, message, context_window=2048), b"a")
+    done = await compact_now(jobs, compactor, "a")
+    assert done.outcome is Outcome.COMPACTED, done.error
+    return done, store, compactor
+
+
+class TestArchive:
+    """Issue 9: nothing is dropped silently; every artifact stays retrievable and the event counts the lost."""
+
+    async def _compacted(
+        self, redis_client: redis.asyncio.Redis, settings: Settings, published: Published, ledger: int
+    ) -> tuple[CompactionCompleted, Store, Archive]:
+        done, store, _ = await compact_mentions(redis_client, settings, published, ledger)
+        return done, store, Archive(redis_client, store.prefix, None)
+
+    async def test_what_no_ledger_keeps_is_archived_and_counted(
+        self, redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+    ) -> None:
+        """Without a ledger the summary loses every artifact: all are archived, all counted as dropped."""
+        done, store, archive = await self._compacted(redis_client, settings, published, ledger=0)
+        history = (await store.snapshot("a")).history
+        covered = [n for c in history.chunks for n in range(c.first_n, c.last_n + 1) if c.covers(n)]
+        archived = {a.item: a for a in await archive.all("a")}
+        for n in covered:
+            assert f"cmd: kubectl rollout restart deployment/svc-{n} -n prod" in archived
+            assert f"id: INC-{40000 + n}" in archived
+            assert archived[f"id: INC-{40000 + n}"].seq == n
+        assert done.artifacts_dropped == len(archived) >= 3 * len(covered) > 0
+        (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
+        assert event.artifacts_dropped == done.artifacts_dropped
+
+    async def test_what_the_ledger_keeps_is_not_counted(
+        self, redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+    ) -> None:
+        """With a ledger, what it carries verbatim is not counted: the count is what the history lacks."""
+        done, store, archive = await self._compacted(redis_client, settings, published, ledger=400)
+        history = (await store.snapshot("a")).history
+        shown = "\n".join(text_of(m) for m in render(history))
+        archived = await archive.all("a")
+        # The error's core is its errno and address; the other kinds are their own core.
+        cores = {a.item: re.sub(r"^error: | twice$", "", a.text) for a in archived}
+        lacking = [a for a in archived if not re.search(re.escape(cores[a.item]) + r"(?![\w])", shown)]
+        assert 0 < done.artifacts_dropped == len(lacking) < len(archived)
+
+    async def test_archiving_twice_keeps_the_first_sighting(self, redis_client: redis.asyncio.Redis) -> None:
+        """A retried compaction writes the same archive: an item keeps where it was first seen."""
+        archive = Archive(redis_client, "t", 60)
+        first = ArchivedArtifact("path: src/a.py", 3, 5)
+        await archive.add("x", [first])
+        await archive.add(
+            "x", [ArchivedArtifact("path: src/a.py", 9, 17), ArchivedArtifact("id: AB-1", 9, 17)]
+        )
+        assert await archive.all("x") == [first, ArchivedArtifact("id: AB-1", 9, 17)]
+        assert 0 < await redis_client.ttl(archive.key("x")) <= 60

@@ -105,6 +105,23 @@ class TestExtractive:
         facts = text.split("## Facts learned from tools")[1].split("## ")[0]
         assert facts.strip() == "- run: collected 12 items … 12 passed in 0.3s"
 
+    async def test_tool_facts_name_each_call_by_position(self) -> None:
+        """Parallel calls sharing an id (as some providers send them): each result under its own tool."""
+        calls = [
+            {"id": "call_0", "type": "function", "function": {"name": name, "arguments": "{}"}}
+            for name in ("read_file", "grep")
+        ]
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "Find where the total is computed."},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "call_0", "content": "def total(order): ..."},
+            {"role": "tool", "tool_call_id": "call_0", "content": "src/orders.py:12: total("},
+            {"role": "assistant", "content": "It is in src/orders.py."},
+        ]
+        text = (await ExtractiveSummarizer(count).summarize(request(messages))).text
+        assert "- read_file: def total(order): ..." in text
+        assert "- grep: src/orders.py:12: total(" in text
+
     async def test_no_text_is_an_error(self) -> None:
         """A span without any text cannot be summarized."""
         with pytest.raises(SummarizerError, match="nothing to summarize"):

@@ -11,12 +11,12 @@ from typing import Any, cast
 import pytest
 import redis.asyncio
 
-from compaction_worker.events import DeadLetter
+from compaction_worker.events import DeadLetter, TurnEvent
 from compaction_worker.gaps import CLAIM_LEASE_SECONDS, GapIndex
 from compaction_worker.keys import gaps_index_key
 from compaction_worker.settings import Settings
 from compaction_worker.store import HeldTurn, Store, held_value, parse_held
-from compaction_worker.turns import TurnHandler, TurnStatus
+from compaction_worker.turns import TurnHandler, TurnStatus, turn_fingerprint
 from tests import orchestration
 from tests.orchestration import Published, assistant, raw, user
 
@@ -271,6 +271,29 @@ class TestConcurrency:
         assert published.events == []
         assert await store.pending_seqs("c") == []
         assert await index_score(redis_client, "c") is None
+
+    async def test_a_held_copy_of_a_stored_seq_with_other_content_is_a_conflicting_duplicate(
+        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """A held copy whose seq was stored with other content is a conflicting_duplicate letter, not a silent drop."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("one")), b"c")
+        await turns.handle(raw("c", 2, assistant("two")), b"c")
+        same, other = raw("c", 2, assistant("two")), raw("c", 2, assistant("two, but other"))
+        await turns.gaps.hold("c", 2, same, now=1000.0, fingerprint=await store.fingerprint("c", 2))
+        assert await turns.gaps.expire(now=1000.0 + TIMEOUT + 1) == []
+        other_fp = turn_fingerprint(TurnEvent.model_validate_json(other))
+        await turns.gaps.hold("c", 2, other, now=1000.0, fingerprint=other_fp)
+
+        (sent,) = await turns.gaps.expire(now=1000.0 + TIMEOUT + 1)
+
+        (letter,) = letters(published)
+        assert (letter.reason.value, letter.turn_seq, sent.turn_seq) == ("conflicting_duplicate", 2, 2)
+        assert base64.b64decode(letter.original_b64) == other
+        assert letter.detail == sent.detail
+        assert other_fp in letter.detail
+        assert await store.pending_seqs("c") == []
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two"]
 
     async def test_index_entry_without_held_turns_is_dropped(
         self, parts: Any, published: Published, redis_client: redis.asyncio.Redis

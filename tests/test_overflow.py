@@ -7,6 +7,10 @@ cannot fix (rate limits, quotas, output caps).
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
+import openai
 import pytest
 
 from compaction_worker._litellm import litellm
@@ -75,7 +79,7 @@ OVERFLOWS: list[tuple[str, str, str | None, int | None, int | None]] = [
         "(context_length_exceeded) This model's maximum context length is 128000 tokens. However, "
         "you requested 1124171 tokens (124171 in the messages, 1000000 in the completion). Please "
         "reduce the length of the messages or completion.\nCode: context_length_exceeded",
-        "openai",
+        "azure",
         124171,
         128000,
     ),
@@ -85,8 +89,19 @@ OVERFLOWS: list[tuple[str, str, str | None, int | None, int | None]] = [
         "Azure.RequestFailedException: This model's maximum context length is 8192 tokens. However, "
         "your messages resulted in 10383 tokens. Please reduce the length of the messages. Status: "
         "400 (model_error) ErrorCode: context_length_exceeded",
-        "openai",
+        "azure",
         10383,
+        8192,
+    ),
+    (
+        # github.com/elastic/kibana/pull/176353 (Kibana's Azure OpenAI connector)
+        "azure-kibana-connector",
+        "ActionsClientLlm: action result status is error: an error occurred while running the "
+        "action - Status code: 400. Message: API Error: model_error - This model's maximum context "
+        "length is 8192 tokens. However, your messages resulted in 16900 tokens. Please reduce the "
+        "length of the messages.",
+        "azure",
+        16900,
         8192,
     ),
     # --- Anthropic --------------------------------------------------------------------------
@@ -181,6 +196,36 @@ OVERFLOWS: list[tuple[str, str, str | None, int | None, int | None]] = [
         None,
     ),
     (
+        # github.com/daisuke-awaji/moca/issues/254 (Anthropic's wording relayed by Bedrock)
+        "bedrock-relaying-anthropic",
+        "[SYSTEM_ERROR] An error occurred.\nType: ValidationException\nDetails: The model returned "
+        "the following errors: prompt is too long: 200049 tokens > 200000 maximum\nRequest ID: "
+        "9251f066-a420-483b-b3ae-7485084f6dc6\n[/SYSTEM_ERROR]",
+        "bedrock",
+        200049,
+        200000,
+    ),
+    (
+        # github.com/gsd-build/gsd-2/issues/5411 (OpenAI's wording relayed by Bedrock Mantle)
+        "bedrock-relaying-openai",
+        "The model returned the following errors: Mantle streaming error for requestId 1f2e:\n"
+        'ErrorEvent { error: APIError { type: "BadRequestError", code: Some(400),\nmessage: "This '
+        "model's maximum context length is 32768 tokens. However, you\nrequested 8192 output tokens "
+        'and your prompt contains 64764 input tokens,\nfor a total of 72956 tokens." } }',
+        "bedrock",
+        64764,
+        32768,
+    ),
+    (
+        # Anthropic's wording in a botocore ClientError (InvokeModel with an Anthropic body)
+        "bedrock-botocore-anthropic",
+        "botocore.errorfactory.ValidationException: An error occurred (ValidationException) when "
+        "calling the InvokeModel operation: prompt is too long: 215343 tokens > 200000 maximum",
+        "bedrock",
+        215343,
+        200000,
+    ),
+    (
         # Claude 4.5 / Bedrock Converse stop reason (UKGovernmentBEIS/inspect_ai issue #2941)
         "bedrock-stop-reason",
         "stopReason: model_context_window_exceeded",
@@ -253,6 +298,42 @@ OVERFLOWS: list[tuple[str, str, str | None, int | None, int | None]] = [
         4096,
     ),
     (
+        # github.com/huggingface/chat-ui/issues/340 (TGI's router, Hugging Face Inference API)
+        "tgi-total-tokens",
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 1512. Given: 1000 "
+        "`inputs` tokens and 1024 `max_new_tokens`",
+        "huggingface",
+        1000,
+        1512,
+    ),
+    (
+        # TGI router/src/validation.rs MaxTotalTokens, through huggingface_hub's client
+        "tgi-total-tokens-hub",
+        "huggingface_hub.errors.ValidationError: Input validation error: `inputs` tokens + "
+        "`max_new_tokens` must be <= 32768. Given: 31744 `inputs` tokens and 2048 `max_new_tokens`",
+        "huggingface",
+        31744,
+        32768,
+    ),
+    (
+        # TGI before 0.9 (router/src/validation.rs, no backticks, "input")
+        "tgi-total-tokens-old",
+        "Input validation error: input tokens + max_new_tokens must be <= 2048. Given: 1950 input "
+        "tokens and 200 max_new_tokens",
+        "huggingface",
+        1950,
+        2048,
+    ),
+    (
+        # TGI router/src/validation.rs InputLength (--max-input-tokens)
+        "tgi-input-length",
+        '{"error":"Input validation error: `inputs` must have less than 4096 tokens. Given: 4522",'
+        '"error_type":"validation"}',
+        "huggingface",
+        4522,
+        4096,
+    ),
+    (
         # github.com/BerriAI/litellm/issues/10793 (SGLang's wording)
         "sglang",
         "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
@@ -306,6 +387,37 @@ OVERFLOWS: list[tuple[str, str, str | None, int | None, int | None]] = [
         94307,
         16384,
     ),
+    # --- HTTP 413: the request body is too large ------------------------------------------
+    (
+        # github.com/anthropics/anthropic-sdk-python/issues/938
+        "anthropic-413",
+        "anthropic._exceptions.RequestTooLargeError: Error code: 413 - {'error': {'type': "
+        "'request_too_large', 'message': 'Request exceeds the maximum size'}}",
+        "anthropic",
+        None,
+        None,
+    ),
+    (
+        # github.com/anthropics/claude-code/issues/3335
+        "anthropic-413-api-error",
+        'API Error: 413 {"error":{"type":"request_too_large","message":"Request exceeds the maximum size"}}',
+        "anthropic",
+        None,
+        None,
+    ),
+    (
+        # github.com/vm0-ai/vm0/issues/34178 (openresty in front of api.deepseek.com)
+        "openresty-413",
+        "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center>"
+        "<h1>413 Request Entity Too Large</h1></center>\r\n<hr><center>openresty</center>\r\n"
+        "</body>\r\n</html>",
+        None,
+        None,
+        None,
+    ),
+    ("bare-413", "HTTP 413", None, None, None),
+    ("status-413", "upstream request failed with status 413", None, None, None),
+    ("payload-too-large", "413 Payload Too Large", None, None, None),
     # --- LiteLLM proxy wrappers -------------------------------------------------------------
     (
         # github.com/OpenHands/OpenHands/issues/5350 (proxy: Bedrock error, then Anthropic fallback)
@@ -390,6 +502,12 @@ NOT_OVERFLOWS: list[tuple[str, str]] = [
     ("output-cap-exceeds", "max_tokens exceeds the model's maximum output tokens (8192)."),
     ("output-cap-number", "max_tokens is above the maximum number of tokens to generate (4096)."),
     ("bad-key", "Incorrect API key provided: sk-abc***def."),
+    # TGI's output cap and its other validation errors (router/src/validation.rs)
+    ("tgi-max-new-tokens", "Input validation error: `max_new_tokens` must be <= 2048. Given: 4096"),
+    ("tgi-empty", "Input validation error: `inputs` cannot be empty"),
+    # 413 as a number that is not a status
+    ("number-413", "Processed 413 documents; 2 failed validation."),
+    ("traceback-413", "File \"/app/worker.py\", line 413, in run\nKeyError: 'messages'"),
     ("server-error", "failed to load the model: the maximum context length is not available"),
     ("empty", ""),
 ]
@@ -508,11 +626,173 @@ class TestExceptions:
         )
         assert detect_overflow(error) is None
 
+    def test_status_413_on_the_exception_is_an_overflow(self) -> None:
+        """An SDK's 413 with no telling text is an overflow: the body was too large."""
+        request = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
+        error = openai.APIStatusError(
+            "request failed", response=httpx.Response(413, request=request), body=None
+        )
+        assert detect_overflow(error) == OverflowInfo(None, None, None)
+
+    def test_status_413_on_a_wrapped_response_is_an_overflow(self) -> None:
+        """httpx's HTTPStatusError keeps the status on its response, found through the cause chain."""
+        request = httpx.Request("POST", "https://gateway.internal/v1/messages")
+        cause = httpx.HTTPStatusError("upstream failed", request=request, response=httpx.Response(413))
+        outer = RuntimeError("call failed")
+        outer.__cause__ = cause
+        assert detect_overflow(outer) == OverflowInfo(None, None, None)
+
+    def test_other_statuses_are_not_overflows(self) -> None:
+        """A 400 or 429 without overflow text stays what it is."""
+        request = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
+        for status in (400, 429):
+            error = openai.APIStatusError(
+                "request failed", response=httpx.Response(status, request=request), body=None
+            )
+            assert detect_overflow(error) is None
+
+    def test_azure_deployment_through_the_openai_sdk(self) -> None:
+        """OpenAI's wording from an Azure endpoint is Azure's (the request URL says so)."""
+        body = {
+            "message": "This model's maximum context length is 128000 tokens. However, your messages "
+            "resulted in 130211 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+        request = httpx.Request(
+            "POST",
+            "https://contoso.openai.azure.com/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+        )
+        error = openai.BadRequestError(
+            f"Error code: 400 - {{'error': {body}}}",
+            response=httpx.Response(400, request=request),
+            body={"error": body},
+        )
+        assert detect_overflow(error) == OverflowInfo("azure", 130211, 128000)
+
+    def test_anthropic_wording_from_a_bedrock_endpoint(self) -> None:
+        """Anthropic's sentence from an exception whose request went to bedrock-runtime is Bedrock's."""
+
+        class APIError(Exception):
+            def __init__(self, message: str, request: httpx.Request) -> None:
+                super().__init__(message)
+                self.request = request
+
+        request = httpx.Request(
+            "POST",
+            "https://bedrock-runtime.us-east-1.amazonaws.com/model/"
+            "anthropic.claude-3-5-sonnet-20241022-v2:0/invoke",
+        )
+        error = APIError(
+            "Error code: 400 - {'message': 'prompt is too long: 201330 tokens > 200000 maximum'}", request
+        )
+        assert detect_overflow(error) == OverflowInfo("bedrock", 201330, 200000)
+
+    def test_a_response_without_a_request_is_read_safely(self) -> None:
+        """httpx raises for a hand-built response's missing request; detection goes on without it."""
+
+        class GatewayError(Exception):
+            def __init__(self, response: httpx.Response) -> None:
+                super().__init__("gateway refused the call")
+                self.response = response
+
+        response = httpx.Response(413)
+        with pytest.raises(RuntimeError):
+            _ = response.request
+        assert detect_overflow(GatewayError(response)) == OverflowInfo(None, None, None)
+
     def test_self_referencing_chain_terminates(self) -> None:
         """A cycle in __cause__/__context__ does not loop forever."""
         error = ValueError("nothing relevant")
         error.__context__ = error
         assert detect_overflow(error) is None
+
+
+class TestErrorBodies:
+    """Provider error bodies passed as parsed JSON: nested dicts and lists, as SDKs and runtimes hold them."""
+
+    def test_openai_body(self) -> None:
+        """OpenAI's {"error": {"message", "code"}} yields its numbers."""
+        body = {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, your messages "
+                "resulted in 9000 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+        assert detect_overflow(body) == OverflowInfo("openai", 9000, 8192)
+
+    def test_gemini_list_body(self) -> None:
+        """Gemini's REST error is a list of {"error": {...}}."""
+        body = [
+            {
+                "error": {
+                    "code": 400,
+                    "message": "The input token count (1200293) exceeds the maximum number of tokens "
+                    "allowed (1048576).",
+                    "status": "INVALID_ARGUMENT",
+                }
+            }
+        ]
+        assert detect_overflow(body) == OverflowInfo("gemini", 1200293, 1048576)
+
+    def test_anthropic_body_with_a_nested_message(self) -> None:
+        """Anthropic's {"type": "error", "error": {"type", "message"}}."""
+        body = {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 208656 tokens > 200000 maximum",
+            },
+        }
+        assert detect_overflow(body) == OverflowInfo("anthropic", 208656, 200000)
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"status": 413},
+            {"error": {"code": 413, "message": "Payload rejected"}},
+            {"errorType": "Error", "$metadata": {"httpStatusCode": 413}},
+            [{"error": {"code": "413"}}],
+        ],
+    )
+    def test_a_413_status_in_the_body(self, body: Any) -> None:
+        """A 413 under a status or code key, at any depth, is an overflow without numbers."""
+        assert detect_overflow(body) == OverflowInfo(None, None, None)
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"error": {"code": 400, "message": "invalid tool schema"}},
+            {
+                "error": {
+                    "message": "Rate limit reached on tokens per min (TPM)",
+                    "code": "rate_limit_exceeded",
+                }
+            },
+            {},
+            [],
+            {
+                "error": {
+                    "code": 429,
+                    "message": "Resource has been exhausted",
+                    "status": "RESOURCE_EXHAUSTED",
+                }
+            },
+        ],
+    )
+    def test_other_bodies_are_not_overflows(self, body: Any) -> None:
+        """Bodies about something else, and empty ones, are not overflows."""
+        assert detect_overflow(body) is None
+
+    def test_a_circular_body_does_not_break_detection(self) -> None:
+        """A body that refers to itself is read, not serialised forever."""
+        body: dict[str, Any] = {"message": "prompt is too long: 9 tokens > 8 maximum"}
+        body["self"] = body
+        assert detect_overflow(body) == OverflowInfo("anthropic", 9, 8)
 
 
 # Reference 004's per-provider phrases that are recognised on their own: (provider named in

@@ -11,11 +11,13 @@ from compaction_worker.prompts import (
     SECTIONS,
     build_prompt,
     clamp_tool_output,
-    drop_middle,
-    omitted_notice,
+    piece_boundaries,
+    piece_end,
     render_content,
+    transcript_blocks,
+    transcript_costs,
 )
-from tests.summaries import SESSION, request
+from tests.summaries import SESSION, count, request
 
 
 class TestPrompt:
@@ -140,16 +142,73 @@ class TestShrinking:
         assert clamp_tool_output(user) is user
         assert clamp_tool_output(short) is short
 
-    def test_drop_middle_keeps_the_first_and_the_latest(self) -> None:
-        """The first block and as many of the last as fit, with a marker counting the rest."""
-        blocks = [f"b{i}" for i in range(10)]
-        kept = drop_middle(blocks, [10] * 10, budget=40)
-        assert kept == ["b0", omitted_notice(6), "b7", "b8", "b9"]
+    def test_costs_add_up_to_the_transcript(self) -> None:
+        """Each message's cost is its block plus the blank line: together, the fenced transcript."""
+        costs = transcript_costs(SESSION, count)
+        assert len(costs) == len(SESSION)
+        fenced = build_prompt(request())[1]["content"].split("<transcript>\n")[1].split("\n</transcript>")[0]
+        assert abs(sum(costs) - count(fenced)) <= 2 * len(SESSION)
 
-    def test_drop_middle_returns_everything_that_fits(self) -> None:
-        """Under the budget nothing is dropped and no marker is added."""
-        assert drop_middle(["a", "b"], [5, 5], budget=10) == ["a", "b"]
 
-    def test_drop_middle_with_nothing_that_fits(self) -> None:
-        """When not even one block fits, nothing is returned (the caller gives up)."""
-        assert drop_middle(["a", "b"], [50, 50], budget=10) == []
+def call(call_id: str) -> dict[str, Any]:
+    """An assistant message making one call."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "run", "arguments": "{}"}}],
+    }
+
+
+def result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "ok"}
+
+
+USER = {"role": "user", "content": "go on"}
+
+
+class TestPieces:
+    """Where a span too large for the summarizer may be cut, and how large each piece is."""
+
+    def test_a_call_and_its_results_are_never_parted(self) -> None:
+        """Boundaries fall between exchanges, never between a call and its (parallel) results."""
+        parallel = {**call("a"), "tool_calls": [*call("a")["tool_calls"], *call("b")["tool_calls"]]}
+        messages = [USER, parallel, result("a"), USER, result("b"), call("c"), result("c"), USER]
+        assert piece_boundaries(messages) == [0, 1, 5, 7, 8]
+
+    def test_reused_ids_pair_by_position(self) -> None:
+        """Runtimes number calls per turn: each result binds to the nearest call with its id."""
+        messages = [USER, call("call_0"), result("call_0"), USER, call("call_0"), result("call_0")]
+        assert piece_boundaries(messages) == [0, 1, 3, 4, 6]
+        # A result whose call is not in the span binds nothing.
+        assert piece_boundaries([result("x"), USER]) == [0, 1, 2]
+
+    def test_tool_name_of_a_shared_id_is_its_own_calls(self) -> None:
+        """Parallel calls sharing an id: each result is rendered under the tool of the call it answers."""
+        calls = [{"id": "call_0", "function": {"name": name, "arguments": "{}"}} for name in ("read", "grep")]
+        messages = [
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            result("call_0"),
+            result("call_0"),
+        ]
+        blocks = transcript_blocks(messages)
+        assert blocks[1].startswith("[2] tool (read, call_0):")
+        assert blocks[2].startswith("[3] tool (grep, call_0):")
+
+    def test_everything_left_is_one_piece_when_it_fits(self) -> None:
+        """Under the limit, or with none, the piece runs to the end."""
+        assert piece_end([10] * 5, [0, 1, 2, 3, 4, 5], 0, 50) == 5
+        assert piece_end([10] * 5, [0, 1, 2, 3, 4, 5], 2, None) == 5
+
+    def test_pieces_are_balanced_within_the_limit(self) -> None:
+        """Ten messages of 10 under a limit of 40: three pieces of 30-40, not 40 + 40 + a sliver of 20."""
+        cuts = list(range(11))
+        ends = [piece_end([10] * 10, cuts, 0, 40)]
+        while ends[-1] < 10:
+            ends.append(piece_end([10] * 10, cuts, ends[-1], 40))
+        assert ends == [3, 7, 10]
+
+    def test_pieces_end_only_at_boundaries(self) -> None:
+        """A cut that would part a pair is skipped; a first unit over the limit is a piece alone."""
+        assert piece_end([10] * 6, [0, 3, 6], 0, 25) == 3
+        assert piece_end([30, 10, 10], [0, 1, 3], 0, 20) == 1
+        assert piece_end([30, 10, 10], [0, 3], 0, 20) == 3

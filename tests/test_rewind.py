@@ -21,6 +21,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.strategies import provider_problems
 from compaction_worker.turns import TurnHandler
 from tests.orchestration import Published, compact_now, conversation
+from tests.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +107,16 @@ class TestRewinder:
             await rewinder.rewind("c")
         assert (await store.meta("c")).version == 1
         assert len(published.events) == before
+
+    async def test_a_rewind_brings_the_dropped_artifacts_back(
+        self, redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+    ) -> None:
+        """Issue 9: compaction.completed counts the artifacts the history lacks; after a rewind it lacks none."""
+        done, store, compactor = await compact_mentions(redis_client, settings, published)
+        assert done.artifacts_dropped > 0
+        rewound = await Rewinder(settings, store, compactor.locks, published).rewind("a")
+        assert rewound.completed.artifacts_dropped == 0
+        assert (
+            CompactionCompleted.model_validate(published.on("compaction.completed")[-1]).artifacts_dropped
+            == 0
+        )

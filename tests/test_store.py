@@ -15,7 +15,16 @@ from compaction_worker.errors import RewindError, StaleFenceError
 from compaction_worker.events import ContextStatus, Trigger
 from compaction_worker.history import Entry, SummaryChunk
 from compaction_worker.lock import Lease, Locks
-from compaction_worker.store import JobRequest, NewMessage, Store, rewind_target
+from compaction_worker.store import (
+    AppendStatus,
+    HeldTurn,
+    JobRequest,
+    NewMessage,
+    Store,
+    held_value,
+    parse_held,
+    rewind_target,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -29,12 +38,17 @@ def store(redis_client: redis.asyncio.Redis) -> Store:
     return Store(redis_client, "t", retention_seconds=3600)
 
 
-async def append(store: Store, cid: str, seq: int, *messages: NewMessage) -> str:
+async def append(
+    store: Store, cid: str, seq: int, *messages: NewMessage, fingerprint: str | None = None
+) -> str:
     meta = await store.meta(cid)
     status, _, _ = await store.append_turn(
-        cid, seq, list(messages), {"model": "gpt-4o"}, expected_count=meta.msg_count
+        cid, seq, list(messages), {"model": "gpt-4o"}, expected_count=meta.msg_count, fingerprint=fingerprint
     )
     return status
+
+
+FP_A, FP_B = "a" * 32, "0123456789abcdef" * 2
 
 
 def chunk(first: Entry, last: Entry, text: str = "summary", tokens: int = 5) -> SummaryChunk:
@@ -100,10 +114,19 @@ class TestAppend:
         assert (await store.meta("c")).history_tokens == 3000
 
     async def test_retention_sets_ttls(self, store: Store) -> None:
-        """Every key of an active conversation carries the retention TTL."""
+        """Every key of an active conversation carries the retention TTL, the fingerprints too."""
+        await append(store, "c", 1, msg("a"), fingerprint=FP_A)
+        for key in (store.keys("c").transcript, store.keys("c").fingerprints):
+            ttl = await store.redis.pttl(key)
+            assert 3_500_000 < ttl <= 3_600_000, key
+
+    async def test_every_turn_refreshes_the_artifact_archive(self, store: Store) -> None:
+        """The archive, written only at compactions, lives as long as the conversation takes turns."""
         await append(store, "c", 1, msg("a"))
-        ttl = await store.redis.pttl(store.keys("c").transcript)
-        assert 3_500_000 < ttl <= 3_600_000
+        await store.redis.hset(store.keys("c").artifacts, "path:/src/a.py", "1")
+        await store.redis.pexpire(store.keys("c").artifacts, 1_000)
+        await append(store, "c", 2, msg("b"))
+        assert 3_500_000 < await store.redis.pttl(store.keys("c").artifacts) <= 3_600_000
 
     async def test_request_is_recorded_with_the_turn(self, store: Store) -> None:
         """A compaction request rides in the append script, so it cannot be lost alone."""
@@ -128,6 +151,62 @@ class TestAppend:
         job = await store.job("c")
         assert job is not None
         assert job.trigger is Trigger.REACTIVE
+
+
+class TestFingerprints:
+    async def test_same_fingerprint_is_a_duplicate_another_is_a_conflict(self, store: Store) -> None:
+        """A stored seq with the same fingerprint is a duplicate; with another, a conflicting duplicate; nothing moves."""
+        assert await append(store, "c", 1, msg("a"), fingerprint=FP_A) == AppendStatus.APPENDED
+        assert await store.fingerprint("c", 1) == FP_A
+        keys = store.keys("c")
+        before = [await store.redis.dump(k) for k in keys.all()]
+        assert await append(store, "c", 1, msg("a"), fingerprint=FP_A) == AppendStatus.DUPLICATE
+        assert await append(store, "c", 1, msg("b"), fingerprint=FP_B) == AppendStatus.CONFLICTING_DUPLICATE
+        assert [await store.redis.dump(k) for k in keys.all()] == before
+        assert await store.fingerprint("c", 1) == FP_A
+        assert await store.fingerprint("c", 2) is None
+
+    async def test_a_turn_stored_without_a_fingerprint_takes_any_redelivery_as_a_duplicate(
+        self, store: Store
+    ) -> None:
+        """Conversations stored before fingerprints were kept keep working: their seqs have none to compare."""
+        await append(store, "c", 1, msg("a"))
+        assert await store.fingerprint("c", 1) is None
+        assert await append(store, "c", 1, msg("b"), fingerprint=FP_B) == AppendStatus.DUPLICATE
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["a"]
+        assert await append(store, "c", 2, msg("c"), fingerprint=FP_B) == AppendStatus.APPENDED
+
+    async def test_a_different_turn_for_a_held_seq_is_refused_and_the_held_one_kept(
+        self, store: Store
+    ) -> None:
+        """The turn held behind a gap came first: another turn with its seq is refused, the held one applies."""
+        await append(store, "c", 1, msg("a"), fingerprint=FP_B)
+        assert await store.buffer_pending("c", 2, b'{"held": 1}', fingerprint=FP_A)
+        assert await append(store, "c", 2, msg("other"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
+        assert (await store.meta("c")).last_seq == 1
+        assert await store.pending_turn("c", 2) == b'{"held": 1}'
+        assert await append(store, "c", 2, msg("held"), fingerprint=FP_A) == AppendStatus.APPENDED
+        assert await store.pending_seqs("c") == []
+        assert await store.fingerprint("c", 2) == FP_A
+
+    async def test_a_held_turn_without_a_fingerprint_conflicts_with_nothing(self, store: Store) -> None:
+        """A turn held before fingerprints were kept is replaced as before; a leased one keeps its fingerprint."""
+        await append(store, "c", 1, msg("a"))
+        await store.redis.hset(
+            store.keys("c").pending, mapping={"2": b'12:{"old": 1}', "3": b'12/99:{"x": 3}'}
+        )
+        assert await append(store, "c", 2, msg("b"), fingerprint=FP_B) == AppendStatus.APPENDED
+        await store.redis.hset(store.keys("c").pending, "3", b"12/99:" + FP_A.encode() + b':{"x": 3}')
+        assert await append(store, "c", 3, msg("c"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
+
+    def test_held_form_carries_the_fingerprint(self) -> None:
+        """The fingerprint follows the hold time; values without it still read; a malformed one is refused."""
+        body = b'  {"x": "ab:cd"}'
+        assert parse_held(2, held_value(body, 5, FP_A)) == HeldTurn(2, 5, body, fingerprint=FP_A)
+        assert parse_held(2, b"5/7:" + FP_B.encode() + b":" + body) == HeldTurn(2, 5, body, 7, FP_B)
+        assert parse_held(2, held_value(body, 5)) == HeldTurn(2, 5, body)
+        with pytest.raises(ValueError, match="fingerprint"):
+            held_value(body, 5, "not-hex")
 
 
 class TestCommit:

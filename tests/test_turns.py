@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import uuid
 from typing import Any
 
 import pytest
@@ -12,9 +14,10 @@ import redis.asyncio
 from compaction_worker.events import (
     DeadLetter,
     Trigger,
+    TurnEvent,
 )
 from compaction_worker.settings import Settings
-from compaction_worker.turns import TurnStatus
+from compaction_worker.turns import TurnStatus, turn_fingerprint
 from tests.orchestration import Published, assistant, raw, user
 
 pytestmark = pytest.mark.integration
@@ -71,6 +74,68 @@ class TestTurns:
         assert (await turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.DUPLICATE
         assert await store.meta("c") == before
 
+    async def test_republished_under_a_new_event_id_is_a_duplicate(
+        self, parts: Any, published: Published
+    ) -> None:
+        """A runtime publishing a turn again (new event_id and timestamp, same content) sends nothing to the DLQ."""
+        turns, *_ = parts
+        first = raw("c", 1, user("hi"), system_prompt="be brief", event_id=str(uuid.uuid4()))
+        again = raw("c", 1, user("hi"), system_prompt="be brief", event_id=str(uuid.uuid4()))
+        assert first != again
+        await turns.handle(first, b"c")
+        assert (await turns.handle(again, b"c")).status is TurnStatus.DUPLICATE
+        assert published.on("conversation.turn.dlq") == []
+
+    @pytest.mark.parametrize(
+        "changes",
+        [
+            {"messages": [user("bye")]},
+            {"model": "gpt-4o-mini-2024-07-18"},
+            {"system_prompt": "be verbose"},
+            {"tools": [{"type": "function", "function": {"name": "search"}}]},
+            {"context_window": 4096},
+            {"compaction": {"mode": "force"}},
+        ],
+        ids=["messages", "model", "system_prompt", "tools", "context_window", "compaction"],
+    )
+    async def test_conflicting_duplicate_is_dead_lettered_and_the_stored_turn_kept(
+        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis, changes: dict[str, Any]
+    ) -> None:
+        """A stored seq reused with other content goes to the DLQ (conflicting_duplicate, naming the seq); nothing stored moves."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("hi"), system_prompt="be brief"), b"c")
+        await turns.handle(raw("c", 2, assistant("hello")), b"c")
+        before = {k: await redis_client.dump(k) for k in sorted(await redis_client.keys("*"))}
+        fields: dict[str, Any] = {"system_prompt": "be brief", "messages": [user("hi")], **changes}
+        payload = raw("c", 1, *fields.pop("messages"), **fields)
+
+        outcome = await turns.handle(payload, b"c", 0, 9)
+
+        assert (outcome.status, outcome.reason) == (TurnStatus.DEAD_LETTERED, "conflicting_duplicate")
+        (record,) = published.on("conversation.turn.dlq")
+        letter = DeadLetter.model_validate(record)
+        assert (letter.reason.value, letter.conversation_id, letter.turn_seq) == (
+            "conflicting_duplicate",
+            "c",
+            1,
+        )
+        assert (letter.partition, letter.offset) == (0, 9)
+        assert base64.b64decode(letter.original_b64) == payload
+        assert "turn_seq 1 of c" in letter.detail
+        assert {k: await redis_client.dump(k) for k in sorted(await redis_client.keys("*"))} == before
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["hi", "hello"]
+
+    async def test_turns_stored_without_a_fingerprint_take_redeliveries_as_duplicates(
+        self, parts: Any, published: Published
+    ) -> None:
+        """A conversation stored before fingerprints were kept keeps working: any redelivery is a duplicate."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("hi")), b"c")
+        await store.redis.delete(store.keys("c").fingerprints)
+        assert (await turns.handle(raw("c", 1, user("bye")), b"c")).status is TurnStatus.DUPLICATE
+        assert published.on("conversation.turn.dlq") == []
+        assert (await turns.handle(raw("c", 2, assistant("ok")), b"c")).status is TurnStatus.APPENDED
+
     async def test_gap_is_held_until_filled_then_applied_in_order(self, parts: Any) -> None:
         """Turns ahead of a gap wait; the missing turn releases them in order."""
         turns, _, store, _ = parts
@@ -80,6 +145,55 @@ class TestTurns:
         assert (await store.meta("c")).last_seq == 1
         await turns.handle(raw("c", 2, assistant("two")), b"c")
         assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two", "three", "four"]
+        assert await store.pending_seqs("c") == []
+
+    async def test_a_conflicting_turn_while_the_original_is_held_is_dead_lettered(
+        self, parts: Any, published: Published
+    ) -> None:
+        """Turn 3 held behind a gap, then another turn 3: that one goes to the DLQ; the held one applies later."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("one")), b"c")
+        await turns.handle(raw("c", 3, user("three")), b"c")
+        assert (await turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
+        other = raw("c", 3, user("not three"))
+
+        outcome = await turns.handle(other, b"c")
+
+        assert (outcome.status, outcome.reason) == (TurnStatus.DEAD_LETTERED, "conflicting_duplicate")
+        (letter,) = [DeadLetter.model_validate(r) for r in published.on("conversation.turn.dlq")]
+        assert (letter.turn_seq, base64.b64decode(letter.original_b64)) == (3, other)
+        assert "held behind a gap" in letter.detail
+        await turns.handle(raw("c", 2, assistant("two")), b"c")
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two", "three"]
+
+    async def test_a_released_held_turn_redelivered_with_other_content_is_dead_lettered(
+        self, parts: Any, published: Published
+    ) -> None:
+        """A turn applied from behind a gap has its fingerprint stored like any other."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("one")), b"c")
+        await turns.handle(raw("c", 3, user("three")), b"c")
+        await turns.handle(raw("c", 2, assistant("two")), b"c")
+        assert (await turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.DUPLICATE
+        outcome = await turns.handle(raw("c", 3, user("three, again")), b"c")
+        assert outcome.reason == "conflicting_duplicate"
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two", "three"]
+
+    async def test_a_turn_meeting_a_different_held_copy_of_its_seq_is_refused(
+        self, parts: Any, published: Published
+    ) -> None:
+        """A rebalance overlap: another worker held turn 2 before turn 1 was seen; a different turn 2 does not replace it."""
+        turns, _, store, _ = parts
+        await turns.handle(raw("c", 1, user("one")), b"c")
+        held = raw("c", 2, assistant("two"))
+        held_fp = turn_fingerprint(TurnEvent.model_validate_json(held))
+        await turns.gaps.hold("c", 2, held, fingerprint=held_fp)
+
+        outcome = await turns.handle(raw("c", 2, assistant("other two")), b"c")
+
+        assert outcome.reason == "conflicting_duplicate"
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two"]
+        assert await store.fingerprint("c", 2) == held_fp
         assert await store.pending_seqs("c") == []
 
     async def test_threshold_schedules_a_job(self, parts: Any) -> None:
@@ -172,3 +286,75 @@ class TestTurns:
         meta = await store.meta("tools")
         assert meta.total_tokens == meta.history_tokens + meta.tools_tokens + meta.overhead_tokens
         assert meta.history_tokens < meta.threshold < meta.total_tokens
+
+
+class TestUnknownModelWarning:
+    async def test_once_per_conversation_and_model_change(
+        self, parts: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Issue 9: a model resolved to the fallback window is named at WARNING on each conversation's first turn and when its model changes, not on every turn."""
+        turns, *_ = parts
+        model, other = f"acme/unknown-{uuid.uuid4().hex}", f"acme/unknown-{uuid.uuid4().hex}"
+        with caplog.at_level(logging.WARNING, logger="compaction_worker.turns"):
+            for seq in range(1, 4):
+                await turns.handle(raw("a", seq, user(f"a{seq}"), model=model), b"a")
+                await turns.handle(raw("b", seq, user(f"b{seq}"), model=model), b"b")
+            await turns.handle(raw("a", 4, user("a4"), model=other), b"a")
+            await turns.handle(raw("a", 5, user("a5"), model=other), b"a")
+            await turns.handle(raw("c", 1, user("c1"), model="gpt-4o"), b"c")
+            await turns.handle(raw("d", 1, user("d1"), model=model, context_window=8192), b"d")
+
+        warned = [
+            (r.getMessage().split(":", 1)[0], model in r.getMessage(), other in r.getMessage())
+            for r in caplog.records
+            if "no known context window" in r.getMessage()
+        ]
+        assert warned == [("a", True, False), ("b", True, False), ("a", False, True)]
+        assert all(r.levelno == logging.WARNING for r in caplog.records if "context window" in r.getMessage())
+
+
+class TestFingerprint:
+    def test_identity_and_defaults_do_not_count(self) -> None:
+        """The event id, timestamp and fields written at their defaults leave the fingerprint as it is."""
+        base = TurnEvent.model_validate(
+            {"conversation_id": "c", "turn_seq": 1, "model": "m", "messages": [user("x")]}
+        )
+        same = TurnEvent.model_validate(
+            {
+                "conversation_id": "c",
+                "turn_seq": 1,
+                "model": "m",
+                "messages": [{"role": "user", "content": "x", "pinned": False}],
+                "event_id": str(uuid.uuid4()),
+                "timestamp": "2020-01-01T00:00:00Z",
+                "schema_version": 1,
+            }
+        )
+        assert turn_fingerprint(base) == turn_fingerprint(same)
+        assert len(turn_fingerprint(base)) == 32
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            {"messages": [user("y")]},
+            {"messages": [{"role": "user", "content": "x", "pinned": True}]},
+            {"messages": [user("x"), assistant("z")]},
+            {"model": "m2"},
+            {"system_prompt": "s"},
+            {"tools": []},
+            {"context_window": 1024},
+            {"max_output_tokens": 100},
+            {"usage": {"prompt_tokens": 5}},
+            {"compaction": {"mode": "overflow", "error": "too long"}},
+        ],
+    )
+    def test_any_content_change_counts(self, change: dict[str, Any]) -> None:
+        """Messages, model, prompt, tools, overrides, usage and the compaction request each change it."""
+        fields: dict[str, Any] = {
+            "conversation_id": "c",
+            "turn_seq": 1,
+            "model": "m",
+            "messages": [user("x")],
+        }
+        base = TurnEvent.model_validate(fields)
+        assert turn_fingerprint(TurnEvent.model_validate({**fields, **change})) != turn_fingerprint(base)

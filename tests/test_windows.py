@@ -15,6 +15,7 @@ from compaction_worker.settings import BudgetSettings
 from compaction_worker.windows import (
     DEFAULT_FALLBACK_WINDOW,
     WindowInfo,
+    base_name,
     is_known_model,
     resolve_window,
 )
@@ -23,7 +24,7 @@ LOGGER = "compaction_worker.windows"
 
 
 def unknown_model() -> str:
-    """A model string no registry knows, fresh per call (warnings are once per model)."""
+    """A model string no registry knows, fresh per call (lookups are cached per model)."""
     return f"acme/unknown-{uuid.uuid4().hex}"
 
 
@@ -140,6 +141,7 @@ class TestRegistry:
             "ollama/llama3.1:8b",
             "ollama_chat/qwen2",
             "huggingface/meta-llama/Llama-3-8B",
+            "huggingface/acme/unknown-model",
             "lemonade/some-model",
             "hosted_vllm/some-model",
             "gpt-4o",
@@ -147,7 +149,8 @@ class TestRegistry:
             "claude-3-5-sonnet-20241022",
         ]
 
-        expected = ["registry"] + ["fallback"] * 5 + ["registry"] * 3
+        # llama3.1:8b is Ollama's tag of llama3.1; Llama-3-8B is in the map under other hosts.
+        expected = ["registry"] * 2 + ["fallback", "registry"] + ["fallback"] * 3 + ["registry"] * 3
 
         sources = [resolve_window(m, BudgetSettings()).source for m in models]
 
@@ -223,19 +226,14 @@ class TestFallback:
 
         assert WindowInfo(model, 20_000, None, "fallback") == info
 
-    def test_warning_logged_once_per_model(self, caplog: pytest.LogCaptureFixture) -> None:
-        """Falling back is logged the first time per model, not on every turn."""
-        first, second = unknown_model(), unknown_model()
-
-        with caplog.at_level(logging.WARNING, logger=LOGGER):
+    def test_resolution_logs_nothing(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Resolving is silent: the per-turn path warns once per conversation (tests/test_turns.py), not per call."""
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
             for _ in range(3):
-                resolve_window(first, BudgetSettings())
-            resolve_window(second, BudgetSettings())
+                resolve_window(unknown_model(), BudgetSettings())
 
-        expected = [(logging.WARNING, True, False), (logging.WARNING, False, True)]
-        records = [r for r in caplog.records if r.name == LOGGER]
-
-        assert expected == [(r.levelno, first in r.getMessage(), second in r.getMessage()) for r in records]
+        # LiteLLM's own DEBUG lines may pass through when an earlier test turned its logging on.
+        assert not [r for r in caplog.records if r.name.startswith("compaction_worker")]
 
     @pytest.mark.parametrize(
         "model",
@@ -268,3 +266,174 @@ class TestFallback:
         expected = WindowInfo(model, 32_768, None, "fallback")
 
         assert expected == resolve_window(model, BudgetSettings())
+
+
+# Model strings people configure, each with the LiteLLM map entry that is the model's own
+# (or, for a retired Gemini, its tier's current alias): the window must be that entry's.
+POPULAR = [
+    # OpenAI
+    ("gpt-4o", "gpt-4o"),
+    ("openai/gpt-4o-mini", "gpt-4o-mini"),
+    ("gpt-4.1", "gpt-4.1"),
+    ("o3-mini", "o3-mini"),
+    ("gpt-5", "gpt-5"),
+    # Anthropic
+    ("claude-sonnet-4-5", "claude-sonnet-4-5"),
+    ("anthropic/claude-haiku-4-5", "claude-haiku-4-5"),
+    ("claude-3-5-sonnet-20241022", "anthropic.claude-3-5-sonnet-20241022-v2:0"),
+    ("claude-3-5-haiku-20241022", "anthropic.claude-3-5-haiku-20241022-v1:0"),
+    ("claude-3-7-sonnet-latest", "anthropic.claude-3-7-sonnet-20250219-v1:0"),
+    ("anthropic/claude-3-haiku-20240307", "vertex_ai/claude-3-haiku@20240307"),
+    # Gemini (1.5 and 2.0 are retired; LiteLLM's map keeps only the tiers' aliases)
+    ("gemini-2.5-pro", "gemini/gemini-2.5-pro"),
+    ("gemini/gemini-2.5-flash", "gemini/gemini-2.5-flash"),
+    ("gemini-1.5-pro", "gemini/gemini-pro-latest"),
+    ("gemini/gemini-1.5-flash", "gemini/gemini-flash-latest"),
+    ("gemini-2.0-flash", "gemini/gemini-flash-latest"),
+    ("vertex_ai/gemini-2.0-flash-lite", "gemini/gemini-flash-lite-latest"),
+    # Mistral
+    ("mistral/mistral-large-latest", "mistral/mistral-large-latest"),
+    ("mistral-small-latest", "mistral/mistral-small-latest"),
+    ("codestral-latest", "mistral/codestral-latest"),
+    ("open-mistral-nemo", "mistral/open-mistral-nemo"),
+    # Bedrock: plain, cross-region profiles (listed or not), route prefixes, regions
+    ("bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0", "anthropic.claude-3-5-sonnet-20240620-v1:0"),
+    ("bedrock/us.anthropic.claude-3-5-sonnet-20241022-v2:0", "us.anthropic.claude-3-5-sonnet-20241022-v2:0"),
+    ("bedrock/apac.anthropic.claude-3-5-sonnet-20241022-v2:0", "anthropic.claude-3-5-sonnet-20241022-v2:0"),
+    ("us.anthropic.claude-sonnet-4-20250514-v1:0", "us.anthropic.claude-sonnet-4-20250514-v1:0"),
+    (
+        "bedrock/converse/us.anthropic.claude-3-7-sonnet-20250219-v1:0",
+        "us.anthropic.claude-3-7-sonnet-20250219-v1:0",
+    ),
+    ("bedrock/anthropic.claude-3-haiku-20240307-v1:0", "vertex_ai/claude-3-haiku@20240307"),
+    ("bedrock/us.meta.llama3-3-70b-instruct-v1:0", "us.meta.llama3-3-70b-instruct-v1:0"),
+    ("bedrock/amazon.nova-pro-v1:0", "amazon.nova-pro-v1:0"),
+    (
+        "bedrock/us-west-2/mistral.mistral-large-2402-v1:0",
+        "bedrock/us-west-2/mistral.mistral-large-2402-v1:0",
+    ),
+    # Vertex AI
+    ("vertex_ai/claude-3-5-sonnet-v2@20241022", "anthropic.claude-3-5-sonnet-20241022-v2:0"),
+    ("vertex_ai/claude-3-5-sonnet@20240620", "vertex_ai/claude-3-5-sonnet@20240620"),
+    # Azure
+    ("azure/gpt-4o", "azure/gpt-4o"),
+    ("azure/gpt-4.1-mini", "azure/gpt-4.1-mini"),
+    ("azure/o4-mini", "azure/o4-mini"),
+    ("azure_ai/mistral-large-latest", "azure_ai/mistral-large-latest"),
+    # OpenRouter: "<vendor>/<model>" in OpenRouter's own spelling
+    ("openrouter/anthropic/claude-3.5-sonnet", "vertex_ai/claude-3-5-sonnet"),
+    ("openrouter/anthropic/claude-sonnet-4.5", "claude-sonnet-4-5"),
+    ("openrouter/openai/gpt-4o-mini", "gpt-4o-mini"),
+    ("openrouter/google/gemini-2.5-pro", "gemini/gemini-2.5-pro"),
+    ("openrouter/google/gemini-pro-1.5", "gemini/gemini-pro-latest"),
+    ("openrouter/mistralai/mistral-large", "mistral/mistral-large-latest"),
+    ("openrouter/deepseek/deepseek-chat", "deepseek/deepseek-chat"),
+    # Groq (its Llama ids are in the map under another host)
+    ("groq/llama-3.3-70b-versatile", "inferenceapis/llama-3.3-70b-versatile"),
+    ("groq/llama-3.1-8b-instant", "inferenceapis/llama-3.1-8b-instant"),
+    ("groq/openai/gpt-oss-120b", "groq/openai/gpt-oss-120b"),
+    # Together AI
+    (
+        "together_ai/meta-llama/Llama-3.3-70B-Instruct-Turbo",
+        "together_ai/meta-llama/Llama-3.3-70B-Instruct-Turbo",
+    ),
+    ("together_ai/deepseek-ai/DeepSeek-V3", "together_ai/deepseek-ai/DeepSeek-V3"),
+    # Ollama: plain, tagged, the chat route
+    ("ollama/llama3.1", "ollama/llama3.1"),
+    ("ollama/llama3.1:8b", "ollama/llama3.1"),
+    ("ollama/llama3:70b", "ollama/llama3:70b"),
+    ("ollama_chat/mistral", "ollama/mistral"),
+    # DeepSeek, bare
+    ("deepseek-chat", "deepseek/deepseek-chat"),
+]
+
+
+def registry_window(key: str) -> int:
+    entry = litellm.model_cost[key]
+    window = entry.get("max_input_tokens") or entry.get("max_tokens")
+    assert isinstance(window, int)
+    return window
+
+
+class TestPopularModels:
+    def test_the_table_is_wide(self) -> None:
+        """At least 30 strings, over every provider people configure."""
+        prefixes = {
+            "openrouter/",
+            "bedrock/",
+            "azure/",
+            "groq/",
+            "ollama/",
+            "vertex_ai/",
+            "mistral/",
+            "gemini",
+        }
+        assert len(POPULAR) >= 30
+        assert all(any(m.startswith(p) for m, _ in POPULAR) for p in prefixes)
+
+    @pytest.mark.parametrize(("model", "canonical"), POPULAR, ids=[m for m, _ in POPULAR])
+    def test_window_is_litellms_own_figure(self, model: str, canonical: str) -> None:
+        """Issue 9: routing, host and region prefixes, tags and spellings resolve to LiteLLM's window for the model."""
+        info = resolve_window(model, BudgetSettings())
+
+        assert (info.window, info.source) == (registry_window(canonical), "registry")
+
+    @pytest.mark.parametrize(
+        "model",
+        ["azure/my-gpt4-deployment", "gemini-1.0-pro", "groq/mixtral-8x7b-32768", "ollama/my-finetune:7b"],
+    )
+    def test_names_no_host_lists_still_fall_back(self, model: str) -> None:
+        """A deployment name, a model retired before any entry that could speak for it, a model no host lists."""
+        assert resolve_window(model, BudgetSettings()).source == "fallback"
+
+
+class TestBaseName:
+    @pytest.mark.parametrize(
+        ("model", "base"),
+        [
+            ("bedrock/us.anthropic.claude-3-5-sonnet-20241022-v2:0", "claude-3-5-sonnet-20241022"),
+            ("vertex_ai/claude-3-5-sonnet-v2@20241022", "claude-3-5-sonnet-20241022"),
+            ("vertex_ai/claude-opus-4-6@default", "claude-opus-4-6"),
+            ("openrouter/anthropic/claude-3.5-sonnet", "claude-3-5-sonnet"),
+            ("openrouter/google/gemini-flash-1.5-8b", "gemini-1.5-flash-8b"),
+            ("ollama/llama3.1:8b", "llama3.1"),
+            ("bedrock/meta.llama3-1-70b-instruct-v1:0", "llama3-1-70b-instruct"),
+            ("together_ai/Qwen/Qwen2.5-72B-Instruct-Turbo", "qwen2.5-72b-instruct-turbo"),
+            ("gpt-4.1", "gpt-4.1"),
+            ("ft:gpt-4.1-2025-04-14", ""),
+        ],
+    )
+    def test_prefixes_versions_and_tags_go(self, model: str, base: str) -> None:
+        """Host, region and vendor prefixes, Bedrock and Vertex versions and Ollama tags go; dots in version numbers stay."""
+        assert base_name(model) == base
+
+
+class TestAcrossHosts:
+    @pytest.fixture(autouse=True)
+    def fresh_caches(self) -> Any:
+        windows._base_index.cache_clear()
+        windows._registry_cached.cache_clear()
+        yield
+        windows._base_index.cache_clear()
+        windows._registry_cached.cache_clear()
+
+    def test_the_window_most_hosts_list_wins(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """One host that caps a model's context does not decide its window; a tie takes the smaller."""
+        chat = {"mode": "chat", "max_output_tokens": 100}
+        cost = {
+            "a/foo-9b": {**chat, "max_input_tokens": 128_000},
+            "b/foo-9b": {**chat, "max_input_tokens": 128_000},
+            "c/foo-9b": {**chat, "max_input_tokens": 8_000},
+            "a/bar-2": {**chat, "max_input_tokens": 64_000},
+            "b/bar-2": {**chat, "max_input_tokens": 32_000},
+            "a/baz-1": {"mode": "embedding", "max_input_tokens": 8_000},
+        }
+        monkeypatch.setattr(litellm, "model_cost", cost)
+
+        found = [resolve_window(f"acme/{m}", BudgetSettings()) for m in ("foo-9b", "bar-2", "baz-1")]
+
+        assert [(i.window, i.source) for i in found] == [
+            (128_000, "registry"),
+            (32_000, "registry"),
+            (32_768, "fallback"),
+        ]

@@ -21,6 +21,8 @@ in a later result. Rules:
 - The later copy must hold its content: a placeholder never counts as one, and a
   head/tail-truncated read does not supersede a full one (it lacks the middle).
 - Pinned entries are never rewritten (they still count as later copies).
+- Each result is judged by its own call, paired by position (runtimes reuse ``call_0`` in
+  every turn): a pointer names the path its own call read, never another call's.
 
 Minimum saving: reference 004 applies a read-dedup only when it saves 30% of the
 characters of the messages it replaces, in aggregate. Here the 30% is per entry (see
@@ -44,8 +46,6 @@ from compaction_worker.history import Entry, text_of
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import (
     PLACEHOLDER_EDITS,
-    ToolCall,
-    call_of,
     outcome,
     plural,
     rewrite,
@@ -53,6 +53,7 @@ from compaction_worker.strategies.edits import (
     tool_name,
     worth_it,
 )
+from compaction_worker.toolpairs import ToolCall
 
 EDIT = "deduplicated"
 STAGE = "deduplicate"
@@ -88,8 +89,9 @@ def deduplicate(draft: Draft, ctx: StageContext) -> StageOutcome:
         content = entry.message.get("content")
         if entry.role != "tool" or entry.edit in PLACEHOLDER_EDITS or not content:
             continue
-        tool = tool_name(entry, calls)
-        read = file_read(call_of(entry, calls), entry, tool)
+        call = calls.get(i)
+        tool = tool_name(entry, call)
+        read = file_read(call, entry, tool)
         output = (tool, _content_key(content))
         reread = read is not None and ((tool, read[1], "") in later_reads or read in later_reads)
         repeated = output in later_outputs

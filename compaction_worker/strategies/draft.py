@@ -21,6 +21,11 @@ from compaction_worker.settings import PipelineSettings
 CountText = Callable[[str], int]
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 image``, ``2 images``."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+
+
 class Counter(Protocol):
     """Counts tokens the way the store counted them at append time (tokens.TokenCounter)."""
 
@@ -96,6 +101,8 @@ class StageOutcome:
 
     draft: Draft
     report: StageReport | None = None
+    notes: tuple[str, ...] = ()
+    """Human-readable remarks for the completion event (see ``CompactionResult.notes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +125,9 @@ class CompactionResult:
     """How many summarizers the summary stage asked (0 when it did not run or found nothing)."""
     summarizer_failures: int = 0
     """How many of them failed: the primary's health, for the circuit breaker."""
+    notes: tuple[str, ...] = ()
+    """What a reader of the completion event should know: the tail could not start at a
+    user turn, a span was summarized in pieces, earlier summaries were shortened."""
 
 
 def summary_overhead(counter: Counter) -> int:

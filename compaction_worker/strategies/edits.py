@@ -2,18 +2,19 @@
 
 Those stages never add, remove or reorder entries: they rewrite one entry's ``content``,
 mark it with an ``edit`` and re-count its tokens, so ordinals and tool call/result
-pairing stay exactly as they were.
+pairing stay exactly as they were. Each tool result is judged by its own call, found by
+position (:func:`tool_calls`).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from compaction_worker.history import Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, StageReport
+from compaction_worker.toolpairs import ToolCall, pair_results
 
 PLACEHOLDER_EDITS = frozenset({"pruned", "deduplicated"})
 """Edits that leave only a short placeholder: nothing left to clear, compare or cut."""
@@ -29,43 +30,17 @@ IMAGE_TYPES = frozenset({"image_url", "image", "input_image"})
 TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One tool call of an assistant message, as its result's ``tool_call_id`` names it."""
+def tool_calls(entries: Sequence[Entry]) -> dict[int, ToolCall]:
+    """For every tool result among the entries (by index), the call it answers.
 
-    id: str
-    name: str
-    arguments: str
-    """The raw arguments string (JSON by convention; not guaranteed)."""
-
-
-def tool_calls(entries: Iterable[Entry]) -> dict[str, ToolCall]:
-    """Every tool call in the entries, by id."""
-    calls: dict[str, ToolCall] = {}
-    for entry in entries:
-        if entry.role != "assistant":
-            continue
-        for call in entry.message.get("tool_calls") or ():
-            if not isinstance(call, Mapping):
-                continue
-            function = call.get("function")
-            function = function if isinstance(function, Mapping) else call
-            arguments = function.get("arguments")
-            if not isinstance(arguments, str):
-                arguments = "" if arguments is None else json.dumps(arguments, sort_keys=True)
-            call_id = str(call.get("id"))
-            calls[call_id] = ToolCall(call_id, str(function.get("name") or ""), arguments)
-    return calls
+    Paired by position (:mod:`compaction_worker.toolpairs`), never by id alone: runtimes
+    reuse ids across turns, and an id-keyed lookup would name another call's tool and path.
+    """
+    return pair_results([e.message for e in entries])
 
 
-def call_of(entry: Entry, calls: Mapping[str, ToolCall]) -> ToolCall | None:
-    """The call a tool result answers, if it is among the entries."""
-    return calls.get(str(entry.message.get("tool_call_id")))
-
-
-def tool_name(entry: Entry, calls: Mapping[str, ToolCall]) -> str:
-    """The tool that produced a result: from its call, else the message's own ``name``."""
-    call = call_of(entry, calls)
+def tool_name(entry: Entry, call: ToolCall | None) -> str:
+    """The tool that produced a result: from its own call, else the message's own ``name``."""
     if call is not None and call.name:
         return call.name
     name = entry.message.get("name")

@@ -132,6 +132,7 @@ async def compact(
                     summarizer=summary.summarizer,
                     usage=usage,
                     error="; ".join(errors) or None,
+                    notes=summary.notes,
                 )
             errors.append(f"summary by {summary.summarizer} left the history over the target")
 
@@ -153,6 +154,7 @@ async def compact(
                 summarizer=TRUNCATION_MODEL,
                 usage=usage,
                 error="; ".join(errors) or None,
+                notes=out.notes,
             )
     errors.append("no stage can reach the target (system prompt, tools and what must stay are too large)")
     return result(Outcome.NOOP, start, usage=usage, error="; ".join(errors))

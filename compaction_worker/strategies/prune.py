@@ -6,11 +6,12 @@ cheapest stage, no LLM call. Rules:
 - Tool results are walked newest first. They are protected while their tokens add up to
   at most ``min(prune_protect_tokens, prune_protect_fraction * window)``; from the first
   one that does not fit, every older one is cleared (recency, not size, decides).
-- The results of the agent's current step (the latest assistant message with tool calls,
-  when no user message came after it) are always protected, even over the budget: the
-  model is acting on them now, and clearing them makes an agent re-run the same calls.
-  They still count toward the budget. Reference 002 protects recent turns the same way.
-- Results of ``protected_tools`` (named by the matching call), pinned entries, and
+- The results of the agent's current step (those that answer the latest assistant message
+  with tool calls, paired by position, when no user message came after it) are always
+  protected, even over the budget: the model is acting on them now, and clearing them
+  makes an agent re-run the same calls. They still count toward the budget. Reference
+  002 protects recent turns the same way.
+- Results of ``protected_tools`` (named by their own call), pinned entries, and
   results that already hold a placeholder are left alone and do not use the budget.
 - A result is cleared only when the placeholder saves at least 30% of its tokens (see
   :data:`~compaction_worker.strategies.edits.MIN_ENTRY_SAVING`); short outputs stay.
@@ -81,11 +82,14 @@ def prune_tool_outputs(draft: Draft, ctx: StageContext) -> StageOutcome:
         entry = entries[i]
         if entry.role != "tool" or entry.pinned or entry.edit in PLACEHOLDER_EDITS:
             continue
-        tool = tool_name(entry, calls)
+        call = calls.get(i)
+        tool = tool_name(entry, call)
         if tool in protected_tools:
             continue
-        call_id = str(entry.message.get("tool_call_id"))
-        if not exhausted and (call_id in current or used + entry.tokens <= protect):
+        # The current step is a message, not a set of ids: runtimes that number calls
+        # per turn give every older result one of its ids too.
+        step = call is not None and call.owner == current
+        if not exhausted and (step or used + entry.tokens <= protect):
             used += entry.tokens
             continue
         exhausted = True
@@ -100,11 +104,12 @@ def prune_tool_outputs(draft: Draft, ctx: StageContext) -> StageOutcome:
     return outcome(draft, ctx, edited, STAGE, plural(len(edited), "tool output"))
 
 
-def _current_step(entries: tuple[Entry, ...]) -> frozenset[str]:
-    """Call ids of the latest assistant message with tool calls, unless a user message followed it."""
-    for entry in reversed(entries):
+def _current_step(entries: tuple[Entry, ...]) -> int | None:
+    """Index of the latest assistant message with tool calls, unless a user message followed it."""
+    for i in range(len(entries) - 1, -1, -1):
+        entry = entries[i]
         if entry.role == "user":
-            return frozenset()
+            return None
         if entry.role == "assistant" and entry.message.get("tool_calls"):
-            return frozenset(str(c.get("id")) for c in entry.message["tool_calls"])
-    return frozenset()
+            return i
+    return None

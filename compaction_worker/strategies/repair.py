@@ -7,17 +7,21 @@ they cannot rule out: conversations that arrived malformed, pinned messages that
 at a junction the compaction created, histories that begin with the assistant. It never
 drops or edits a transcript message (invariant 1); it only adds clearly marked
 synthetic ones (reference 004, "Tool Pair Repair"), and moves an orphan tool result
-next to the synthetic call made for it. :func:`provider_problems` is the checker that
+next to the synthetic call made for it. Results and calls are paired by position
+(:mod:`compaction_worker.toolpairs`): a result that reuses an id of another turn's call
+is an orphan, never an answer to that call. :func:`provider_problems` is the checker that
 tests hold every rendered history to.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from compaction_worker.history import SYNTHETIC, Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, StageReport
+from compaction_worker.toolpairs import ToolCall, issued_calls, pair_results, result_id, unanswered_calls
 
 SYNTHETIC_RESULT = "[Tool result unavailable - conversation was compacted]"
 SYNTHETIC_TOOL_NAME = "unknown_tool"
@@ -42,29 +46,6 @@ def call_ids(message: Mapping[str, Any]) -> list[str]:
     return [str(call.get("id")) for call in message.get("tool_calls") or () if isinstance(call, Mapping)]
 
 
-def result_id(message: Mapping[str, Any]) -> str:
-    """The call id a tool result answers."""
-    return str(message.get("tool_call_id"))
-
-
-def tool_pairs(entries: Sequence[Entry]) -> list[tuple[int, int]]:
-    """``(call index, result index)`` of every tool result that has an earlier call.
-
-    A result answers the nearest earlier unanswered call with its id, so runtimes that
-    reuse ids (``call_0`` in every turn) still pair correctly. Calls without a result
-    and results without a call appear in no pair.
-    """
-    waiting: dict[str, list[int]] = {}
-    pairs: list[tuple[int, int]] = []
-    for i, entry in enumerate(entries):
-        if entry.role == "assistant":
-            for call_id in call_ids(entry.message):
-                waiting.setdefault(call_id, []).append(i)
-        elif entry.role == "tool" and (stack := waiting.get(result_id(entry.message))):
-            pairs.append((stack.pop(), i))
-    return pairs
-
-
 def open_call_index(entries: Sequence[Entry]) -> int | None:
     """The index of the last assistant message if some of its tool calls are still unanswered.
 
@@ -75,8 +56,9 @@ def open_call_index(entries: Sequence[Entry]) -> int | None:
     last = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].role not in _NOT_A_TURN), None)
     if last is None or entries[last].role != "assistant":
         return None
-    answered = {result_id(e.message) for e in entries[last + 1 :] if e.role == "tool"}
-    return last if any(c not in answered for c in call_ids(entries[last].message)) else None
+    # Paired by position: an answered call_0 of an earlier turn says nothing about this one.
+    calls = unanswered_calls([e.message for e in entries[last:]])
+    return last if any(c.owner == 0 for c in calls) else None
 
 
 def repair(draft: Draft, ctx: StageContext) -> StageOutcome:
@@ -110,10 +92,10 @@ def _synthetic(message: dict[str, Any], seq: int, ctx: StageContext) -> Entry:
     return Entry(n=0, seq=seq, message=message, tokens=ctx.count_message(message), edit=SYNTHETIC)
 
 
-def _runs(entries: Sequence[Entry]) -> Iterator[tuple[int, Entry | None, list[Entry]]]:
+def _runs(entries: Sequence[Entry]) -> Iterator[tuple[int, Entry | None, list[int]]]:
     """``(index, head, run)`` for each message that starts a turn, where ``run`` holds the
-    tool and system messages after a tool-calling head; a stray run of tool results (no
-    tool-calling message before it) comes with ``head=None``."""
+    indexes of the tool and system messages after a tool-calling head; a stray run of tool
+    results (no tool-calling message before it) comes with ``head=None``."""
     i = 0
     while i < len(entries):
         head = entries[i] if entries[i].role != "tool" else None
@@ -122,25 +104,29 @@ def _runs(entries: Sequence[Entry]) -> Iterator[tuple[int, Entry | None, list[En
         if head is None or call_ids(head.message):
             while end < len(entries) and entries[end].role in _NOT_A_TURN:
                 end += 1
-        yield i, head, list(entries[start:end])
+        yield i, head, list(range(start, end))
         i = max(end, i + 1)
 
 
 def _pair_tools(entries: Sequence[Entry], ctx: StageContext) -> list[Entry]:
+    # Judged by position: a result answers its head only if the pairing says it answers
+    # that message (not merely one with the same id), and each call slot is answered once.
+    paired = pair_results([e.message for e in entries])
     open_index = open_call_index(entries)
     out: list[Entry] = []
     for index, head, run in _runs(entries):
-        waiting = list(dict.fromkeys(call_ids(head.message))) if head is not None else []
+        waiting = list(issued_calls(head.message, index)) if head is not None else []
         answers: list[Entry] = []
-        orphans: list[Entry] = []
-        for entry in run:
+        orphans: list[tuple[Entry, ToolCall | None]] = []
+        for j in run:
+            entry, call = entries[j], paired.get(j)
             if entry.role == "system":
                 answers.append(entry)  # hoisted when rendered: its place among results is moot
-            elif (call_id := result_id(entry.message)) in waiting:
-                waiting.remove(call_id)
+            elif call is not None and call in waiting:
+                waiting.remove(call)
                 answers.append(entry)
             else:
-                orphans.append(entry)
+                orphans.append((entry, call))
         if head is not None:
             out.append(head)
         out += answers
@@ -148,26 +134,30 @@ def _pair_tools(entries: Sequence[Entry], ctx: StageContext) -> list[Entry]:
         # follows them: then their results could not come right after them any more.
         if head is not None and waiting and not (index == open_index and not orphans):
             out += [
-                _synthetic({"role": "tool", "tool_call_id": c, "content": SYNTHETIC_RESULT}, head.seq, ctx)
+                _synthetic({"role": "tool", "tool_call_id": c.id, "content": SYNTHETIC_RESULT}, head.seq, ctx)
                 for c in waiting
             ]
         out += _adopt(orphans, ctx)
     return out
 
 
-def _adopt(orphans: Sequence[Entry], ctx: StageContext) -> list[Entry]:
-    """Orphan results behind synthetic calls; one call message per batch of distinct ids."""
+def _adopt(orphans: Sequence[tuple[Entry, ToolCall | None]], ctx: StageContext) -> list[Entry]:
+    """Orphan results behind synthetic calls; one call message per batch of distinct ids.
+
+    A synthetic call carries the tool name of the result's own call when the pairing
+    found one (a result that arrived after other messages), else the result's ``name``.
+    """
     out: list[Entry] = []
     rest = list(orphans)
     while rest:
-        batch: list[Entry] = []
+        batch: list[tuple[Entry, ToolCall | None]] = []
         seen: set[str] = set()
-        for entry in list(rest):
-            if result_id(entry.message) not in seen:
-                seen.add(result_id(entry.message))
-                batch.append(entry)
-                rest.remove(entry)
-        ids = [result_id(e.message) for e in batch]
+        for item in list(rest):
+            if result_id(item[0].message) not in seen:
+                seen.add(result_id(item[0].message))
+                batch.append(item)
+                rest.remove(item)
+        ids = [result_id(e.message) for e, _ in batch]
         call = {
             "role": "assistant",
             "content": synthetic_call_text(ids),
@@ -175,16 +165,19 @@ def _adopt(orphans: Sequence[Entry], ctx: StageContext) -> list[Entry]:
                 {
                     "id": result_id(e.message),
                     "type": "function",
-                    "function": {
-                        "name": str(e.message.get("name") or SYNTHETIC_TOOL_NAME),
-                        "arguments": "{}",
-                    },
+                    "function": {"name": _orphan_tool_name(e, own), "arguments": "{}"},
                 }
-                for e in batch
+                for e, own in batch
             ],
         }
-        out += [_synthetic(call, batch[0].seq, ctx), *batch]
+        out += [_synthetic(call, batch[0][0].seq, ctx), *(e for e, _ in batch)]
     return out
+
+
+def _orphan_tool_name(entry: Entry, own: ToolCall | None) -> str:
+    if own is not None and own.name:
+        return own.name
+    return str(entry.message.get("name") or SYNTHETIC_TOOL_NAME)
 
 
 def _order_roles(entries: Sequence[Entry], ctx: StageContext, *, summarized: bool) -> list[Entry]:
@@ -210,7 +203,10 @@ def _order_roles(entries: Sequence[Entry], ctx: StageContext, *, summarized: boo
 
 
 def provider_problems(
-    messages: Sequence[Mapping[str, Any]], allow_open_calls_at_end: bool = True
+    messages: Sequence[Mapping[str, Any]],
+    allow_open_calls_at_end: bool = True,
+    *,
+    unique_call_ids: bool = True,
 ) -> list[str]:
     """Ways a rendered history would be rejected by some provider (invariant 4); empty if none.
 
@@ -218,13 +214,16 @@ def provider_problems(
     every tool result answers a call of the assistant message right before its run of
     results, once; every call is answered before the next user or assistant message (the
     last assistant message's calls may stay open unless ``allow_open_calls_at_end`` is
-    false); no two assistant messages in a row. Two user messages in a row are allowed:
-    every current provider accepts or merges them.
+    false); no two assistant messages in a row; no id twice among one message's calls
+    (Anthropic and OpenAI reject that; ``unique_call_ids=False`` skips the check for a
+    history whose runtime already repeated them, which no stage can fix without renaming
+    calls). Two user messages in a row are allowed: every current provider accepts or
+    merges them.
     """
     body = list(messages)
     if body and body[0].get("role") == "system":
         body = body[1:]
-    return _role_problems(body) + _pair_problems(body, allow_open_calls_at_end)
+    return _role_problems(body) + _pair_problems(body, allow_open_calls_at_end, unique_call_ids)
 
 
 def _role_problems(body: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -244,25 +243,29 @@ def _role_problems(body: Sequence[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-def _pair_problems(body: Sequence[Mapping[str, Any]], allow_open_calls_at_end: bool) -> list[str]:
+def _pair_problems(
+    body: Sequence[Mapping[str, Any]], allow_open_calls_at_end: bool, unique_call_ids: bool
+) -> list[str]:
     problems: list[str] = []
-    open_calls: set[str] = set()
+    # A multiset: parallel calls that share an id each need their own result.
+    open_calls: Counter[str] = Counter()
     for i, m in enumerate(body):
         if m.get("role") == "tool":
             call_id = result_id(m)
-            if call_id not in open_calls:
+            if open_calls[call_id] <= 0:
                 problems.append(f"tool result {call_id} at {i} without its call")
-            open_calls.discard(call_id)
+            else:
+                open_calls[call_id] -= 1
             continue
-        if open_calls and m.get("role") in ("user", "assistant"):
-            problems.append(f"tool calls {sorted(open_calls)} unanswered before message {i}")
+        if +open_calls and m.get("role") in ("user", "assistant"):
+            problems.append(f"tool calls {sorted(+open_calls)} unanswered before message {i}")
             open_calls.clear()
         ids = call_ids(m)
-        if len(set(ids)) != len(ids):
+        if unique_call_ids and len(set(ids)) != len(ids):
             problems.append(f"duplicate tool call ids in message {i}")
         if m.get("tool_calls") is not None and not ids:
             problems.append(f"empty tool_calls in message {i}")
         open_calls.update(ids)
-    if open_calls and not allow_open_calls_at_end:
-        problems.append(f"tool calls {sorted(open_calls)} never answered")
+    if +open_calls and not allow_open_calls_at_end:
+        problems.append(f"tool calls {sorted(+open_calls)} never answered")
     return problems

@@ -1,28 +1,44 @@
-"""The summary stage: older turns become an additive chunk; chunks fold when over their budget.
+"""The summary stage: older turns become additive chunks; chunks fold when over their budget.
 
 Reference 003: each span is summarized once and its chunk kept (additive); only when the
 chunks together would outgrow their budget are they folded, with the new span, into one
 (recursive). Every chunk carries a verbatim artifact ledger (exact paths, commands,
 errors, URLs and ids of what it covers, see :mod:`compaction_worker.artifacts`), because
 summaries paraphrase what must stay exact; a fold merges the ledgers of what it folds.
+
+Every message a chunk covers was read by the summarizer that wrote it: a span larger than
+the summarizer's input (:func:`~compaction_worker.summarizer.transcript_limit`) is split
+at message boundaries, a tool call with its results, into pieces that fit, and each piece
+becomes its own additive chunk. When a summarizer fails, the pieces it already wrote stay
+and the next summarizer takes the rest, split for its own limit.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from compaction_worker.artifacts import KINDS, extract_artifacts
 from compaction_worker.errors import SummarizerError
 from compaction_worker.events import LlmUsage
 from compaction_worker.history import Entry, SummaryChunk, public_message
-from compaction_worker.strategies.draft import CountText, Draft, StageContext, StageReport
+from compaction_worker.prompts import piece_boundaries, piece_end, transcript_costs
+from compaction_worker.strategies.draft import CountText, Draft, StageContext, StageReport, plural
+from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
 from compaction_worker.strategies.tail import partition
-from compaction_worker.summarizer import Summarizer, SummaryRequest, SummaryResult
+from compaction_worker.summarizer import (
+    InputTooLargeError,
+    Summarizer,
+    SummaryRequest,
+    SummaryResult,
+    transcript_limit,
+)
+
+log = logging.getLogger(__name__)
 
 MIN_SUMMARY_TOKENS = 32
 """Below this much room a summary is not worth an LLM call."""
@@ -36,6 +52,7 @@ class SummaryOutcome:
     report: StageReport | None = None
     stages: tuple[str, ...] = ()
     summarizer: str | None = None
+    """Who wrote the new chunks; several names, comma-separated, when a fallback took over midway."""
     summary_tokens: int = 0
     usage: LlmUsage = field(default_factory=LlmUsage)
     errors: tuple[str, ...] = ()
@@ -43,28 +60,8 @@ class SummaryOutcome:
     """How many summarizers were asked (0: the stage found nothing to summarize)."""
     failures: int = 0
     """How many of them failed; the first one asked is the primary."""
-
-
-async def summarize_with_fallback(
-    request: SummaryRequest, summarizers: Sequence[Summarizer]
-) -> tuple[SummaryResult | None, list[str], LlmUsage]:
-    """Try each summarizer in order; returns the first valid result, the errors, and total usage.
-
-    The usage includes the calls of summarizers that failed: they were paid for.
-    """
-    errors: list[str] = []
-    usage = LlmUsage()
-    for summarizer in summarizers:
-        try:
-            result = await summarizer.summarize(request)
-        except SummarizerError as e:
-            errors.append(f"{summarizer.name}: {e}")
-            if e.usage is not None:
-                usage = add_usage(usage, e.usage)
-            continue
-        usage = add_usage(usage, result.usage)
-        return result, errors, usage
-    return None, errors, usage
+    notes: tuple[str, ...] = ()
+    """Remarks for the completion event: how the tail was cut, a span summarized in pieces."""
 
 
 def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:
@@ -77,42 +74,6 @@ def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:
         total_tokens=a.total_tokens + b.total_tokens,
         cost_usd=cost,
     )
-
-
-def merge_ledgers(ledgers: Sequence[Sequence[str]], budget: int, count: CountText) -> tuple[str, ...]:
-    """One ledger from several, given newest first, within ``budget`` tokens (items joined by newlines).
-
-    Items are de-duplicated (the newest copy counts). When they do not all fit, an item's
-    rank is its kind's place in ``KINDS`` plus its age (0 for the newest ledger): one step
-    older weighs as much as one step down in kind, so a recent command outranks an old
-    error but not a recent one, and old items give way gradually as folds repeat. Within
-    one ledger, later items of a kind are the more recent (see ``extract_artifacts``).
-    The result is listed like a fresh ledger: by kind, oldest first.
-    """
-    if budget <= 0:
-        return ()
-    kind_rank = {kind: i for i, kind in enumerate(KINDS)}
-    found: dict[str, tuple[int, int, int]] = {}  # item -> (kind rank, age, position)
-    for age, ledger in enumerate(ledgers):
-        for position, item in enumerate(ledger):
-            if item not in found:
-                found[item] = (kind_rank.get(item.split(":", 1)[0], len(KINDS)), age, position)
-    ranked = sorted(found, key=lambda it: (found[it][0] + found[it][1], found[it][1], -found[it][2]))
-    chosen: list[str] = []
-    used = 0
-    for item in ranked:
-        cost = count(item) + 1  # +1 for the newline joining it to the next
-        if used + cost <= budget + 1:
-            chosen.append(item)
-            used += cost
-
-    def listed(items: list[str]) -> list[str]:
-        return sorted(items, key=lambda it: (found[it][0], -found[it][1], found[it][2]))
-
-    # Token counts are not exactly additive; the joined text is what must fit.
-    while chosen and count("\n".join(listed(chosen))) > budget:
-        chosen.pop()
-    return tuple(listed(chosen))
 
 
 def make_chunk(
@@ -157,17 +118,6 @@ def make_chunk(
     return replace(chunk, tokens=count(chunk.render_text()))
 
 
-def span_ledger(
-    messages: Sequence[Mapping[str, Any]], folded: Sequence[SummaryChunk], budget: int, count: CountText
-) -> tuple[str, ...]:
-    """The ledger of a new chunk: its span's artifacts, merged with the folded chunks' ledgers."""
-    if not folded:
-        return tuple(extract_artifacts(messages, budget, count))
-    # All of the span's items compete with the folded ones, not a pre-trimmed few.
-    fresh = extract_artifacts(messages, sys.maxsize, count)
-    return merge_ledgers([fresh, *(c.artifacts for c in reversed(folded))], budget, count)
-
-
 def _frame(
     head: Sequence[Entry], folded: Sequence[SummaryChunk], ledger: Sequence[str], count: CountText
 ) -> tuple[int, int]:
@@ -179,17 +129,214 @@ def _frame(
     return bare.tokens, full.tokens - bare.tokens
 
 
-def ledger_allowance(ctx: StageContext) -> int:
-    """What a chunk's ledger may take before room runs out (see ``summarize`` for the room).
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """One request's worth of the span, with the budget its chunk must keep to."""
 
-    It scales with the window: a span of a long coding session names hundreds of files,
-    commands and errors, and a fixed few hundred tokens would keep a fraction of them,
-    while the window has room for all. ``artifact_budget_tokens`` is the floor.
-    """
-    settings = ctx.settings
-    if settings.artifact_budget_tokens == 0:
-        return 0
-    return max(settings.artifact_budget_tokens, int(settings.artifact_budget_fraction * ctx.limits.window))
+    start: int
+    stop: int
+    folded: tuple[SummaryChunk, ...]
+    request: SummaryRequest
+    ledger_budget: int
+    frame: int
+    """Tokens of the chunk around its summary: heading and ledger."""
+    replaced: int
+
+
+@dataclass(slots=True)
+class _Span:
+    """What the summary stage replaces, and the pieces' chunks as they are written."""
+
+    ctx: StageContext
+    head: tuple[Entry, ...]
+    messages: list[Mapping[str, Any]]
+    pinned: tuple[Entry, ...]
+    folded: tuple[SummaryChunk, ...]
+    space: int
+    """Tokens the new chunks may take together; shrinks as chunks are written."""
+    replaced: int
+    """Tokens of what is still to be replaced; shrinks likewise."""
+    allowance: int
+    """What a chunk's ledger may take (``ledger_allowance``); a fold's may take more."""
+    fold_allowance: int
+    conversation_id: str
+    conversation_model: str
+    chunks: list[SummaryChunk] = field(default_factory=list)
+
+    def piece(self, start: int, stop: int) -> _Piece | str:
+        """The request for ``messages[start:stop]`` (folding, if it is the first); a reason if none fits."""
+        ctx, count = self.ctx, self.ctx.count
+        folded = self.folded if start == 0 else ()
+        entries, messages = self.head[start:stop], self.messages[start:stop]
+        replaced = sum(e.tokens for e in entries) + sum(c.tokens for c in folded)
+        # A share of the space by what the piece replaces; what earlier pieces left unused
+        # passes on, and the last piece gets all that remains.
+        space = self.space if stop >= len(self.head) else self.space * replaced // max(1, self.replaced)
+        # The ledger takes at most half of what is left beyond a minimal summary, both of the
+        # room and of what the chunk replaces: the summary always keeps the larger share.
+        allowance = self.fold_allowance if folded else self.allowance
+        cap = max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
+        ledger_budget, ledger = plan_ledger(messages, folded, allowance=allowance, cap=cap, count=count)
+        heading, ledger_tokens = _frame(entries, folded, ledger, count)
+        if min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
+            return f"no room for a summary: {space} tokens left under the target"
+        request = SummaryRequest(
+            conversation_id=self.conversation_id,
+            messages=messages,
+            previous_summaries=[c.text for c in folded],
+            # The chunk is heading, summary and ledger: the summary gets what the other two leave.
+            max_summary_tokens=min(ctx.limits.max_summary_tokens, space - ledger_tokens - heading),
+            # The whole chunk must be smaller than what it replaces; 0 would mean "unknown".
+            replaced_tokens=max(1, replaced - ledger_tokens - heading),
+            conversation_model=self.conversation_model,
+            ledger=ledger,
+        )
+        return _Piece(start, stop, folded, request, ledger_budget, heading + ledger_tokens, replaced)
+
+    def add(self, piece: _Piece, summary: SummaryResult) -> None:
+        """The piece's chunk, its ledger completed with what the summary lost."""
+        count, request = self.ctx.count, piece.request
+        entries = self.head[piece.start : piece.stop]
+        # Pinned entries go with the piece before them, as with a single chunk.
+        low = self.head[piece.start].n if piece.start > 0 else -1
+        high = self.head[piece.stop].n if piece.stop < len(self.head) else math.inf
+        kept = [e for e in self.pinned if low <= e.n < high]
+        stages = ("summarize", "fold") if piece.folded else ("summarize",)
+        # The ledger keeps what the summary lost; it may use what the summary left of its share.
+        summary_room = min(request.max_summary_tokens, request.replaced_tokens)
+        chunk_cap = piece.frame + summary_room
+        unused = max(0, summary_room - count(summary.text)) if self.allowance else 0  # 0: no ledger at all
+        # ... but at most half of what the chunk replaces: the chunk must save tokens.
+        budget = min(
+            piece.ledger_budget + unused, max(piece.ledger_budget, (piece.replaced - MIN_SUMMARY_TOKENS) // 2)
+        )
+        ledger = finalize_ledger(
+            summary.text,
+            request.ledger,
+            request.messages,
+            piece.folded,
+            budget=budget,
+            count=count,
+            fits=lambda items: (
+                make_chunk(
+                    summary.text, entries, piece.folded, model="", stages=(), count=count, artifacts=items
+                ).tokens
+                <= chunk_cap
+            ),
+        )
+        chunk = make_chunk(
+            summary.text,
+            entries,
+            piece.folded,
+            model=summary.model,
+            stages=stages,
+            count=count,
+            artifacts=ledger,
+            kept=kept,
+        )
+        self.chunks.append(chunk)
+        self.space -= chunk.tokens
+        self.replaced -= piece.replaced
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """The summarizers asked so far: who is on, what failed and why, what it all cost."""
+
+    summarizers: Sequence[Summarizer]
+    conversation_id: str
+    current: int = 0
+    asked: set[int] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    usage: LlmUsage = field(default_factory=LlmUsage)
+
+    def spend(self, usage: LlmUsage | None) -> None:
+        # Failed calls were paid for too.
+        if usage is not None:
+            self.usage = add_usage(self.usage, usage)
+
+    def fail(self, reason: str) -> None:
+        """The current summarizer gave up; the next one takes over."""
+        name = self.summarizers[self.current].name
+        self.errors.append(f"{name}: {reason}")
+        self.asked.add(self.current)
+        self.current += 1
+        after = self.summarizers[self.current].name if self.current < len(self.summarizers) else None
+        log.warning(
+            "summary by %s failed (%s); %s",
+            name,
+            reason,
+            f"falling back to {after}" if after else "no summarizer left",
+            extra={"conversation_id": self.conversation_id},
+        )
+
+
+async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple[_Attempts, str | None]:
+    """Summarize the span piece by piece; the attempts, and why it stopped short (None: it did not)."""
+    attempts = _Attempts(summarizers, span.conversation_id)
+    costs: list[int] | None = None  # counted once a limit makes them matter
+    # The fold's piece covers every entry inside the folded chunks' spans (ones they kept
+    # then and no longer do): the chunks that follow must not overlap the folded one.
+    inside = sum(1 for e in span.head if e.n <= max((c.last_n for c in span.folded), default=0))
+    cuts = [c for c in piece_boundaries(span.messages) if c == 0 or c >= inside]
+    caps: dict[int, int] = {}  # what size rejections taught, per summarizer
+    start = 0
+    while start < len(span.messages) or not span.chunks:
+        if attempts.current >= len(summarizers):
+            return attempts, None
+        summarizer = summarizers[attempts.current]
+        limit = _limit(span, summarizer, start, caps.get(attempts.current))
+        if limit is not None and limit <= 0 and start < len(span.messages):
+            attempts.fail("its input has no room for a transcript beside the earlier summaries")
+            continue
+        if limit is not None and costs is None:
+            costs = transcript_costs(span.messages, span.ctx.count)
+        stop = len(span.messages) if costs is None else piece_end(costs, cuts, start, limit)
+        piece = span.piece(start, stop)
+        if isinstance(piece, str):
+            return attempts, piece
+        attempts.asked.add(attempts.current)
+        try:
+            summary = await summarizer.summarize(piece.request)
+        except InputTooLargeError as e:
+            attempts.spend(e.usage)
+            if costs is None:
+                costs = transcript_costs(span.messages, span.ctx.count)
+            size = sum(costs[start:stop])
+            if stop - start <= 1:
+                attempts.fail(str(e))  # one message: nothing left to split
+                continue
+            if not any(start < c < stop for c in cuts):
+                # One tool call with its results, too large as a whole: they go apart rather
+                # than unread.
+                cuts = sorted({*cuts, *range(max(start + 1, inside), stop)})
+            told = e.transcript_limit if e.transcript_limit is not None else size // 2
+            caps[attempts.current] = max(0, min(told, size - 1))
+            continue
+        except SummarizerError as e:
+            attempts.spend(e.usage)
+            attempts.fail(str(e))
+            continue
+        attempts.spend(summary.usage)
+        span.add(piece, summary)
+        start = stop
+    return attempts, None
+
+
+def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> int | None:
+    """The transcript tokens a piece starting at ``start`` may take with ``summarizer``."""
+    probe = SummaryRequest(
+        conversation_id=span.conversation_id,
+        messages=(),
+        previous_summaries=[c.text for c in span.folded] if start == 0 else [],
+        # The largest reply a piece may ask for: the limit found holds for any piece.
+        max_summary_tokens=span.ctx.limits.max_summary_tokens,
+        conversation_model=span.conversation_model,
+    )
+    limit = transcript_limit(summarizer, probe)
+    if cap is not None:
+        limit = cap if limit is None else min(limit, cap)
+    return limit
 
 
 async def summarize(
@@ -223,61 +370,53 @@ async def summarize(
     tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
     parts = partition(draft.entries, limits.tail_max_messages, tail_budget)
     head, pinned, tail = parts.head, parts.pinned, parts.tail
+    notes: tuple[str, ...] = (parts.note,) if parts.note else ()
     if not head and not fold:
-        return SummaryOutcome(None, errors=("nothing before the verbatim tail to compact",))
+        return SummaryOutcome(None, errors=("nothing before the verbatim tail to compact",), notes=notes)
 
     tail_tokens = sum(e.tokens for e in pinned) + sum(e.tokens for e in tail)
-    space = room - ctx.overhead - tail_tokens - kept_chunk_tokens
     replaced = sum(e.tokens for e in head) + sum(c.tokens for c in folded)
-    # The ledger takes at most half of what is left beyond a minimal summary, both of the
-    # room and of what the chunk replaces: the summary always keeps the larger share.
     allowance = ledger_allowance(ctx)
-    if fold and allowance:
-        # A fold merges every chunk's ledger: it may keep up to half the chunk budget,
-        # so that the folded chunk still leaves half for the additive chunks to come.
-        allowance = max(allowance, limits.chunk_budget // 2 - reserve)
-    ledger_budget = min(allowance, max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2))
-    stages = ("summarize", "fold") if fold else ("summarize",)
     originals = originals or {}
-    messages = [public_message(originals.get(e.n, e.message)) for e in head]
-    ledger = span_ledger(messages, folded, ledger_budget, ctx.count)
-    heading, ledger_tokens = _frame(head, folded, ledger, ctx.count)
-    if min(limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
-        return SummaryOutcome(None, errors=(f"no room for a summary: {space} tokens left under the target",))
-    # The chunk is heading, summary and ledger: the summary gets what the other two leave.
-    summary_cap = min(limits.max_summary_tokens, space - ledger_tokens - heading)
-    request = SummaryRequest(
-        conversation_id=conversation_id,
-        messages=messages,
-        previous_summaries=[c.text for c in folded],
-        max_summary_tokens=summary_cap,
-        # The whole chunk must be smaller than what it replaces; 0 would mean "unknown".
-        replaced_tokens=max(1, replaced - ledger_tokens - heading),
-        conversation_model=conversation_model,
-        ledger=ledger,
-    )
-    summary, errors, usage = await summarize_with_fallback(request, summarizers)
-    tried = len(errors) + (summary is not None)
-    if summary is None:
-        return SummaryOutcome(None, usage=usage, errors=tuple(errors), tried=tried, failures=len(errors))
-    chunk = make_chunk(
-        summary.text,
+    span = _Span(
+        ctx,
         head,
+        [public_message(originals.get(e.n, e.message)) for e in head],
+        pinned,
         folded,
-        model=summary.model,
-        stages=stages,
-        count=ctx.count,
-        artifacts=ledger,
-        kept=pinned,
+        space=room - ctx.overhead - tail_tokens - kept_chunk_tokens,
+        replaced=replaced,
+        allowance=allowance,
+        # A fold merges every chunk's ledger: it may keep up to half the chunk budget, so
+        # that the folded chunk still leaves half for the additive chunks to come.
+        fold_allowance=max(allowance, limits.chunk_budget // 2 - reserve) if allowance else 0,
+        conversation_id=conversation_id,
+        conversation_model=conversation_model,
     )
+    attempts, stopped = await _write_chunks(span, summarizers)
+    tried, failures = len(attempts.asked), attempts.current
+    if stopped is not None or attempts.current >= len(summarizers):
+        errors = (*attempts.errors, stopped) if stopped else tuple(attempts.errors)
+        return SummaryOutcome(
+            None, usage=attempts.usage, errors=errors, tried=tried, failures=failures, notes=notes
+        )
+    chunks = tuple(span.chunks)
+    if len(chunks) > 1:
+        notes += (
+            f"the {plural(len(head), 'message')} summarized did not fit the summarizer's input in one "
+            f"request: summarized in {len(chunks)} pieces, each read whole",
+        )
+    writers = ", ".join(dict.fromkeys(c.model for c in chunks))
+    summary_tokens = sum(c.tokens for c in chunks)
     return SummaryOutcome(
-        Draft((*kept_chunks, chunk), (*pinned, *tail)),
-        StageReport("summarize", replaced - chunk.tokens, summary.model),
-        stages=stages,
-        summarizer=summary.model,
-        summary_tokens=chunk.tokens,
-        usage=usage,
-        errors=tuple(errors),
+        Draft((*kept_chunks, *chunks), (*pinned, *tail)),
+        StageReport("summarize", replaced - summary_tokens, writers),
+        stages=("summarize", "fold") if fold else ("summarize",),
+        summarizer=writers,
+        summary_tokens=summary_tokens,
+        usage=attempts.usage,
+        errors=tuple(attempts.errors),
         tried=tried,
-        failures=len(errors),
+        failures=failures,
+        notes=notes,
     )

@@ -1,10 +1,12 @@
 """Where the verbatim tail starts, and what else stays verbatim: pinned messages.
 
 The tail is bounded by a message count and by tokens, whichever is tighter (reference
-000), snapped to a user-turn boundary, never splitting a tool call from its result; when
-even the shortest clean tail is over budget it degrades, down to nothing (reference 003's
-degrading guard). Pinned messages (reference 003, "Alternative B") are never summarized:
-wherever they are, they stay as entries, with their tool calls and results.
+000), snapped to a user-turn boundary, never splitting a tool call from its result (pairs
+found by position, :mod:`compaction_worker.toolpairs`). Only when the latest turn alone
+exceeds the bounds does the tail start inside it, at an assistant message, or degrade
+down to nothing (reference 003's degrading guard); the partition's ``note`` says so.
+Pinned messages (reference 003, "Alternative B") are never summarized: wherever they
+are, they stay as entries, with their tool calls and results.
 
 How pinned messages are budgeted: the token bound is a bound on everything that stays
 verbatim, so pinned messages before the tail count against it (the tail shrinks to make
@@ -23,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compaction_worker.history import Entry
-from compaction_worker.strategies.repair import call_ids, open_call_index, tool_pairs
+from compaction_worker.strategies.edits import plural
+from compaction_worker.strategies.repair import call_ids, open_call_index
+from compaction_worker.toolpairs import tool_pairs
 
 
 def split_points(entries: Sequence[Entry]) -> list[int]:
@@ -36,7 +40,7 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
     every later boundary would keep a malformed conversation from ever compacting.
     """
     crossing = [0] * (len(entries) + 1)
-    for call, result in tool_pairs(entries):
+    for call, result in tool_pairs([e.message for e in entries]):
         crossing[call + 1] += 1
         crossing[result + 1] -= 1
     points: list[int] = []
@@ -49,15 +53,24 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
 
 
 def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> int:
-    """The index where the verbatim tail starts: the longest clean tail within both bounds.
+    """The index where the verbatim tail starts (``len(entries)`` for an empty tail).
 
-    ``max_tokens`` bounds the tail plus the pinned entries before it (see the module
-    docstring). User-message boundaries are preferred; an assistant boundary is used only
-    when no user boundary leaves something to summarize. When even the shortest clean
-    tail is over the bounds, the tail degrades to nothing (reference 003's degrading
-    guard), except that the last assistant message's open tool calls, and the results
-    already in, always stay: their remaining results arrive with the next turn and would
-    be orphans without them. Returns ``len(entries)`` for an empty tail.
+    See :func:`choose_tail`, which also says why the tail could not start at a user turn.
+    """
+    return choose_tail(entries, max_messages, max_tokens)[0]
+
+
+def choose_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> tuple[int, str | None]:
+    """Where the verbatim tail starts, and a note when it could not start at a user turn.
+
+    The longest clean tail within both bounds that starts at a user message: a tail that
+    opens on an assistant reply or a tool result whose question was summarized reads as
+    an answer to nothing (reference 000 snaps to a user turn). ``max_tokens`` bounds the
+    tail plus the pinned entries before it (see the module docstring). Only when the
+    latest turn alone exceeds the bounds does the tail start inside it, at an assistant
+    boundary, or degrade to nothing (reference 003's degrading guard); the note says so.
+    The last assistant message's open tool calls, and the results already in, always stay:
+    their remaining results arrive with the next turn and would be orphans without them.
     """
     n = len(entries)
     keep = pinned_indexes(entries)
@@ -74,16 +87,38 @@ def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) ->
     floor = n
     if (open_index := open_call_index(entries)) is not None:
         floor = max((p for p in points if p <= open_index), default=0)
-    fits = [
-        i
-        for i in points
-        if i <= floor
-        and summarizable_before[i] > 0
-        and n - i <= max_messages
-        and suffix[i] + pinned_before[i] <= max_tokens
-    ]
+
+    def within(i: int) -> bool:
+        return n - i <= max_messages and suffix[i] + pinned_before[i] <= max_tokens
+
+    fits = [i for i in points if i <= floor and summarizable_before[i] > 0 and within(i)]
     users = [i for i in fits if entries[i].role == "user"]
-    return min(users or fits or [floor])
+    if users:
+        return min(users), None
+    # The latest turn: from the last user boundary (the entries' start when there is none).
+    turn = max((i for i in points if i <= floor and entries[i].role == "user"), default=0)
+    if within(turn):
+        # The whole latest turn fits but nothing before it is worth summarizing: keep it
+        # whole rather than summarize its question and keep the answer.
+        return turn, None
+    split = min(fits or [floor])
+    return split, _inside_turn_note(
+        entries[turn:], pinned_before[turn], entries[split:], max_messages, max_tokens
+    )
+
+
+def _inside_turn_note(
+    turn: Sequence[Entry], pinned: int, tail: Sequence[Entry], max_messages: int, max_tokens: int
+) -> str:
+    """Why the verbatim tail does not start at a user turn, in words."""
+    size = f"{plural(len(turn), 'message')}, {plural(sum(e.tokens for e in turn), 'token')}"
+    if pinned:
+        size += f", with {plural(pinned, 'token')} of pinned messages before it"
+    bound = f"{plural(max_messages, 'message')}, {plural(max_tokens, 'token')}"
+    where = f"starts at its {tail[0].role} message" if tail else "is empty"
+    if turn and tail and tail[0] is turn[0]:
+        where = "starts at its first message"
+    return f"the latest turn alone ({size}) exceeds the verbatim tail's bound ({bound}): the tail {where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +130,9 @@ class Partition:
     pinned: tuple[Entry, ...]
     """Pinned entries from before the tail (with their tool calls/results), in order."""
     tail: tuple[Entry, ...]
+    note: str | None = None
+    """Set when the tail could not start at a user turn (the latest turn alone exceeds the
+    bounds): what happened instead, for the ``compaction.completed`` event."""
 
 
 def partition(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> Partition:
@@ -104,13 +142,14 @@ def partition(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> P
     than summarized: they stand for no transcript message, and what they paired with is
     summarized too (or pinned, and then they stay with it).
     """
-    split = select_tail(entries, max_messages, max_tokens)
+    split, note = choose_tail(entries, max_messages, max_tokens)
     keep = pinned_indexes(entries[:split])
     head = entries[:split]
     return Partition(
         head=tuple(e for i, e in enumerate(head) if i not in keep and not e.synthetic),
         pinned=tuple(e for i, e in enumerate(head) if i in keep),
         tail=tuple(entries[split:]),
+        note=note,
     )
 
 
@@ -123,7 +162,7 @@ def pinned_indexes(entries: Sequence[Entry]) -> set[int]:
     """
     results_of: dict[int, list[int]] = {}
     call_of: dict[int, int] = {}
-    for call, result in tool_pairs(entries):
+    for call, result in tool_pairs([e.message for e in entries]):
         results_of.setdefault(call, []).append(result)
         call_of[result] = call
     keep: set[int] = set()

@@ -3,28 +3,40 @@
 Reference 004, stage 4: no LLM call; the first user-assistant exchange is always kept and
 a marker says that earlier history was truncated. Our effective history is summary
 chunks, then entries, so the first exchange cannot stay in place ahead of the marker:
-the marker chunk quotes it verbatim instead (trimmed, with a notice, when huge). When the
-start of the conversation already lies inside an earlier chunk, that chunk's text is
-what the marker keeps. The marker covers everything it replaced, earlier chunks
+the marker chunk quotes it verbatim instead (trimmed, with a notice, when huge). When
+earlier chunks exist, the start of the conversation lies inside them: the marker keeps
+what fits of every one of them (and of their verbatim ledgers) instead, and says what it
+shortened and left out. The marker covers everything it replaced, earlier chunks
 included (invariant 1); pinned entries stay entries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from compaction_worker.history import Entry, SummaryChunk
 from compaction_worker.prompts import render_content
-from compaction_worker.strategies.draft import CountText, Draft, StageContext, StageOutcome, StageReport
+from compaction_worker.strategies.draft import (
+    CountText,
+    Draft,
+    StageContext,
+    StageOutcome,
+    StageReport,
+    plural,
+)
+from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.repair import repair
 from compaction_worker.strategies.summarize import make_chunk
 from compaction_worker.strategies.tail import partition
 
 TRUNCATION_MODEL = "truncation"
-MARKER_RESERVE = 64
+MARKER_RESERVE = 96
 """Tokens set aside for the marker's own sentences when choosing the tail."""
 QUOTE_TOKENS = 256
-"""At most this many tokens of each quoted message (or of the kept first chunk, twice this)."""
+"""At most this many tokens of each quoted message of the first exchange."""
+MIN_KEPT_TOKENS = 24
+"""Less than this of an earlier summary is a heading and a cut notice: it is left out instead."""
 
 
 def trim_to_tokens(text: str, budget: int, count: CountText) -> str:
@@ -76,24 +88,83 @@ def first_exchange(entries: Sequence[Entry]) -> tuple[Entry, ...]:
     return (entries[start], *reply)
 
 
-def _opening(chunks: Sequence[SummaryChunk], quoted: Sequence[Entry], budget: int, count: CountText) -> str:
-    """What the marker keeps of the conversation's start: the first chunk's text, or the quotes."""
-    if budget <= 0:
-        return ""
-    if chunks:
-        first = chunks[0]
-        span = f"turns {first.first_seq}-{first.last_seq}"
-        return (
-            f"The start of the conversation ({span}), as an earlier compaction left it:\n"
-            + trim_to_tokens(first.text.strip(), 2 * budget, count)
-        )
-    if not quoted:
+def _quotes(quoted: Sequence[Entry], budget: int, count: CountText) -> str:
+    """The first exchange, quoted verbatim (each message trimmed to ``budget``)."""
+    if budget <= 0 or not quoted:
         return ""
     labels = {"user": "First user message", "assistant": "First assistant reply"}
     parts = ["The conversation began with this exchange, quoted verbatim:"]
     for entry in quoted:
         parts.append(f"{labels[entry.role]}:\n{trim_to_tokens(_message_text(entry), budget, count)}")
     return "\n\n".join(parts)
+
+
+def equal_shares(sizes: Sequence[int], budget: int) -> list[int]:
+    """Split ``budget`` so that each gets an equal share, or its whole size when that is less.
+
+    What a small one leaves over goes to the others (max-min fairness): the shares add up
+    to at most ``budget`` and to all of it when the sizes do.
+    """
+    shares = [0] * len(sizes)
+    left = max(0, budget)
+    for k, i in enumerate(sorted(range(len(sizes)), key=lambda i: sizes[i])):
+        shares[i] = min(sizes[i], left // (len(sizes) - k))
+        left -= shares[i]
+    return shares
+
+
+@dataclass(frozen=True, slots=True)
+class Retained:
+    """What the marker keeps of the earlier chunks: their text, shortened or whole, and ledgers."""
+
+    text: str
+    """The kept summaries, oldest first, each under its span; empty when none is kept."""
+    kept: tuple[SummaryChunk, ...]
+    shortened: int
+    dropped: tuple[SummaryChunk, ...]
+    ledger: tuple[str, ...]
+    """Their verbatim ledgers merged (newest items ranked first), within the budget."""
+    ledger_dropped: int
+    """Distinct ledger items that did not fit."""
+
+
+def retain_summaries(chunks: Sequence[SummaryChunk], budget: int, count: CountText) -> Retained:
+    """Keep what fits of every chunk's summary within ``budget`` tokens (a third for their ledgers).
+
+    Every summary gets an equal share and a short one passes what it does not need to the
+    others (``equal_shares``), each cut to its share from the end. Not newest-first: that
+    would drop the oldest summary, which holds what the conversation set out to do (the
+    reason reference 004 keeps the first exchange); not proportional to size: that would
+    cut a short summary as hard as a long one. When shares would be too small to say
+    anything, the first summary and the newest ones stay and those between go, as the
+    window itself keeps the start and the recent turns.
+    """
+    items = list(dict.fromkeys(item for c in chunks for item in c.artifacts))
+    ledger = merge_ledgers([c.artifacts for c in reversed(chunks)], budget // 3, count) if items else ()
+    room = budget - (count("\n".join(ledger)) + 8 if ledger else 0)
+    candidates = list(chunks)
+    while len(candidates) > 1 and room // len(candidates) < MIN_KEPT_TOKENS:
+        candidates.pop(1)
+    blocks = [f"[{_span(c)}]\n{c.text.strip()}" for c in candidates]
+    # A block's share also pays for the blank line that joins it to the next.
+    costs = [count(b) + 1 for b in blocks]
+    kept, text, shortened = [], [], 0
+    for chunk, block, cost, share in zip(candidates, blocks, costs, equal_shares(costs, room), strict=True):
+        if cost <= share:
+            kept.append(chunk)
+            text.append(block)
+        elif share >= MIN_KEPT_TOKENS:
+            head = f"[{_span(chunk)}, shortened]\n"
+            kept.append(chunk)
+            text.append(head + trim_to_tokens(chunk.text.strip(), share - 1 - count(head), count))
+            shortened += 1
+    dropped = tuple(c for c in chunks if c not in kept)
+    return Retained("\n\n".join(text), tuple(kept), shortened, dropped, ledger, len(items) - len(ledger))
+
+
+def _span(chunk: SummaryChunk) -> str:
+    first, last = chunk.first_seq, chunk.last_seq
+    return f"summary of turns {first}-{last}" if first != last else f"summary of turn {first}"
 
 
 def truncation_chunk(
@@ -104,55 +175,101 @@ def truncation_chunk(
     quoted: Sequence[Entry] = (),
     kept: Sequence[Entry] = (),
     quote_tokens: int = QUOTE_TOKENS,
+    summary_tokens: int | None = None,
 ) -> SummaryChunk:
-    """The marker that stands for what the window dropped: the opening kept, then a notice.
+    """The marker that stands for what the window dropped: what it keeps, then a notice.
 
-    ``quoted`` are covered entries shown verbatim (the first exchange); when ``folded``
-    chunks exist, the first one's text is kept instead. With ``quote_tokens`` 0 neither
-    is, and the marker is the notice alone. The notice counts what is shown neither way.
+    ``quoted`` are covered entries shown verbatim (the first exchange), each within
+    ``quote_tokens``; ``folded`` chunks keep what fits of their summaries and ledgers
+    within ``summary_tokens`` (twice ``quote_tokens`` if not given; 0: none). The notice
+    says truthfully what is shown neither way: messages removed without a summary, and
+    which earlier summaries were shortened or left out.
     """
-    opening = _opening(folded, quoted, quote_tokens, count)
-    shown = 0 if not opening else _covered_count(folded[0]) if folded else len(quoted)
-    total = len(covered) + sum(_covered_count(c) for c in folded)
-    earlier = "later" if opening else "earlier"
-    notice = (
-        # Worded so that it cannot pass for a provider's error text (see validate_summary).
-        f"[{total - shown} {earlier} messages were removed here to keep the conversation within "
-        "its token budget; no summary of them could be produced. The original messages are "
-        "preserved in the transcript.]"
-    )
-    text = f"{opening}\n\n{notice}" if opening else notice
+    budget = 2 * quote_tokens if summary_tokens is None else summary_tokens
+    retained = retain_summaries(folded, budget, count) if folded else None
+    if retained is not None:
+        opening = f"{_RETAINED}\n\n{retained.text}" if retained.text else ""
+        removed = len(covered)
+    else:
+        opening = _quotes(quoted, quote_tokens, count)
+        removed = len(covered) - (len(quoted) if opening else 0)
+    notice = _notice(removed, bool(opening), retained)
     return make_chunk(
-        text, covered, folded, model=TRUNCATION_MODEL, stages=("truncate",), count=count, kept=kept
+        f"{opening}\n\n{notice}" if opening else notice,
+        covered,
+        folded,
+        model=TRUNCATION_MODEL,
+        stages=("truncate",),
+        count=count,
+        kept=kept,
+        artifacts=retained.ledger if retained else (),
     )
+
+
+_RETAINED = "The conversation before this point, as earlier compactions summarized it:"
+
+
+def _notice(removed: int, after: bool, retained: Retained | None) -> str:
+    """The marker's closing sentences: what went without a summary, what of the summaries changed."""
+    # Worded so that it cannot pass for a provider's error text (see validate_summary).
+    sentences = []
+    if removed or retained is None:
+        sentences.append(
+            f"{removed} {'later' if after else 'earlier'} messages were removed here without a summary, "
+            "to keep the conversation within its token budget."
+        )
+    if retained is not None and retained.dropped:
+        gone = retained.dropped
+        one = len(gone) == 1
+        sentences.append(
+            f"{len(gone)} earlier {'summary' if one else 'summaries'} (of "
+            f"{plural(sum(_covered_count(c) for c in gone), 'message')}, within turns "
+            f"{min(c.first_seq for c in gone)}-{max(c.last_seq for c in gone)}) did not fit and "
+            f"{'is' if one else 'are'} left out."
+        )
+    if retained is not None and retained.shortened:
+        were = "was" if retained.shortened == 1 else "were"
+        sentences.append(f"{retained.shortened} of the earlier summaries above {were} shortened to fit.")
+    if retained is not None and retained.ledger_dropped:
+        sentences.append(f"{plural(retained.ledger_dropped, 'verbatim reference')} of theirs did not fit.")
+    sentences.append("The original messages are preserved in the transcript.")
+    return "[" + " ".join(sentences) + "]"
 
 
 def sliding_window(draft: Draft, ctx: StageContext) -> StageOutcome:
     """Everything before a tail that fits (pinned entries aside) becomes one marker chunk.
 
-    The marker quotes the first exchange when that still reaches the target; otherwise it
-    is the notice alone, so that quoting never turns a reachable target into a no-op. A
-    window that would not save anything changes nothing.
+    The marker quotes the first exchange, or keeps what fits of the earlier summaries (up
+    to a quarter of the room, then a sixteenth), when that still reaches the target;
+    otherwise it is the notice alone, so that keeping them never turns a reachable target
+    into a no-op. A window that would not save anything changes nothing.
     """
     room = ctx.limits.target - ctx.limits.fixed_tokens - ctx.overhead
     # The quotes take at most a quarter of the room: the verbatim tail matters more.
-    quoting = _window(draft, ctx, min(QUOTE_TOKENS, max(0, room // 8)))
-    # Judged as the pipeline judges it: after repair, whose synthetic messages cost tokens too.
-    if quoting.report is None or (
-        quoting.report.tokens_saved > 0 and ctx.fits(repair(quoting.draft, ctx).draft)
-    ):
-        return quoting
-    plain = _window(draft, ctx, 0)
+    quote = min(QUOTE_TOKENS, max(0, room // 8))
+    budgets = (max(0, room // 4), max(0, room // 16)) if draft.chunks else (2 * quote,)
+    for budget in dict.fromkeys(budgets):
+        keeping = _window(draft, ctx, quote, budget)
+        # Judged as the pipeline judges it: after repair, whose synthetic messages cost tokens too.
+        if keeping.report is None or (
+            keeping.report.tokens_saved > 0 and ctx.fits(repair(keeping.draft, ctx).draft)
+        ):
+            return keeping
+    plain = _window(draft, ctx, 0, 0)
     # A marker larger than what it replaces (a forced compaction of a short history) is no saving.
     return plain if plain.report is not None and plain.report.tokens_saved > 0 else StageOutcome(draft)
 
 
-def _window(draft: Draft, ctx: StageContext, quote_tokens: int) -> StageOutcome:
+def _window(draft: Draft, ctx: StageContext, quote_tokens: int, summary_tokens: int) -> StageOutcome:
     limits = ctx.limits
     room = limits.target - limits.fixed_tokens - ctx.overhead
     # With chunks, the conversation's start is in the first of them, not among the entries.
     start = () if draft.chunks else first_exchange(draft.entries)
-    opening = _opening(draft.chunks, start, quote_tokens, ctx.count)
+    if draft.chunks:
+        retained = retain_summaries(draft.chunks, summary_tokens, ctx.count)
+        opening = f"{_RETAINED}\n{retained.text}\n" + "\n".join(f"- {item}" for item in retained.ledger)
+    else:
+        opening = _quotes(start, quote_tokens, ctx.count)
     marker_budget = MARKER_RESERVE + (ctx.count(opening) if opening else 0)
     parts = partition(
         draft.entries, limits.tail_max_messages, min(limits.tail_max_tokens, max(0, room - marker_budget))
@@ -164,12 +281,19 @@ def _window(draft: Draft, ctx: StageContext, quote_tokens: int) -> StageOutcome:
     covered = {e.n for e in head}
     quoted = tuple(e for e in start if e.n in covered)
     marker = truncation_chunk(
-        head, draft.chunks, ctx.count, quoted=quoted, kept=pinned, quote_tokens=quote_tokens
+        head,
+        draft.chunks,
+        ctx.count,
+        quoted=quoted,
+        kept=pinned,
+        quote_tokens=quote_tokens,
+        summary_tokens=summary_tokens,
     )
     out = Draft((marker,), (*pinned, *tail))
     replaced = len(head) + sum(_covered_count(c) for c in draft.chunks)
     saved = ctx.tokens(draft) - ctx.tokens(out)
-    return StageOutcome(out, StageReport("truncate", saved, f"{replaced} messages behind a marker"))
+    notes = (parts.note,) if parts.note else ()
+    return StageOutcome(out, StageReport("truncate", saved, f"{replaced} messages behind a marker"), notes)
 
 
 def _covered_count(chunk: SummaryChunk) -> int:

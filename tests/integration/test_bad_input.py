@@ -1,10 +1,11 @@
 """A corpus of bad input, end to end: every kind lands on the DLQ once, intact, and nothing else moves.
 
 Each case is one distinct way a ``conversation.turn`` record can be unusable (not JSON, not
-UTF-8, not an object, each schema rule broken, too big, wrongly keyed, an unknown model,
-a gap that never fills). The same corpus runs twice: through the turn handler alone (fast,
-one test per case, for a precise failure) and through the real broker and a running worker,
-interleaved with good turns of other conversations.
+UTF-8, not an object, each schema rule broken, too big, wrongly keyed, an unknown model).
+The same corpus runs twice: through the turn handler alone (fast, one test per case, for a
+precise failure) and through the real broker and a running worker, interleaved with good
+turns of other conversations and with what needs a stored history: a gap that never
+fills, and a stored ``turn_seq`` reused by other content (a conflicting duplicate).
 """
 
 from __future__ import annotations
@@ -318,6 +319,7 @@ async def test_handler_dead_letters(
 GOOD = [f"good-{i}" for i in range(3)]
 GOOD_TURNS = 6
 GAP = "gap"
+DUP = "dup"
 
 
 def good_turn(cid: str, seq: int) -> bytes:
@@ -344,8 +346,13 @@ async def test_corpus_through_the_broker_and_a_running_worker(
     await ensure_topics(settings)
     prefix = settings.redis.key_prefix
     gap_third = good_turn(GAP, 3)
-    expected = len(CORPUS) + 1  # and the turn held behind a gap that never fills
-    deliveries = len(CORPUS) + len(GOOD) * GOOD_TURNS + 2
+    # Turn 1 of DUP, published again under a new event id (a duplicate), then reused by
+    # other content (a conflicting duplicate).
+    dup_first = good_turn(DUP, 1)
+    dup_again = dumps({**json.loads(dup_first), "event_id": str(uuid.uuid4())})
+    dup_conflict = dumps(event(DUP, messages=[{"role": "user", "content": "not turn 1"}]))
+    expected = len(CORPUS) + 2  # and the turn held behind a gap that never fills, and the conflict
+    deliveries = len(CORPUS) + len(GOOD) * GOOD_TURNS + 2 + 3
     outcomes: list[TurnOutcome] = []
     all_handled = asyncio.Event()
 
@@ -383,9 +390,12 @@ async def test_corpus_through_the_broker_and_a_running_worker(
                 for cid in GOOD:
                     await send(good_turn(cid, seq), cid.encode())
             await send(good_turn(GAP, 1), GAP.encode())
+            await send(dup_first, DUP.encode())
             for case in CORPUS:
                 await send_case(case)
             await send(gap_third, GAP.encode())
+            await send(dup_again, DUP.encode())
+            await send(dup_conflict, DUP.encode())
             for seq in range(GOOD_TURNS // 2 + 1, GOOD_TURNS + 1):
                 for cid in GOOD:
                     await send(good_turn(cid, seq), cid.encode())
@@ -416,6 +426,13 @@ async def test_corpus_through_the_broker_and_a_running_worker(
             assert (gap_letter.conversation_id, gap_letter.turn_seq) == (GAP, 3)
             assert gap_letter.detail.startswith(f"turn 3 of {GAP} waited ")
             assert gap_letter.detail.endswith(" for turn 2")
+            (dup_letter,) = [x for x in letters if x.reason.value == "conflicting_duplicate"]
+            assert base64.b64decode(dup_letter.original_b64) == dup_conflict
+            assert (dup_letter.conversation_id, dup_letter.turn_seq) == (DUP, 1)
+            assert base64.b64decode(dup_letter.key_b64 or "") == DUP.encode()
+            assert f"turn_seq 1 of {DUP}" in dup_letter.detail
+            # The stored turn is the first one, once.
+            assert [r["m"]["content"] for r in await worker.store.transcript(DUP)] == [f"{DUP} turn 1"]
 
             # The good conversations are whole, including the turns sent after the corpus.
             for cid in GOOD:
@@ -427,15 +444,16 @@ async def test_corpus_through_the_broker_and_a_running_worker(
             assert await worker.turns.gaps.held_count() == 0
             # No bad conversation owns a key; no global index names one.
             keys = cast("list[bytes]", await redis_client.keys(f"{prefix}:*"))  # the client does not decode
-            assert stored_ids(keys) == {*GOOD, GAP}
+            assert stored_ids(keys) == {*GOOD, GAP, DUP}
             for key in keys:
                 if b"{" not in key and await redis_client.type(key) == b"zset":
                     zset = cast("list[bytes]", await redis_client.zrange(key, 0, -1))
                     members = {m.decode() for m in zset}
-                    assert members <= {*GOOD, GAP}, key
+                    assert members <= {*GOOD, GAP, DUP}, key
             statuses = [o.status for o in outcomes]
-            assert statuses.count(TurnStatus.DEAD_LETTERED) == len(CORPUS)
+            assert statuses.count(TurnStatus.DEAD_LETTERED) == len(CORPUS) + 1
             assert statuses.count(TurnStatus.BUFFERED) == 1
+            assert statuses.count(TurnStatus.DUPLICATE) == 1
     finally:
         await dlq.stop()
         await producer.stop()

@@ -15,7 +15,7 @@ import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from hypothesis import strategies as st
 
@@ -23,11 +23,17 @@ from compaction_worker.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.draft import Counter, Draft, Limits, StageContext, summary_overhead
 from compaction_worker.strategies.repair import repair
+from compaction_worker.toolpairs import unanswered_calls
 
 TOOLS = ("read_file", "run_command", "search", "skill")
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 OUTPUT_WORDS = (1, 8, 60, 400, 3_000, 20_000)
 """Tool output sizes in words: tiny to huge (a huge one is far over any tail budget)."""
+CallIds = Literal["unique", "per_round", "duplicated"]
+"""How tool calls are named: unique across the conversation; ``call_0``, ``call_1``... again
+in every round, as runtimes that number calls per turn do; or drawn from ``call_0`` and
+``call_1`` alone, so an id also repeats among one message's parallel calls."""
+CALL_IDS: tuple[CallIds, ...] = ("unique", "per_round", "duplicated")
 
 
 @dataclass(frozen=True)
@@ -157,15 +163,16 @@ def transcripts(
     max_turns: int = 8,
     open_end: bool = True,
     max_output_words: int = OUTPUT_WORDS[-1],
-    reuse_ids: bool = False,
+    call_ids: CallIds = "unique",
 ) -> _Builder:
     """Messages of a valid conversation, turn by turn, with units and turn numbers.
 
     About one text message in ten is pinned, one tool message in 25; a user message may carry images and be followed
     by a system note; an assistant answers directly or after up to three rounds of one
     to three parallel tool calls, each followed by all its results (in any order); with
-    ``open_end`` the last round may still wait for some of its results. With ``reuse_ids``
-    every round numbers its calls from ``call_0`` again, as some runtimes do.
+    ``open_end`` the last round may still wait for some of its results. Call ids: see
+    :data:`CallIds`. Parallel calls read different files, so a result judged by another
+    call's arguments names the wrong file.
     """
     out = _Builder([], [], [])
     sizes = [w for w in OUTPUT_WORDS if w <= max_output_words]
@@ -189,9 +196,13 @@ def transcripts(
         for r in range(rounds):
             knob = _knob(draw)
             group = next(unit)
-            if reuse_ids:
+            width = 1 + knob.pick(3)
+            if call_ids == "per_round":
                 call_no = itertools.count()
-            ids = [f"call_{next(call_no)}" for _ in range(1 + knob.pick(3))]
+            if call_ids == "duplicated":
+                ids = [f"call_{knob.pick(2)}" for _ in range(width)]
+            else:
+                ids = [f"call_{next(call_no)}" for _ in range(width)]
             names = [TOOLS[knob.pick(len(TOOLS))] for _ in ids]
             call: dict[str, Any] = {
                 "role": "assistant",
@@ -200,16 +211,18 @@ def transcripts(
                     {
                         "id": i,
                         "type": "function",
-                        "function": {"name": name, "arguments": f'{{"path": "src/m{turn % 3}.py"}}'},
+                        "function": {"name": name, "arguments": f'{{"path": "src/m{(turn + k) % 3}.py"}}'},
                     }
-                    for i, name in zip(ids, names, strict=True)
+                    for k, (i, name) in enumerate(zip(ids, names, strict=True))
                 ],
             }
             # Pinning a call keeps its results, huge ones too: rarer, or most targets are out of reach.
             out.add(call, group, seq, pinned=knob.one_in(25))
             order = list(range(len(ids)))
-            if knob.one_in(2):
-                order.reverse()  # results may come back in any order
+            # Results may come back in any order, except where ids repeat within the round:
+            # then only their order tells them apart.
+            if knob.one_in(2) and len(set(ids)) == len(ids):
+                order.reverse()
             answered = len(ids)
             if ends_open and r == rounds - 1:
                 answered = knob.pick(len(ids))
@@ -238,8 +251,7 @@ def _open_unit(built: _Builder) -> set[int]:
     last = max((i for i, m in enumerate(built.messages) if m["role"] not in ("tool", "system")), default=-1)
     if last < 0 or not built.messages[last].get("tool_calls"):
         return set()
-    answered = {m.get("tool_call_id") for m in built.messages[last + 1 :]}
-    if all(c["id"] in answered for c in built.messages[last]["tool_calls"]):
+    if not unanswered_calls(built.messages[last:]):
         return set()
     return {i for i in range(last, len(built.messages)) if built.units[i] == built.units[last]}
 
@@ -284,12 +296,12 @@ def conversations(
     open_end: bool = True,
     start: int = 1,
     max_output_words: int = OUTPUT_WORDS[-1],
-    reuse_ids: bool = False,
+    call_ids: CallIds = "unique",
 ) -> Conversation:
     """A valid stored conversation; ordinals start at ``start`` (to append to another)."""
     built = draw(
         transcripts(
-            max_turns=max_turns, open_end=open_end, max_output_words=max_output_words, reuse_ids=reuse_ids
+            max_turns=max_turns, open_end=open_end, max_output_words=max_output_words, call_ids=call_ids
         )
     )
     # Appended conversations continue the turn numbers too (a turn adds at least one message).

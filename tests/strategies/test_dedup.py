@@ -199,6 +199,48 @@ class TestWhatIsKept:
         assert deduplicate(chat.user().draft(), context()).report is None
 
 
+class TestReusedIds:
+    """Runtimes that number calls per turn (``call_0``, ``call_1`` in every message), issue 9."""
+
+    def test_a_pointer_never_names_another_calls_file(self) -> None:
+        """The bug of issue 9: a.py's output (call_0 of turn one) became "[File /src/b.py ...]"
+        because turn two's call_0 read b.py, and a.py's content was lost. Now only turn one's
+        read of b.py points to the later one."""
+        chat = Chat().user()
+        chat.calls(
+            ("call_0", "read_file", {"path": "/src/a.py"}), ("call_1", "read_file", {"path": "/src/b.py"})
+        )
+        chat.result("call_0", words(200, "a")).result("call_1", words(200, "b"))
+        chat.user().tool("call_0", "read_file", {"path": "/src/b.py"}, words(200, "b2")).user()
+        out = deduplicate(chat.draft(), context())
+        assert edits(out.draft) == {4: "[File /src/b.py - refer to the latest read below]"}
+        assert by_n(out.draft)[3] == chat.entries[2]
+
+    def test_identical_outputs_of_different_tools_sharing_an_id_stay(self) -> None:
+        """The same text from run_command (turn one's call_0) and search (turn two's call_0) is
+        not "identical to a later search output": the earlier one is no search output."""
+        chat = Chat().user().tool("call_0", "run_command", {"command": "grep -r x"}, words(200))
+        chat.user().tool("call_0", "search", {"query": "x"}, words(200)).user()
+        assert deduplicate(chat.draft(), context()).report is None
+
+    def test_parallel_calls_sharing_an_id_keep_their_own_files(self) -> None:
+        """Two parallel call_0 reads (a.py then b.py): only b.py's result points to b.py's re-read."""
+        chat = Chat().user()
+        chat.calls(("call_0", "read_file", {"path": "a.py"}), ("call_0", "read_file", {"path": "b.py"}))
+        chat.result("call_0", words(200, "a")).result("call_0", words(200, "b"))
+        chat.user().tool("call_0", "read_file", {"path": "b.py"}, words(200, "b2")).user()
+        out = deduplicate(chat.draft(), context())
+        assert edits(out.draft) == {4: "[File b.py - refer to the latest read below]"}
+
+    def test_an_orphan_result_is_judged_by_itself(self) -> None:
+        """A result whose call_0 is already answered is no read of that call's file."""
+        chat = Chat().user().tool("call_0", "read_file", {"path": "a.py"}, words(200, "a"))
+        chat.result("call_0", words(200, "x")).user()
+        chat.tool("call_0", "read_file", {"path": "a.py"}, words(200, "a2")).user()
+        out = deduplicate(chat.draft(), context())
+        assert edits(out.draft) == {3: "[File a.py - refer to the latest read below]"}
+
+
 class TestEdits:
     def test_parallel_calls_pair_each_result_with_its_own_call(self) -> None:
         """Of two parallel reads, only the one whose file is read again later is rewritten."""

@@ -13,7 +13,9 @@ from types import ModuleType
 
 import pytest
 
+from compaction_worker.events import LlmUsage
 from compaction_worker.settings import PipelineSettings
+from compaction_worker.summarizer import SummaryRequest, SummaryResult
 
 
 def _benchmark() -> ModuleType:
@@ -36,9 +38,10 @@ async def test_additive_summaries_with_ledgers_keep_planted_artifacts() -> None:
     """Reference 003 and the issue: additive chunks with ledgers keep >= 95% verbatim after 10 cycles.
 
     Every cycle must really summarize (a new chunk per cycle until the chunks outgrow
-    their budget and fold; a fold every cycle after the first for the recursive run); the
-    recursive-only run is printed beside it and must do worse (reference 003's PoC:
-    recursive summaries dilute early context).
+    their budget and fold; a fold every cycle after the first for the recursive run). The
+    recursive-only run re-summarizes everything every cycle (reference 003's PoC: recursive
+    summaries dilute early context), yet since issue 9 a fold's ledger carries what its
+    summary drops, so it keeps the artifacts too.
     """
     additive, recursive = await fidelity.additive_and_recursive(cycles=10)
     print()
@@ -54,7 +57,7 @@ async def test_additive_summaries_with_ledgers_keep_planted_artifacts() -> None:
         assert cycle.chunks == 1
     assert additive.cycles[-1].planted >= 500
     assert additive.final >= 0.95
-    assert recursive.final < additive.final
+    assert recursive.final >= 0.95
 
 
 @pytest.mark.slow
@@ -84,3 +87,59 @@ async def test_the_measure_sees_losses() -> None:
     last = run.cycles[-1]
     assert run.final < 0.5
     assert set(last.missing) == {"path", "cmd", "error", "id", "url"}
+
+
+async def test_artifacts_in_prose_survive_a_summarizer_that_keeps_no_identifier() -> None:
+    """Issue 9: >= 95% of artifacts written in prose stay verbatim after 10 compactions at 8K.
+
+    One artifact every third turn, over 120 turns, summarized by a summarizer whose text
+    holds no identifier: all that survives, the ledger carried (the issue measured 65% after
+    seven compactions before the ledger read prose).
+    """
+    run = await fidelity.prose(cycles=10)
+    print()
+    print(fidelity.format_runs([run]))
+    last = run.cycles[-1]
+    assert len(run.cycles) == 10
+    assert all(c.stages[0] == "summarize" and c.tokens_after < c.tokens_before for c in run.cycles)
+    assert last.turns >= 120
+    assert last.planted >= last.turns // 3 - 6  # one every third turn (the newest task may be partial)
+    assert {"cmd", "error", "id", "path", "url", "name", "fact"} <= {p.kind for p in run.planted}
+    assert run.final >= 0.95
+
+
+class FactsOnce:
+    """A summarizer that states the user's facts of its span verbatim and drops earlier summaries.
+
+    It stands for a small LLM: good on the span it reads, but a fold re-summarizes the
+    older chunks into a few sentences, and what they stated goes.
+    """
+
+    name = "facts-once"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        stated = [
+            sentence.strip()
+            for m in request.messages
+            if m.get("role") == "user"
+            for sentence in str(m.get("content") or "").split(". ")
+            if any(c.isdigit() for c in sentence)
+        ]
+        text = "The user asked for changes.\n" + "\n".join(f"- {s}" for s in stated)
+        return SummaryResult(text, self.name, len(text) // 3, LlmUsage())
+
+
+async def test_facts_stated_once_survive_folds_whose_summaries_drop_them() -> None:
+    """Issue 9: after 5 compactions with 4 folds, every fact the user stated once is still verbatim.
+
+    Each fold's summary drops what earlier summaries stated; the fold's ledger carries it.
+    """
+    run = await fidelity.run_fidelity(
+        "folds", cycles=5, prose=True, pipeline=PipelineSettings(), summarizer=FactsOnce()
+    )
+    print()
+    print(fidelity.format_runs([run]))
+    assert sum("fold" in c.stages for c in run.cycles) == 4
+    facts = [p for p in run.planted if p.kind == "fact"]
+    assert len(facts) >= 10
+    assert run.cycles[-1].missing.get("fact", 0) == 0

@@ -23,7 +23,7 @@ SAVED_PER_READ = 304 - 19  # the placeholder message is 15 words plus 4 overhead
 def four_reads(*, last_user: bool = True) -> Chat:
     chat = Chat().user("read the files")
     for k in range(4):
-        chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(300, f"f{k}_"))
+        chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(300, f"f{k}w"))
     return chat.user("thanks") if last_user else chat
 
 
@@ -47,7 +47,7 @@ class TestRecency:
         """Recency decides: once an output does not fit, no older output is protected, however small."""
         chat = Chat().user().tool("s", "read_file", {"path": "s.py"}, words(100, "s"))
         for k in range(3):
-            chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(300, f"f{k}_"))
+            chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(300, f"f{k}w"))
         chat.user()
         # Budget 700: the two newest (608) fit, the 304-token one would not, the 104-token one would.
         out = prune_tool_outputs(chat.draft(), context(**settings()))
@@ -79,7 +79,7 @@ class TestWhatIsKept:
         """Reference 004: outputs of protected tools ("skill") stay, looked up by their call's tool name."""
         chat = Chat().user()
         for k in range(2):
-            chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(300, f"f{k}_"))
+            chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(300, f"f{k}w"))
         chat.tool("k", "skill", {"name": "deploy"}, words(300, "k")).tool("k2", "skill", {}, words(300, "j"))
         chat.user()
         # Budget 700: had the two newest (skill) outputs counted, both reads would be cleared.
@@ -149,7 +149,7 @@ class TestMinimumSaving:
         def reads(count: int) -> Chat:
             chat = Chat().user("read the files")
             for k in range(count):
-                chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(5_000, f"f{k}_"))
+                chat.tool(f"c{k}", "read_file", {"path": f"f{k}.py"}, words(5_000, f"f{k}w"))
             return chat.user("thanks")
 
         # 5,004 tokens a read: the newest seven (35,028) are protected, the eighth would pass 40,000.
@@ -244,6 +244,50 @@ class TestEdits:
         twice = prune_tool_outputs(once.draft, ctx)
         assert twice.report is None
         assert twice.draft == once.draft
+
+
+class TestReusedIds:
+    """Runtimes that number calls per turn (``call_0`` in every assistant message), issue 9."""
+
+    def test_eight_large_outputs_are_pruned_and_reported(self) -> None:
+        """An agent loop reading eight files, each as call_0, 15k tokens each: the current step's
+        id protected every result and pruning never fired; now only the step's own result
+        and what fits the budget stay, and the report says how much went."""
+        chat = Chat().user("read the eight modules")
+        for k in range(8):
+            chat.tool("call_0", "read_file", {"path": f"/src/m{k}.py"}, words(15_000, f"m{k}w"))
+        ctx = context(window=200_000)  # default settings: protect 40,000 tokens, need 20,000 saved
+        out = prune_tool_outputs(chat.draft(), ctx)
+        assert pruned(out.draft.entries) == [3, 5, 7, 9, 11, 13]
+        assert out.report is not None
+        assert out.report.detail == "6 tool outputs"
+        assert out.report.tokens_saved == ctx.tokens(chat.draft()) - ctx.tokens(out.draft) > 6 * 14_000
+        assert [e.edit for e in out.draft.entries[-4:]] == [None, None, None, None]
+
+    def test_a_placeholder_names_its_own_calls_tool(self) -> None:
+        """Each cleared result names the tool of its own turn's call_0, not the latest call_0's."""
+        chat = Chat().user().tool("call_0", "run_command", {"command": "make"}, words(300, "m"))
+        chat.user().tool("call_0", "read_file", {"path": "a.py"}, words(300, "a")).user()
+        out = prune_tool_outputs(chat.draft(), context(**settings(prune_protect_tokens=0)))
+        contents = [str(e.message["content"]) for e in out.draft.entries if e.role == "tool"]
+        assert contents[0].startswith("[Old tool result cleared: run_command,")
+        assert contents[1].startswith("[Old tool result cleared: read_file,")
+
+    def test_a_protected_tool_stays_protected_when_its_id_is_reused(self) -> None:
+        """A skill output keeps its protection though a later read_file call is also call_0."""
+        chat = Chat().user().tool("call_0", "skill", {"name": "deploy"}, words(300, "k"))
+        chat.user().tool("call_0", "read_file", {"path": "a.py"}, words(300, "a")).user()
+        out = prune_tool_outputs(chat.draft(), context(**settings(prune_protect_tokens=0)))
+        assert pruned(out.draft.entries) == [6]
+        assert by_n(out.draft)[3] == chat.entries[2]
+
+    def test_duplicate_ids_in_one_step_are_all_the_current_step(self) -> None:
+        """Two parallel calls both named call_0 in the current step: both results stay."""
+        chat = Chat().user().tool("call_0", "read_file", {"path": "old.py"}, words(300, "o"))
+        chat.calls(("call_0", "read_file", {"path": "a.py"}), ("call_0", "read_file", {"path": "b.py"}))
+        chat.result("call_0", words(300, "a")).result("call_0", words(300, "b"))
+        out = prune_tool_outputs(chat.draft(), context(**settings(prune_protect_tokens=0)))
+        assert pruned(out.draft.entries) == [3]
 
 
 class FailingSummarizer:

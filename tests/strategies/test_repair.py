@@ -26,8 +26,10 @@ from compaction_worker.strategies.repair import (
     SYNTHETIC_GAP,
     SYNTHETIC_RESULT,
     SYNTHETIC_START,
+    open_call_index,
 )
 from compaction_worker.summarizer import SummaryRequest, SummaryResult
+from compaction_worker.toolpairs import pair_results
 
 from .conversations import stage_context
 from .helpers import COUNTER
@@ -232,16 +234,100 @@ class TestRepair:
         assert repair(once, CTX).draft is once
 
 
+class TestReusedIds:
+    """Pairs judged by position (invariant 8): ids reused across turns and within one message."""
+
+    def test_parallel_calls_sharing_an_id_are_both_answered(self) -> None:
+        """Two calls named x answered by two results in order: nothing to repair (the second
+        result used to count as an orphan and got a synthetic call of its own)."""
+        d = draft(say("user"), call("x", "x"), result("x"), result("x"), say("assistant"))
+        assert repair(d, CTX).draft is d
+
+    def test_an_unanswered_slot_among_shared_ids_gets_its_result(self) -> None:
+        """One result for two calls named x: the second call gets a synthetic result."""
+        d = draft(say("user"), call("x", "x"), result("x"), say("user"), say("assistant"))
+        out = repair(d, CTX)
+        assert shape(out.draft) == ["user", "assistant(x,x)", "tool->x", "tool*->x", "user", "assistant"]
+        assert [p for p in rendered_problems(out.draft) if not p.startswith("duplicate")] == []
+
+    def test_open_calls_sharing_an_id_stay_open(self) -> None:
+        """The last message's second call_0 is still open: the next turn answers it."""
+        d = draft(
+            say("user"),
+            call("call_0"),
+            result("call_0"),
+            say("user"),
+            call("call_0", "call_0"),
+            result("call_0"),
+        )
+        assert open_call_index(d.entries) == 4
+        assert repair(d, CTX).draft is d
+
+    def test_an_earlier_turns_id_does_not_answer_this_turn(self) -> None:
+        """A turn whose call_1 is answered only in an earlier turn (same id) gets a synthetic result."""
+        d = draft(
+            say("user"),
+            call("call_0", "call_1"),
+            result("call_0"),
+            result("call_1"),
+            say("user"),
+            call("call_0", "call_1"),
+            result("call_0"),
+            say("user"),
+        )
+        out = repair(d, CTX)
+        assert shape(out.draft)[5:9] == ["assistant(call_0,call_1)", "tool->call_0", "tool*->call_1", "user"]
+        assert rendered_problems(out.draft) == []
+
+    def test_a_late_result_is_adopted_under_its_own_calls_tool(self) -> None:
+        """A result that arrived after other messages keeps its id behind a synthetic call named
+        after its own call's tool (a protected tool stays protected), not ``unknown_tool``."""
+        skill = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "skill", "arguments": "{}"}}
+            ],
+        }
+        d = draft(say("user"), skill, say("user"), say("assistant"), result("call_0"))
+        out = repair(d, CTX)
+        assert shape(out.draft) == [
+            "user",
+            "assistant(call_0)",
+            "tool*->call_0",
+            "user",
+            "assistant",
+            "user*",
+            "assistant*(call_0)",
+            "tool->call_0",
+        ]
+        assert out.draft.entries[6].message["tool_calls"][0]["function"]["name"] == "skill"
+        assert rendered_problems(out.draft) == []
+
+    def test_provider_problems_count_shared_ids(self) -> None:
+        """Calls sharing an id each need a result; the duplicate itself is reported unless allowed."""
+        msgs = [say("user"), call("x", "x"), result("x"), result("x")]
+        assert provider_problems(msgs) == ["duplicate tool call ids in message 1"]
+        assert provider_problems(msgs, unique_call_ids=False) == []
+        assert provider_problems(msgs[:3], allow_open_calls_at_end=False, unique_call_ids=False) == [
+            "tool calls ['x'] never answered"
+        ]
+        assert provider_problems([*msgs, result("x")], unique_call_ids=False) == [
+            "tool result x at 4 without its call"
+        ]
+
+
 # --- properties over arbitrary (malformed) drafts -------------------------------------------
 
 
 @st.composite
-def messy_drafts(draw: st.DrawFn) -> Draft:
-    """Any sequence of roles and tool ids from a small pool: orphans, repeats, gaps, leading assistants."""
+def messy_drafts(draw: st.DrawFn, unique_ids: bool = True) -> Draft:
+    """Any sequence of roles and tool ids from a small pool: orphans, repeats, gaps, leading
+    assistants; with ``unique_ids=False`` one message's parallel calls may share an id."""
     ids = st.sampled_from("abc")
     message = st.one_of(
         st.builds(say, st.sampled_from(("user", "assistant", "system"))),
-        st.lists(ids, min_size=1, max_size=3, unique=True).map(lambda cs: call(*cs)),
+        st.lists(ids, min_size=1, max_size=3, unique=unique_ids).map(lambda cs: call(*cs)),
         ids.map(result),
         st.builds(say, st.sampled_from(("user", "assistant")), st.just("kept"), pinned=st.just(True)),
     )
@@ -270,6 +356,37 @@ def test_repair_makes_any_draft_valid(d: Draft) -> None:
     assert sorted(map(id, originals)) == sorted(map(id, d.entries))
     assert all(e.n == 0 and e.edit == SYNTHETIC for e in out.entries if e.synthetic)
     assert repair(out, CTX).draft is out
+    assert ownership_changes(d, out) == []
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=messy_drafts(unique_ids=False))
+def test_repair_with_ids_shared_by_parallel_calls(d: Draft) -> None:
+    """The same where one message's calls share ids: valid but for the shared ids themselves
+    (no stage renames calls), and no result answers a call other than its own."""
+    out = repair(d, CTX).draft
+    history = EffectiveHistory(out.chunks, out.entries)
+    if d.chunks or any(e.role != "system" for e in d.entries):
+        for placement in PLACEMENTS:
+            assert provider_problems(render(history, placement), unique_call_ids=False) == []
+    assert repair(out, CTX).draft is out
+    assert ownership_changes(d, out) == []
+
+
+def ownership_changes(before: Draft, after: Draft) -> list[str]:
+    """Results of ``after`` that answer a transcript call other than the one they answered in
+    ``before`` (by position); a synthetic call may adopt an orphan or a late result."""
+    was = pair_results([e.message for e in before.entries])
+    owner = {id(before.entries[i]): (id(before.entries[c.owner]), c.slot) for i, c in was.items()}
+    now = pair_results([e.message for e in after.entries])
+    problems = []
+    for i, call in now.items():
+        entry, caller = after.entries[i], after.entries[call.owner]
+        if entry.synthetic or caller.synthetic:
+            continue
+        if owner.get(id(entry)) != (id(caller), call.slot):
+            problems.append(f"result {entry.n} now answers call {call.slot} of {caller.n}")
+    return problems
 
 
 class OneLineSummarizer:

@@ -9,10 +9,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction_worker.history import SYNTHETIC, Entry
-from compaction_worker.strategies.repair import open_call_index, tool_pairs
-from compaction_worker.strategies.tail import partition, pinned_indexes, select_tail, split_points
+from compaction_worker.strategies.repair import open_call_index
+from compaction_worker.strategies.tail import (
+    choose_tail,
+    partition,
+    pinned_indexes,
+    select_tail,
+    split_points,
+)
+from compaction_worker.toolpairs import tool_pairs
 
-from .conversations import Conversation, conversations
+from .conversations import CALL_IDS, Conversation, conversations
 from .helpers import COUNTER
 
 
@@ -55,6 +62,10 @@ def ns(es: Sequence[Entry]) -> list[int]:
     return [e.n for e in es]
 
 
+def pairs(es: Sequence[Entry]) -> list[tuple[int, int]]:
+    return tool_pairs([e.message for e in es])
+
+
 class TestSplitPoints:
     def test_never_between_call_and_result(self) -> None:
         """References 000 and 001 (no orphan tool result at the head of the tail): a tail cannot start while a tool call is unanswered."""
@@ -79,8 +90,30 @@ class TestSplitPoints:
     def test_reused_ids_pair_by_position(self) -> None:
         """Runtimes that name every call ``call_0`` still pair each result with its own call."""
         es = entries(("user", 1), call("x"), result("x"), ("user", 1), call("x"), result("x"), ("user", 1))
-        assert tool_pairs(es) == [(1, 2), (4, 5)]
+        assert pairs(es) == [(1, 2), (4, 5)]
         assert split_points(es) == [0, 1, 3, 4, 6]
+
+    def test_an_extra_result_does_not_reach_back_to_an_older_call(self) -> None:
+        """A second result for an answered call_0 answers nothing: it must not tie itself to an
+        older unanswered call_0 and hold every boundary in between closed."""
+        es = entries(
+            ("user", 1),
+            call("x"),
+            ("user", 1),
+            ("assistant", 1),
+            ("user", 1),
+            call("x"),
+            result("x"),
+            result("x"),
+        )
+        assert pairs(es) == [(5, 6)]
+        assert split_points(es) == [0, 1, 2, 3, 4, 5]
+
+    def test_parallel_calls_sharing_an_id(self) -> None:
+        """Two calls named x in one message stay open until both results are in."""
+        es = entries(("user", 1), call("x", "x"), result("x"), result("x"), ("user", 1))
+        assert pairs(es) == [(1, 2), (1, 3)]
+        assert split_points(es) == [0, 1, 4]
 
 
 class TestSelectTail:
@@ -148,6 +181,76 @@ class TestSelectTail:
         assert select_tail(es, max_messages=6, max_tokens=1000) == 2
 
 
+class TestSnapToUserTurn:
+    def test_a_turn_that_fits_is_never_cut_after_its_question(self) -> None:
+        """Issue 9 (reference 000 snaps to a user turn): a turn within the bounds stays whole,
+        even when nothing before it is left to summarize; it used to keep only its last
+        assistant messages and summarize the question they answer."""
+        es = entries(("user", 10), call("a"), result("a"), call("b"), result("b"), ("assistant", 10))
+        assert choose_tail(es, max_messages=10, max_tokens=1000) == (0, None)
+        parts = partition(es, max_messages=10, max_tokens=1000)
+        assert (parts.head, ns(parts.tail), parts.note) == ((), [1, 2, 3, 4, 5, 6], None)
+
+    def test_the_tail_starts_at_a_user_turn_when_one_fits(self) -> None:
+        """An assistant boundary closer to the end is not used while a user turn fits."""
+        es = entries(("user", 10), ("assistant", 10), ("user", 10), call("a"), result("a"), ("assistant", 10))
+        parts = partition(es, max_messages=4, max_tokens=1000)
+        assert (ns(parts.tail), parts.note) == ([3, 4, 5, 6], None)
+
+    def test_a_turn_over_the_token_bound_is_cut_and_the_note_says_so(self) -> None:
+        """Issue 9 (the tail says so): when the latest turn alone exceeds the bound, the tail
+        starts at an assistant message inside it, and the partition's note tells why."""
+        es = entries(
+            ("user", 10),
+            ("assistant", 10),
+            ("user", 10),
+            call("a"),
+            {"role": "tool", "tool_call_id": "a", "content": "log"},
+            ("assistant", 10),
+        )
+        es = (*es[:4], Entry(n=5, seq=5, message=es[4].message, tokens=300), es[5])
+        parts = partition(es, max_messages=6, max_tokens=100)
+        assert ns(parts.tail) == [6]
+        assert parts.note == (
+            "the latest turn alone (4 messages, 330 tokens) exceeds the verbatim tail's bound "
+            "(6 messages, 100 tokens): the tail starts at its assistant message"
+        )
+
+    def test_a_turn_over_the_message_bound_is_cut_and_the_note_says_so(self) -> None:
+        """The message bound counts too: a long tool loop under one question."""
+        es = entries(
+            ("user", 10), ("assistant", 10), ("user", 10), call("a"), result("a"), call("b"), result("b")
+        )
+        parts = partition(es, max_messages=3, max_tokens=1000)
+        assert ns(parts.tail) == [6, 7]
+        assert parts.note is not None
+        assert "(5 messages, 50 tokens)" in parts.note
+
+    def test_degrading_to_nothing_says_so(self) -> None:
+        """Reference 003's degrading guard is kept, and noted."""
+        es = entries(("user", 10), ("assistant", 10), ("user", 500))
+        parts = partition(es, max_messages=6, max_tokens=100)
+        assert parts.tail == ()
+        assert parts.note is not None
+        assert parts.note.endswith("the tail is empty")
+        assert "(1 message, 500 tokens)" in parts.note
+
+    def test_pinned_messages_that_crowd_out_the_turn_are_named(self) -> None:
+        """When pinned messages before the tail use the token bound, the note counts them."""
+        es = (
+            Entry(n=1, seq=1, message=pinned("user"), tokens=80),
+            *entries(("assistant", 5), ("user", 30), ("assistant", 5), start=2),
+        )
+        parts = partition(es, max_messages=6, max_tokens=100)
+        assert ns(parts.tail) == [4]
+        assert parts.note is not None
+        assert "with 80 tokens of pinned messages before it" in parts.note
+
+    def test_no_note_when_the_snap_works(self) -> None:
+        es = entries(*[(r, 10) for r in ["user", "assistant"] * 5])
+        assert partition(es, max_messages=5, max_tokens=10_000).note is None
+
+
 class TestPartition:
     def test_pinned_messages_are_lifted_out_of_the_head(self) -> None:
         """Reference 003 (Alternative B, pinned messages): pinned messages before the tail are kept, in order, between summary and tail."""
@@ -209,14 +312,14 @@ def _pairs_by_part(parts: Sequence[Sequence[Entry]], es: Sequence[Entry]) -> lis
     part_of = {id(e): k for k, part in enumerate(parts) for e in part}
     return [
         f"pair {es[c].n}->{es[r].n} split"
-        for c, r in tool_pairs(es)
+        for c, r in pairs(es)
         if part_of.get(id(es[c]), -1) != part_of.get(id(es[r]), -2)
     ]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    conversation=conversations(COUNTER),
+    conversation=st.sampled_from(CALL_IDS).flatmap(lambda ids: conversations(COUNTER, call_ids=ids)),
     max_messages=st.integers(1, 12),
     max_tokens=st.sampled_from((0, 10, 100, 1_000, 10_000, 100_000)),
 )
@@ -241,3 +344,17 @@ def test_partition_properties(conversation: Conversation, max_messages: int, max
     if parts.tail and not forced:
         assert len(parts.tail) <= max_messages
         assert sum(e.tokens for e in (*parts.pinned, *parts.tail)) <= max_tokens
+    # Issue 9: the tail starts at a user turn (or holds every entry), or the note says why not.
+    if parts.note is None:
+        assert parts.tail
+        assert split == 0 or es[split].role == "user"
+    else:
+        assert not parts.tail or es[split].role != "user"
+        last_user = max((i for i in split_points(es) if es[i].role == "user" and i <= split), default=0)
+        turn = es[last_user:]
+        within = (
+            len(turn) <= max_messages
+            and sum(e.tokens for e in (*turn, *(e for e in es[:last_user] if e in parts.pinned)))
+            <= max_tokens
+        )
+        assert not within or forced

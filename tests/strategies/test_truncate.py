@@ -9,6 +9,8 @@ from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.pipeline import compact
 from compaction_worker.strategies.truncate import (
     TRUNCATION_MODEL,
+    equal_shares,
+    retain_summaries,
     sliding_window,
     trim_to_tokens,
     truncation_chunk,
@@ -106,11 +108,12 @@ class TestFirstExchange:
         for i in range(12):
             c.user(f"u{i} {FILLER}").assistant(f"a{i} {FILLER}")
         after, _, marker, _ = window(c.draft((start,)))
-        assert "## Goals\n- CI for acme/shop on 3.12" in marker.text
-        assert "as an earlier compaction left it" in marker.text
+        assert "[summary of turns 1-4]\n## Goals\n- CI for acme/shop on 3.12" in marker.text
+        assert "as earlier compactions summarized it" in marker.text
         assert after.chunks == (marker,)
         removed = marker.last_n - 4
-        assert f"[{removed} later messages were removed here" in marker.text
+        assert f"[{removed} later messages were removed here without a summary" in marker.text
+        assert "shortened" not in marker.text
 
     def test_first_exchange_kept_as_entries_is_not_quoted(self) -> None:
         """A pinned first message is verbatim already: only what the marker covers is quoted."""
@@ -121,6 +124,118 @@ class TestFirstExchange:
         assert after.entries[0].n == 1
         assert "First user message" not in marker.text
         assert f"First assistant reply:\n{FIRST_REPLY}" in marker.text
+
+
+def summaries(*sizes: int, artifacts: tuple[tuple[str, ...], ...] = ()) -> tuple[SummaryChunk, ...]:
+    """Chunks of ``sizes`` words standing for ten messages each; chunk ``i``'s words are ``s{i}_*``."""
+    return tuple(
+        SummaryChunk(
+            f"c{i}",
+            f"GOAL{i} " + words(size - 1, f"s{i}_"),
+            10 * i + 1,
+            10 * i + 10,
+            10 * i + 1,
+            10 * i + 10,
+            size + 6,
+            "2024-01-01T00:00:00+00:00",
+            "m",
+            artifacts=artifacts[i] if i < len(artifacts) else (),
+        )
+        for i, size in enumerate(sizes)
+    )
+
+
+def after_summaries(chunks: tuple[SummaryChunk, ...], turns: int = 12) -> Draft:
+    """The chunks, then ``turns`` filler exchanges."""
+    c = Chat(start=chunks[-1].last_n + 1)
+    for i in range(turns):
+        c.user(f"u{i} {FILLER}").assistant(f"a{i} {FILLER}")
+    return c.draft(chunks)
+
+
+class TestEarlierSummaries:
+    """Issue 9: the window keeps what fits of every earlier summary and says what it changed."""
+
+    def test_every_summary_keeps_its_opening_within_the_budget(self) -> None:
+        """Three long summaries over the budget: each keeps its start, each is marked shortened."""
+        chunks = summaries(150, 150, 150)
+        after, ctx, marker, _ = window(after_summaries(chunks), target=1_200)
+        for i in range(3):
+            assert f"[summary of turns {10 * i + 1}-{10 * i + 10}, shortened]\nGOAL{i} s{i}_0" in marker.text
+        assert "3 of the earlier summaries above were shortened to fit." in marker.text
+        assert "no summary" not in marker.text
+        assert ctx.fits(after)
+        kept = marker.text.split("summarized it:\n\n")[1].rsplit("\n\n[", 1)[0]
+        assert (
+            (ctx.limits.target - ctx.overhead) // 8
+            < COUNTER.text(kept)
+            <= (ctx.limits.target - ctx.overhead) // 4
+        )
+
+    def test_a_short_summary_stays_whole_and_passes_on_its_share(self) -> None:
+        """Equal shares: the short summary is kept whole; the long ones split what it leaves."""
+        chunks = summaries(150, 10, 150)
+        retained = retain_summaries(chunks, 200, COUNTER.text)
+        assert f"[summary of turns 11-20]\n{chunks[1].text}" in retained.text
+        assert retained.kept == chunks
+        assert retained.shortened == 2
+        assert COUNTER.text(retained.text) <= 200
+        first, _, last = retained.text.split("\n\n")
+        assert abs(COUNTER.text(first) - COUNTER.text(last)) <= 2
+
+    def test_summaries_that_do_not_fit_are_named_as_left_out(self) -> None:
+        """With no room for any summary text, the marker says which summaries it left out."""
+        chunks = summaries(60, 60)
+        head = after_summaries(chunks, turns=2).entries[:2]
+        marker = truncation_chunk(head, chunks, COUNTER.text, summary_tokens=0)
+        assert marker.text == (
+            "[2 earlier messages were removed here without a summary, to keep the conversation within "
+            "its token budget. 2 earlier summaries (of 20 messages, within turns 1-20) did not fit and "
+            "are left out. The original messages are preserved in the transcript.]"
+        )
+
+    def test_when_shares_are_too_small_the_first_and_newest_stay(self) -> None:
+        """Five summaries, room for two: the first (the goals) and the newest are kept."""
+        chunks = summaries(100, 100, 100, 100, 100)
+        retained = retain_summaries(chunks, 60, COUNTER.text)
+        assert [c.id for c in retained.kept] == ["c0", "c4"]
+        assert [c.id for c in retained.dropped] == ["c1", "c2", "c3"]
+        marker = truncation_chunk((), chunks, COUNTER.text, summary_tokens=60)
+        assert "3 earlier summaries (of 30 messages, within turns 11-40) did not fit and are left out." in (
+            marker.text
+        )
+        assert "2 of the earlier summaries above were shortened to fit." in marker.text
+
+    def test_ledgers_of_earlier_summaries_are_carried(self) -> None:
+        """The chunks' verbatim references stay in the marker's ledger, newest first when tight."""
+        ledgers = (("path: src/old.py", "cmd: make old"), ("error: KeyError: 'order_id'",))
+        chunks = summaries(150, 150, artifacts=ledgers)
+        marker = truncation_chunk((), chunks, COUNTER.text, summary_tokens=300)
+        assert set(marker.artifacts) == {*ledgers[0], *ledgers[1]}
+        assert "- error: KeyError: 'order_id'" in marker.render_text()
+        tight = truncation_chunk((), chunks, COUNTER.text, summary_tokens=12)
+        assert tight.artifacts == ("error: KeyError: 'order_id'",)
+        assert "2 verbatim references of theirs did not fit." in tight.text
+
+    def test_equal_shares(self) -> None:
+        """Max-min fair: small sizes whole, the rest split evenly, never over the budget."""
+        assert equal_shares([10, 100, 100], 110) == [10, 50, 50]
+        assert equal_shares([10, 20], 100) == [10, 20]
+        assert equal_shares([30, 30, 30], 10) == [3, 3, 4]
+        assert equal_shares([], 10) == []
+
+    async def test_pipeline_keeps_every_summary_when_the_summarizer_fails(self) -> None:
+        """Through the pipeline: a failed summary falls back to a window that keeps both summaries."""
+        chunks = summaries(40, 40)
+        draft = after_summaries(chunks)
+        history = EffectiveHistory(chunks, draft.entries)
+        ctx = context(window=10_000, target=700)
+        result = await compact(history, ctx.limits, [Scripted(fail=True)], COUNTER)
+        assert result.stages == ("truncate",)
+        (marker,) = result.draft.chunks
+        assert chunks[0].text in marker.text
+        assert chunks[1].text in marker.text
+        assert "no summary could be produced" not in marker.text
 
 
 class TestMarker:
@@ -241,3 +356,15 @@ async def test_pipeline_falls_back_to_the_window_with_the_first_exchange() -> No
     assert provider_problems(rendered) == []
     assert FIRST_USER in rendered[0]["content"]
     assert FIRST_REPLY in rendered[0]["content"]
+
+
+async def test_the_window_notes_a_tail_inside_the_latest_turn() -> None:
+    """Board item 3: when even the window's tail cannot start at a user turn, the result says so."""
+    c = conversation(turns=4).user("read all of these files")
+    for i in range(10):
+        c.tool(f"call_{i}", "read_file", {"path": f"f{i}.py"}, words(60, f"o{i}"))
+    history = EffectiveHistory((), c.draft().entries)
+    ctx = context(window=10_000, target=500)
+    result = await compact(history, ctx.limits, [Scripted(fail=True)], COUNTER)
+    assert result.stages == ("truncate",)
+    assert any(note.startswith("the latest turn alone") for note in result.notes), result.notes

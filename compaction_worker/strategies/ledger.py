@@ -1,0 +1,177 @@
+"""A chunk's verbatim ledger: what it keeps exactly of the span and chunks it replaces.
+
+The summary stage asks for a ledger twice: before the summary (``span_ledger``, sent to
+the summarizer so that it need not spend words on items kept anyway) and after it
+(``finalize_ledger``): then the ledger keeps what the summary text lost, so a weak
+summarizer loses prose, not facts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from compaction_worker.artifacts import KINDS, extract_artifacts, item_kind, scan_items, select_items
+from compaction_worker.history import SummaryChunk
+from compaction_worker.strategies.draft import CountText, StageContext
+
+__all__ = ["finalize_ledger", "ledger_allowance", "merge_ledgers", "plan_ledger", "span_ledger"]
+
+
+def merge_ledgers(ledgers: Sequence[Sequence[str]], budget: int, count: CountText) -> tuple[str, ...]:
+    """One ledger from several, given newest first, within ``budget`` tokens (items joined by newlines).
+
+    Items are de-duplicated (the newest copy counts). When they do not all fit, an item's
+    rank is its kind's place in ``KINDS`` plus its age (0 for the newest ledger): one step
+    older weighs as much as one step down in kind, so a recent command outranks an old
+    error but not a recent one, and old items give way gradually as folds repeat. Within
+    one ledger, later items of a kind are the more recent (see ``extract_artifacts``).
+    Short of room, items keep their cores (see ``select_items``). The result is listed
+    like a fresh ledger: by kind, oldest first.
+    """
+    return _merge(ledgers, budget, count)
+
+
+def _merge(
+    ledgers: Sequence[Sequence[str]], budget: int, count: CountText, carried: str = ""
+) -> tuple[str, ...]:
+    if budget <= 0:
+        return ()
+    kind_rank = {kind: i for i, kind in enumerate(KINDS)}
+    found: dict[str, tuple[int, int, int]] = {}  # item -> (kind rank, age, position)
+    for age, ledger in enumerate(ledgers):
+        for position, item in enumerate(ledger):
+            if item not in found:
+                found[item] = (kind_rank.get(item_kind(item), len(KINDS)), age, position)
+    ranked = sorted(found, key=lambda it: (found[it][0] + found[it][1], found[it][1], -found[it][2]))
+    kept = select_items(
+        ranked,
+        budget,
+        count,
+        carried=carried,
+        listed=lambda items: sorted(items, key=lambda it: (found[it][0], -found[it][1], found[it][2])),
+    )
+    return tuple(kept)
+
+
+def span_ledger(
+    messages: Sequence[Mapping[str, Any]], folded: Sequence[SummaryChunk], budget: int, count: CountText
+) -> tuple[str, ...]:
+    """The ledger of a new chunk: its span's artifacts, merged with what the folded chunks carried."""
+    if not folded:
+        return tuple(extract_artifacts(messages, budget, count))
+    # All of the span's items compete with the folded ones, not a pre-trimmed few.
+    return _merge(_sources((), messages, folded), budget, count)
+
+
+def plan_ledger(
+    messages: Sequence[Mapping[str, Any]],
+    folded: Sequence[SummaryChunk],
+    *,
+    allowance: int,
+    cap: int,
+    count: CountText,
+) -> tuple[int, tuple[str, ...]]:
+    """A new chunk's ledger budget, and its ledger before the summary (``span_ledger``).
+
+    The budget is ``allowance``; a fold's grows, up to ``cap``, to hold what the chunks it
+    folds carried (their ledgers and what their summaries stated) with the span's items:
+    a re-summary must not lose them, and ledger items outrank summary prose (the summary
+    gets what the ledger leaves). An additive chunk's ledger grows only after its summary,
+    into what the summary left unused (``finalize_ledger``).
+    """
+    budget = min(allowance, cap)
+    if budget <= 0 or not folded:
+        return max(0, budget), span_ledger(messages, folded, budget, count)
+    cached = _cached(count)
+    sources = _sources((), messages, folded)
+    everything = _merge(sources, sys.maxsize, cached)
+    need = cached("\n".join(everything))
+    if need <= budget:
+        return budget, everything
+    budget = min(cap, need)
+    return budget, everything if need <= budget else _merge(sources, budget, cached)
+
+
+def ledger_allowance(ctx: StageContext) -> int:
+    """What a chunk's ledger may take before room runs out (see ``summarize`` for the room).
+
+    It scales with the window: a span of a long coding session names hundreds of files,
+    commands and errors, and a fixed few hundred tokens would keep a fraction of them,
+    while the window has room for all. ``artifact_budget_tokens`` is the floor.
+    """
+    settings = ctx.settings
+    if settings.artifact_budget_tokens == 0:
+        return 0
+    return max(settings.artifact_budget_tokens, int(settings.artifact_budget_fraction * ctx.limits.window))
+
+
+def finalize_ledger(
+    summary: str,
+    ledger: Sequence[str],
+    messages: Sequence[Mapping[str, Any]],
+    folded: Sequence[SummaryChunk],
+    *,
+    budget: int,
+    count: CountText,
+    fits: Callable[[tuple[str, ...]], bool] | None = None,
+) -> tuple[str, ...]:
+    """The chunk's final ledger: what ``summary`` lost of the span's and the folded chunks' items.
+
+    The candidates are ``ledger`` (chosen before the summary), every item of ``messages``,
+    and of each folded chunk its ledger and the items its summary stated (a fold must not
+    lose the facts an earlier summary carried). Items whose core the summary holds
+    verbatim take no room; the rest are kept as ``merge_ledgers`` keeps them, within
+    ``budget`` tokens joined by newlines and, if given, while ``fits`` accepts the ledger
+    (the exact check of the chunk it makes).
+    """
+    if budget <= 0:
+        return ()
+    cached = _cached(count)
+    sources = _sources(ledger, messages, folded)
+
+    def choose(room: int) -> tuple[str, ...]:
+        return _merge(sources, room, cached, carried=summary)
+
+    kept = choose(budget)
+    if fits is None or fits(kept):
+        return kept
+    # Rendering adds bullets and a heading: find the largest room whose ledger fits.
+    low, high = 0, budget
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(choose(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return choose(low)
+
+
+def _cached(count: CountText) -> CountText:
+    """``count`` remembering its answers: choosing a ledger counts the same items repeatedly."""
+    memo: dict[str, int] = {}
+
+    def counted(text: str) -> int:
+        if text not in memo:
+            memo[text] = count(text)
+        return memo[text]
+
+    return counted
+
+
+def _sources(
+    ledger: Sequence[str], messages: Sequence[Mapping[str, Any]], folded: Sequence[SummaryChunk]
+) -> list[list[str]]:
+    """A new chunk's candidate items, newest source first (``ledger``, if any, leads).
+
+    The span's items, then each folded chunk's ledger with the items its summary stated:
+    a fold must not lose what an earlier summary carried in its prose. Within a source
+    items are listed oldest first, each once, as ``extract_artifacts`` lists them.
+    """
+    fresh = [item for _, item in scan_items(messages)]
+    older = [
+        [*chunk.artifacts, *(item for _, item in scan_items([{"role": "user", "content": chunk.text}]))]
+        for chunk in reversed(folded)
+    ]
+    return [list(ledger), list(reversed(dict.fromkeys(reversed(fresh)))), *older]

@@ -1,0 +1,120 @@
+"""Which call each tool result answers, by position (DESIGN invariant 8).
+
+Runtimes number tool calls per turn (``call_0``, ``call_1`` in every assistant message),
+and some repeat an id among one message's parallel calls, so an id names a call only
+together with where it stands. A tool result answers the nearest preceding assistant
+message that issued its id; within that message, results take its calls with that id in
+order. A result that finds no such message, or finds all of its calls with that id
+answered already, answers nothing: every stage treats it as an orphan, never as the
+result of some other call that happens to share its id.
+
+Pure functions over plain message mappings (``Entry.message``), so every stage, the
+summarizer's transcript and the artifact ledger pair the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of one assistant message."""
+
+    id: str
+    name: str
+    arguments: str
+    """The raw arguments string (JSON by convention; not guaranteed)."""
+    owner: int
+    """Index of the assistant message that issued the call."""
+    slot: int
+    """Position among the owner's tool calls: tells apart parallel calls that share an id."""
+
+
+def issued_calls(message: Mapping[str, Any], owner: int) -> tuple[ToolCall, ...]:
+    """The tool calls an assistant message issues, in order (none for other roles)."""
+    if message.get("role") != "assistant":
+        return ()
+    calls = message.get("tool_calls")
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        return ()
+    out: list[ToolCall] = []
+    for slot, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, Mapping) else call
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = "" if arguments is None else json.dumps(arguments, sort_keys=True)
+        out.append(ToolCall(str(call.get("id")), str(function.get("name") or ""), arguments, owner, slot))
+    return tuple(out)
+
+
+def result_id(message: Mapping[str, Any]) -> str:
+    """The call id a tool result names."""
+    return str(message.get("tool_call_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class Pairing:
+    """Every call of a history and the result index, if any, that answers each."""
+
+    calls: tuple[ToolCall, ...]
+    """All tool calls, in history order."""
+    results: Mapping[int, ToolCall]
+    """For each tool result's index, the call it answers (orphans are absent)."""
+
+    def answered(self) -> frozenset[tuple[int, int]]:
+        """``(owner, slot)`` of every call that has a result."""
+        return frozenset((c.owner, c.slot) for c in self.results.values())
+
+    def unanswered(self) -> tuple[ToolCall, ...]:
+        """Calls no result answers, in history order."""
+        answered = self.answered()
+        return tuple(c for c in self.calls if (c.owner, c.slot) not in answered)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """``(call index, result index)`` for every answered result, in result order."""
+        return [(call.owner, index) for index, call in sorted(self.results.items())]
+
+
+def pairing(messages: Sequence[Mapping[str, Any]]) -> Pairing:
+    """Pair every tool result of ``messages`` with the call it answers, by position."""
+    calls: list[ToolCall] = []
+    results: dict[int, ToolCall] = {}
+    # Per id: the calls with that id of the latest assistant message that issued it, and
+    # how many of them results have taken so far. A later issuer replaces an earlier one.
+    latest: dict[str, tuple[tuple[ToolCall, ...], int]] = {}
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            issued = issued_calls(message, index)
+            calls.extend(issued)
+            for call_id in dict.fromkeys(c.id for c in issued):
+                latest[call_id] = (tuple(c for c in issued if c.id == call_id), 0)
+        elif role == "tool":
+            call_id = result_id(message)
+            waiting, taken = latest.get(call_id, ((), 0))
+            if taken < len(waiting):
+                results[index] = waiting[taken]
+                latest[call_id] = (waiting, taken + 1)
+    return Pairing(tuple(calls), results)
+
+
+def pair_results(messages: Sequence[Mapping[str, Any]]) -> dict[int, ToolCall]:
+    """For every tool result's index, the call it answers; orphan results are absent."""
+    return dict(pairing(messages).results)
+
+
+def tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """``(call index, result index)`` of every tool result that answers a call."""
+    return pairing(messages).pairs()
+
+
+def unanswered_calls(messages: Sequence[Mapping[str, Any]]) -> tuple[ToolCall, ...]:
+    """Tool calls that no result answers, in history order."""
+    return pairing(messages).unanswered()
