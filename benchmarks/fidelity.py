@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction_worker import strategies
-from compaction_worker.events import LlmUsage, Outcome
-from compaction_worker.extractive import ExtractiveSummarizer
-from compaction_worker.history import EffectiveHistory, Entry, render, text_of
-from compaction_worker.prompts import SECTIONS
+from compaction_worker.budget.tokens import compute_budget, counter_for
+from compaction_worker.budget.windows import resolve_window
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
 from compaction_worker.settings import PipelineSettings, Settings
-from compaction_worker.summarizer import Summarizer, SummaryRequest, SummaryResult
-from compaction_worker.tokens import compute_budget, counter_for
-from compaction_worker.windows import resolve_window
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.summaries.llm import Summarizer, SummaryRequest, SummaryResult
+from compaction_worker.summaries.prompts import SECTIONS
 
 MODEL = "gpt-4o-mini"  # a 128k window from the bundled registry, o200k tokenizer
 PROSE_MODEL = "gpt-4"  # an 8K window

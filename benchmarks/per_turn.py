@@ -18,12 +18,12 @@ import time
 
 from redis.asyncio import Redis
 
-from compaction_worker.embedded import EmbeddedRedis
-from compaction_worker.jobs import JobQueue
+from compaction_worker.local.embedded import EmbeddedRedis
+from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.store import NewMessage, Store
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.store import NewMessage, Store
 from compaction_worker.testing import turn_payload
-from compaction_worker.turns import TurnHandler
 
 SIZES = (10, 1_000, 10_000, 50_000)
 MODEL = "gpt-4.1"  # a 1M-token window: no compaction interferes with the timing

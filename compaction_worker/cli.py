@@ -14,14 +14,14 @@ from typing import Any
 
 import click
 
-from compaction_worker import specification
-from compaction_worker.client import Client, context_stats
-from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis
+from compaction_worker.client.client import Client, context_stats
+from compaction_worker.contracts import specification
+from compaction_worker.contracts.events import Trigger
+from compaction_worker.contracts.history import render, text_of
 from compaction_worker.errors import CompactionWorkerError
-from compaction_worker.events import Trigger
-from compaction_worker.history import render, text_of
+from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
+from compaction_worker.runtime.telemetry import configure_logging
 from compaction_worker.settings import Settings, load_settings
-from compaction_worker.telemetry import configure_logging
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -83,7 +83,7 @@ def run(ctx: click.Context) -> None:
 
 
 async def _run(settings: Settings) -> None:
-    from compaction_worker.worker import build_worker, ensure_topics
+    from compaction_worker.runtime.worker import build_worker, ensure_topics
 
     if settings.topics.create:
         created = await ensure_topics(settings)
@@ -107,13 +107,13 @@ async def _run(settings: Settings) -> None:
 @click.pass_context
 def demo(ctx: click.Context, turns: int, conversations: int, context_window: int, as_json: bool) -> None:
     """Run the whole loop locally: broker, Redis, worker and a synthetic agent; show compactions."""
-    from compaction_worker.demo import run_demo
+    from compaction_worker.local.demo import run_demo
 
     settings = _settings(ctx)
     configure_logging("WARNING", settings.log_json)
     say = (lambda _line: None) if as_json else click.echo
     with embedded_infra(settings, say) as settings:
-        from compaction_worker.worker import ensure_topics
+        from compaction_worker.runtime.worker import ensure_topics
 
         async def go() -> None:
             if settings.topics.create:
@@ -266,7 +266,7 @@ def compact(ctx: click.Context, conversation_id: str) -> None:
     settings = _settings(ctx)
 
     async def go() -> None:
-        from compaction_worker.jobs import JobQueue
+        from compaction_worker.state.jobs import JobQueue
 
         async with Client.connect(settings, kafka=False) as client:
             if (await client.meta(conversation_id)).last_seq == 0:
@@ -294,8 +294,8 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
     settings = _settings(ctx)
 
     async def go() -> None:
-        from compaction_worker.lock import Locks
-        from compaction_worker.rewind import Rewinder
+        from compaction_worker.runtime.rewind import Rewinder
+        from compaction_worker.state.lock import Locks
 
         # Kafka too: consumers learn of the new version from compaction.completed.
         async with Client.connect(settings) as client:

@@ -6,7 +6,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # events imports this module; the annotation is all that is needed here
-    from compaction_worker.events import LlmUsage
+    from compaction_worker.contracts.events import LlmUsage
 
 
 class CompactionWorkerError(Exception):

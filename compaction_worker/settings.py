@@ -20,8 +20,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from compaction_worker import keys
 from compaction_worker.errors import ConfigError
+from compaction_worker.state import keys
 
 _yaml_file: ContextVar[Path | None] = ContextVar("_yaml_file", default=None)
 

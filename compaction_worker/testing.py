@@ -30,7 +30,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from compaction_worker.events import TurnEvent
+from compaction_worker.contracts.events import TurnEvent
 
 __all__ = [
     "OVERFLOW_PROVIDERS",
@@ -506,7 +506,7 @@ def turn_payload(
 ) -> dict[str, Any]:
     """Build the JSON dict of a ``conversation.turn`` event, validated by ``TurnEvent``.
 
-    ``fields`` are any other :class:`~compaction_worker.events.TurnEvent` fields
+    ``fields`` are any other :class:`~compaction_worker.contracts.events.TurnEvent` fields
     (``system_prompt``, ``tools``, ``usage``, ``compaction``, ``event_id``, ...).
     Raises pydantic's ``ValidationError`` when the event would be invalid, and TypeError
     for a field name TurnEvent does not have.

@@ -21,14 +21,14 @@ from typing import Any, Protocol
 import pytest
 import redis.asyncio
 
-from compaction_worker.compactor import Compactor
-from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
 from compaction_worker.errors import ConfigError
-from compaction_worker.jobs import JobQueue
+from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
+from compaction_worker.runtime.compactor import Compactor
+from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.store import Store
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.store import Store
 from compaction_worker.testing import FakeLLMServer
-from compaction_worker.turns import TurnHandler
 from tests import orchestration
 
 # --- where the servers come from --------------------------------------------------------

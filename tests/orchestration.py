@@ -7,20 +7,20 @@ from typing import Any
 
 import redis.asyncio
 
-from compaction_worker.compactor import Compactor
-from compaction_worker.events import (
+from compaction_worker.budget.tokens import counter_for
+from compaction_worker.contracts.events import (
     CompactionCompleted,
 )
-from compaction_worker.extractive import ExtractiveSummarizer
-from compaction_worker.jobs import JobQueue
-from compaction_worker.lock import Locks
-from compaction_worker.publisher import Publisher
+from compaction_worker.runtime.compactor import Compactor
+from compaction_worker.runtime.publisher import Publisher
+from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.store import Store
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.store import Store
 from compaction_worker.strategies import summary_overhead
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.testing import turn_payload
-from compaction_worker.tokens import counter_for
-from compaction_worker.turns import TurnHandler
 
 
 class Published:

@@ -20,17 +20,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
 from compaction_worker.cli import main
-from compaction_worker.compactor import Compactor
-from compaction_worker.events import CompactionCompleted, Outcome, Trigger
-from compaction_worker.extractive import ExtractiveSummarizer
-from compaction_worker.jobs import JobQueue
-from compaction_worker.lock import Locks
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.runtime.compactor import Compactor
+from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.store import Store
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.store import Store
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.testing import turn_payload
-from compaction_worker.turns import TurnHandler
 from tests.orchestration import Published
-from tests.test_compactor import compact_mentions
+from tests.runtime.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from compaction_worker import keys
 from compaction_worker.settings import Settings, WorkerSettings
+from compaction_worker.state import keys
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -590,7 +590,7 @@ class TestDockerfile:
         assert sources
         for source in sources:
             assert not dockerignored(source), source
-        assert not dockerignored("compaction_worker/worker.py")
+        assert not dockerignored("compaction_worker/runtime/worker.py")
         assert dockerignored(".git")
         assert dockerignored("tests/test_deploy.py")
         assert dockerignored("compaction_worker/__pycache__/worker.cpython-311.pyc")

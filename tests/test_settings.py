@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from compaction_worker.compactor import limits_for
+from compaction_worker.budget.tokens import budget_for
+from compaction_worker.runtime.compactor import limits_for
 from compaction_worker.settings import Settings, load_settings
-from compaction_worker.store import Meta
-from compaction_worker.tokens import budget_for
+from compaction_worker.state.store import Meta
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from compaction_worker.events import TurnEvent
+from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.testing import FakeLLMServer, default_summary, turn_payload
 
 try:

@@ -42,7 +42,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from compaction_worker.history import Entry, text_of
+from compaction_worker.contracts.history import Entry, text_of
+from compaction_worker.contracts.toolpairs import ToolCall
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import (
     PLACEHOLDER_EDITS,
@@ -53,7 +54,6 @@ from compaction_worker.strategies.edits import (
     tool_name,
     worth_it,
 )
-from compaction_worker.toolpairs import ToolCall
 
 EDIT = "deduplicated"
 STAGE = "deduplicate"

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from compaction_worker.events import LlmUsage, Outcome
-from compaction_worker.history import (
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import (
     SUMMARY_ACK,
     EffectiveHistory,
     Entry,

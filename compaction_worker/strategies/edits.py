@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from compaction_worker.history import Entry
+from compaction_worker.contracts.history import Entry
+from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, StageReport
-from compaction_worker.toolpairs import ToolCall, pair_results
 
 PLACEHOLDER_EDITS = frozenset({"pruned", "deduplicated"})
 """Edits that leave only a short placeholder: nothing left to clear, compare or cut."""
@@ -33,7 +33,7 @@ TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 def tool_calls(entries: Sequence[Entry]) -> dict[int, ToolCall]:
     """For every tool result among the entries (by index), the call it answers.
 
-    Paired by position (:mod:`compaction_worker.toolpairs`), never by id alone: runtimes
+    Paired by position (:mod:`compaction_worker.contracts.toolpairs`), never by id alone: runtimes
     reuse ids across turns, and an id-keyed lookup would name another call's tool and path.
     """
     return pair_results([e.message for e in entries])

@@ -12,9 +12,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from compaction_worker.artifacts import KINDS, extract_artifacts, item_kind, scan_items, select_items
-from compaction_worker.history import SummaryChunk
+from compaction_worker.contracts.history import SummaryChunk
 from compaction_worker.strategies.draft import CountText, StageContext
+from compaction_worker.summaries.artifacts import (
+    KINDS,
+    extract_artifacts,
+    item_kind,
+    scan_items,
+    select_items,
+)
 
 __all__ = ["finalize_ledger", "ledger_allowance", "merge_ledgers", "plan_ledger", "span_ledger"]
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction_worker.history import Entry
+from compaction_worker.contracts.history import Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, TEXT_TYPES, outcome, plural, rewrite
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from compaction_worker.events import LlmUsage, Outcome
-from compaction_worker.history import EffectiveHistory
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import EffectiveHistory
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.dedup import deduplicate
 from compaction_worker.strategies.draft import (
@@ -25,7 +25,7 @@ from compaction_worker.strategies.prune import prune_tool_outputs
 from compaction_worker.strategies.repair import repair
 from compaction_worker.strategies.summarize import SummaryOutcome, summarize
 from compaction_worker.strategies.truncate import TRUNCATION_MODEL, sliding_window
-from compaction_worker.summarizer import Summarizer
+from compaction_worker.summaries.llm import Summarizer
 
 CheapStage = Callable[[Draft, StageContext], StageOutcome]
 """A stage that needs no LLM: a pure function of the draft and the context."""

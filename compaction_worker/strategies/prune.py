@@ -26,7 +26,7 @@ transcript]``. Images in an old tool result (screenshots) are part of the stale 
 cost a fixed amount each, so they go too; the placeholder says how many there were.
 
 What must stay exact outlives the clearing: the output's error texts, commands, paths,
-URLs and ids (its artifact ledger, :mod:`compaction_worker.artifacts`) follow the
+URLs and ids (its artifact ledger, :mod:`compaction_worker.summaries.artifacts`) follow the
 placeholder, within ``prune_keep_artifact_tokens``. An agent that cleared a failing test
 log still knows the exact error; and a later summary's ledger, which reads the
 effective history, finds them there.
@@ -36,8 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from compaction_worker.artifacts import extract_artifacts
-from compaction_worker.history import Entry
+from compaction_worker.contracts.history import Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import (
     PLACEHOLDER_EDITS,
@@ -49,6 +48,7 @@ from compaction_worker.strategies.edits import (
     tool_name,
     worth_it,
 )
+from compaction_worker.summaries.artifacts import extract_artifacts
 
 EDIT = "pruned"
 STAGE = "prune"

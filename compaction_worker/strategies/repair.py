@@ -8,7 +8,7 @@ at a junction the compaction created, histories that begin with the assistant. I
 drops or edits a transcript message (invariant 1); it only adds clearly marked
 synthetic ones (reference 004, "Tool Pair Repair"), and moves an orphan tool result
 next to the synthetic call made for it. Results and calls are paired by position
-(:mod:`compaction_worker.toolpairs`): a result that reuses an id of another turn's call
+(:mod:`compaction_worker.contracts.toolpairs`): a result that reuses an id of another turn's call
 is an orphan, never an answer to that call. :func:`provider_problems` is the checker that
 tests hold every rendered history to.
 """
@@ -19,9 +19,15 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from compaction_worker.history import SYNTHETIC, Entry
+from compaction_worker.contracts.history import SYNTHETIC, Entry
+from compaction_worker.contracts.toolpairs import (
+    ToolCall,
+    issued_calls,
+    pair_results,
+    result_id,
+    unanswered_calls,
+)
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, StageReport
-from compaction_worker.toolpairs import ToolCall, issued_calls, pair_results, result_id, unanswered_calls
 
 SYNTHETIC_RESULT = "[Tool result unavailable - conversation was compacted]"
 SYNTHETIC_TOOL_NAME = "unknown_tool"

@@ -3,11 +3,11 @@
 Reference 003: each span is summarized once and its chunk kept (additive); only when the
 chunks together would outgrow their budget are they folded, with the new span, into one
 (recursive). Every chunk carries a verbatim artifact ledger (exact paths, commands,
-errors, URLs and ids of what it covers, see :mod:`compaction_worker.artifacts`), because
+errors, URLs and ids of what it covers, see :mod:`compaction_worker.summaries.artifacts`), because
 summaries paraphrase what must stay exact; a fold merges the ledgers of what it folds.
 
 Every message a chunk covers was read by the summarizer that wrote it: a span larger than
-the summarizer's input (:func:`~compaction_worker.summarizer.transcript_limit`) is split
+the summarizer's input (:func:`~compaction_worker.summaries.llm.transcript_limit`) is split
 at message boundaries, a tool call with its results, into pieces that fit, and each piece
 becomes its own additive chunk. When a summarizer fails, the pieces it already wrote stay
 and the next summarizer takes the rest, split for its own limit.
@@ -23,20 +23,20 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from compaction_worker.contracts.events import LlmUsage
+from compaction_worker.contracts.history import Entry, SummaryChunk, public_message
 from compaction_worker.errors import SummarizerError
-from compaction_worker.events import LlmUsage
-from compaction_worker.history import Entry, SummaryChunk, public_message
-from compaction_worker.prompts import piece_boundaries, piece_end, transcript_costs
 from compaction_worker.strategies.draft import CountText, Draft, StageContext, StageReport, plural
 from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
 from compaction_worker.strategies.tail import partition
-from compaction_worker.summarizer import (
+from compaction_worker.summaries.llm import (
     InputTooLargeError,
     Summarizer,
     SummaryRequest,
     SummaryResult,
     transcript_limit,
 )
+from compaction_worker.summaries.prompts import piece_boundaries, piece_end, transcript_costs
 
 log = logging.getLogger(__name__)
 

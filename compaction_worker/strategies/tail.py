@@ -2,7 +2,7 @@
 
 The tail is bounded by a message count and by tokens, whichever is tighter (reference
 000), snapped to a user-turn boundary, never splitting a tool call from its result (pairs
-found by position, :mod:`compaction_worker.toolpairs`). Only when the latest turn alone
+found by position, :mod:`compaction_worker.contracts.toolpairs`). Only when the latest turn alone
 exceeds the bounds does the tail start inside it, at an assistant message, or degrade
 down to nothing (reference 003's degrading guard); the partition's ``note`` says so.
 Pinned messages (reference 003, "Alternative B") are never summarized: wherever they
@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compaction_worker.history import Entry
+from compaction_worker.contracts.history import Entry
+from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.edits import plural
 from compaction_worker.strategies.repair import call_ids, open_call_index
-from compaction_worker.toolpairs import tool_pairs
 
 
 def split_points(entries: Sequence[Entry]) -> list[int]:

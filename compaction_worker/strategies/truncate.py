@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from compaction_worker.history import Entry, SummaryChunk
-from compaction_worker.prompts import render_content
+from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.strategies.draft import (
     CountText,
     Draft,
@@ -29,6 +28,7 @@ from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.repair import repair
 from compaction_worker.strategies.summarize import make_chunk
 from compaction_worker.strategies.tail import partition
+from compaction_worker.summaries.prompts import render_content
 
 TRUNCATION_MODEL = "truncation"
 MARKER_RESERVE = 96

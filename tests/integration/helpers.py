@@ -13,13 +13,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from compaction_worker.client import Client
-from compaction_worker.events import CompactionCompleted, CompactionStarted
-from compaction_worker.history import EffectiveHistory, render
-from compaction_worker.keys import jobs_index_key
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted
+from compaction_worker.contracts.history import EffectiveHistory, render
+from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
+from compaction_worker.state.keys import jobs_index_key
 from compaction_worker.strategies import provider_problems
-from compaction_worker.worker import Worker
 
 
 def worker_settings(

@@ -25,10 +25,10 @@ import pytest
 import redis.asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from compaction_worker.events import DeadLetter
+from compaction_worker.contracts.events import DeadLetter
+from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
+from compaction_worker.runtime.worker import build_worker, ensure_topics
 from compaction_worker.settings import Settings
-from compaction_worker.turns import TurnOutcome, TurnStatus
-from compaction_worker.worker import build_worker, ensure_topics
 from tests.orchestration import Published
 
 from .helpers import worker_settings

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from compaction_worker.client import Client
-from compaction_worker.demo import synthetic_turns
-from compaction_worker.events import CompactionCompleted, CompactionStarted, Outcome, TurnEvent
+from compaction_worker.budget.tokens import counter_for
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, TurnEvent
+from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.settings import Settings
 from compaction_worker.strategies import Draft, draft_tokens, summary_overhead
 from compaction_worker.testing import FakeLLMServer
-from compaction_worker.tokens import counter_for
 
 from .helpers import (
     compaction_events,

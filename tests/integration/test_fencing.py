@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 import pytest
 import redis.asyncio
 
-from compaction_worker.compactor import Compactor
-from compaction_worker.events import CompactionCompleted, CompactionStarted, LlmUsage, Outcome
-from compaction_worker.jobs import JobQueue
-from compaction_worker.lock import Locks
+from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, LlmUsage, Outcome
+from compaction_worker.runtime.compactor import Compactor
+from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.store import Store
-from compaction_worker.summarizer import SummaryRequest, SummaryResult
-from compaction_worker.turns import TurnHandler
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.store import Store
+from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
 from tests.orchestration import Published, conversation
 
 from .helpers import coverage_problems

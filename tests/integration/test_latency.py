@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from compaction_worker.client import Client
-from compaction_worker.demo import synthetic_turns
-from compaction_worker.events import CompactionCompleted, Outcome, TurnEvent
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, TurnEvent
+from compaction_worker.local.demo import synthetic_turns
+from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer
-from compaction_worker.worker import build_worker
 
 from .helpers import coverage_problems, poll_until, read_topic, worker_settings
 

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
-from compaction_worker.client import Client
-from compaction_worker.demo import synthetic_turns
-from compaction_worker.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, TurnEvent
 from compaction_worker.errors import ConfigError
-from compaction_worker.events import CompactionCompleted, Outcome, TurnEvent
+from compaction_worker.local.demo import synthetic_turns
+from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
+from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
+from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer
-from compaction_worker.turns import TurnOutcome, TurnStatus
-from compaction_worker.worker import Worker, build_worker
 
 from .helpers import (
     compaction_events,
@@ -211,7 +211,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     Redis client, carries on once Redis is back with its data, without crashing or a
     restart, until the group's committed offsets reach the end of the topic.
     """
-    caplog.set_level(logging.WARNING, logger="compaction_worker.worker")
+    caplog.set_level(logging.WARNING, logger="compaction_worker.runtime.worker")
     turns = 45
     streams = _streams(turns)
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=PARTITIONS)

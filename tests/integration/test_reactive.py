@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from compaction_worker.client import Client
-from compaction_worker.events import (
+from compaction_worker.budget.overflow import detect_overflow
+from compaction_worker.budget.tokens import budget_for, calibrate, counter_for
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import (
     CompactionCompleted,
     CompactionMode,
     CompactionRequest,
@@ -23,11 +25,9 @@ from compaction_worker.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.overflow import detect_overflow
+from compaction_worker.runtime.worker import Worker, build_worker, ensure_topics
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, provider_overflow_error
-from compaction_worker.tokens import budget_for, calibrate, counter_for
-from compaction_worker.worker import Worker, build_worker, ensure_topics
 
 from .helpers import coverage_problems, settle, worker_settings
 

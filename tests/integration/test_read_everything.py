@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from compaction_worker.client import Client
-from compaction_worker.events import Outcome, TurnEvent
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import Outcome, TurnEvent
+from compaction_worker.runtime.worker import build_worker
 from compaction_worker.strategies.truncate import TRUNCATION_MODEL
 from compaction_worker.testing import FakeLLMServer
-from compaction_worker.worker import build_worker
 
 from .helpers import (
     compaction_events,

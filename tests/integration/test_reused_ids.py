@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from compaction_worker.client import Client
-from compaction_worker.events import ChatMessage, CompactionCompleted, Outcome, TurnEvent
-from compaction_worker.history import Entry
-from compaction_worker.toolpairs import ToolCall, pair_results
-from compaction_worker.worker import build_worker, ensure_topics
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import ChatMessage, CompactionCompleted, Outcome, TurnEvent
+from compaction_worker.contracts.history import Entry
+from compaction_worker.contracts.toolpairs import ToolCall, pair_results
+from compaction_worker.runtime.worker import build_worker, ensure_topics
 
 from .helpers import coverage_problems, read_topic, settle, worker_settings
 

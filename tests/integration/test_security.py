@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from compaction_worker.client import Client
-from compaction_worker.demo import synthetic_turns
-from compaction_worker.events import Outcome
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import Outcome
+from compaction_worker.local.demo import synthetic_turns
+from compaction_worker.runtime.worker import build_worker, ensure_topics
 from compaction_worker.settings import RedisSettings
 from compaction_worker.testing import FakeLLMServer
-from compaction_worker.worker import build_worker, ensure_topics
 
 from .helpers import compaction_events, read_topic, settle, worker_settings
 

@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from compaction_worker.history import EffectiveHistory, Entry, SummaryChunk
+from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
+from compaction_worker.contracts.toolpairs import unanswered_calls
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.draft import Counter, Draft, Limits, StageContext, summary_overhead
 from compaction_worker.strategies.repair import repair
-from compaction_worker.toolpairs import unanswered_calls
 
 TOOLS = ("read_file", "run_command", "search", "skill")
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from compaction_worker.history import Entry, SummaryChunk
+from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.draft import Draft, Limits, StageContext, summary_overhead
 

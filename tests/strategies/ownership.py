@@ -8,8 +8,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from compaction_worker.history import Entry
-from compaction_worker.toolpairs import ToolCall, pair_results
+from compaction_worker.contracts.history import Entry
+from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 
 from .conversations import Conversation
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from compaction_worker.history import EffectiveHistory, render
+from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.strategies import provider_problems
 from compaction_worker.strategies.dedup import deduplicate
 from compaction_worker.strategies.draft import Draft

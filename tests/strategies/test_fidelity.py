@@ -13,9 +13,9 @@ from types import ModuleType
 
 import pytest
 
-from compaction_worker.events import LlmUsage
+from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.settings import PipelineSettings
-from compaction_worker.summarizer import SummaryRequest, SummaryResult
+from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
 
 
 def _benchmark() -> ModuleType:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compaction_worker.history import Entry
+from compaction_worker.contracts.history import Entry
 from compaction_worker.strategies.draft import Draft
 from compaction_worker.strategies.oversized import cut_text, truncate_oversized
 

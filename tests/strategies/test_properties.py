@@ -18,10 +18,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compaction_worker.budget.tokens import counter_for
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import EffectiveHistory, SummaryPlacement, render
 from compaction_worker.errors import SummarizerError
-from compaction_worker.events import LlmUsage, Outcome
-from compaction_worker.extractive import ExtractiveSummarizer
-from compaction_worker.history import EffectiveHistory, SummaryPlacement, render
 from compaction_worker.settings import BudgetSettings, PipelineSettings
 from compaction_worker.strategies import CompactionResult, Limits, compact, provider_problems
 from compaction_worker.strategies.dedup import deduplicate
@@ -30,14 +30,14 @@ from compaction_worker.strategies.oversized import truncate_oversized
 from compaction_worker.strategies.prune import prune_tool_outputs
 from compaction_worker.strategies.repair import SYNTHETIC_GAP, repair
 from compaction_worker.strategies.truncate import MARKER_RESERVE, QUOTE_TOKENS, TRUNCATION_MODEL
-from compaction_worker.summarizer import (
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.summaries.llm import (
     Summarizer,
     SummaryRequest,
     SummaryResult,
     looks_like_error_text,
     validate_summary,
 )
-from compaction_worker.tokens import counter_for
 
 from .conversations import (
     CALL_IDS,

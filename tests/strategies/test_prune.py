@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from compaction_worker.events import Outcome
-from compaction_worker.history import EffectiveHistory, render
+from compaction_worker.contracts.events import Outcome
+from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.strategies import provider_problems
 from compaction_worker.strategies.pipeline import cheap_stages, compact
 from compaction_worker.strategies.prune import prune_tool_outputs
-from compaction_worker.summarizer import SummaryRequest, SummaryResult
+from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
 
 from .helpers import COUNTER, IMAGE, Chat, by_n, chunk, context, words
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction_worker.events import LlmUsage, Outcome
-from compaction_worker.history import (
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import (
     SYNTHETIC,
     EffectiveHistory,
     Entry,
@@ -19,6 +19,7 @@ from compaction_worker.history import (
     SummaryPlacement,
     render,
 )
+from compaction_worker.contracts.toolpairs import pair_results
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies import Draft, Limits, compact, provider_problems, repair
 from compaction_worker.strategies.repair import (
@@ -28,8 +29,7 @@ from compaction_worker.strategies.repair import (
     SYNTHETIC_START,
     open_call_index,
 )
-from compaction_worker.summarizer import SummaryRequest, SummaryResult
-from compaction_worker.toolpairs import pair_results
+from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
 
 from .conversations import stage_context
 from .helpers import COUNTER

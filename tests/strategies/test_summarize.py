@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from compaction_worker.artifacts import extract_artifacts
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import EffectiveHistory, SummaryChunk, public_message
 from compaction_worker.errors import SummarizerError
-from compaction_worker.events import LlmUsage, Outcome
-from compaction_worker.history import EffectiveHistory, SummaryChunk, public_message
-from compaction_worker.prompts import transcript_costs
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.pipeline import compact
 from compaction_worker.strategies.summarize import summarize
-from compaction_worker.summarizer import InputTooLargeError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.artifacts import extract_artifacts
+from compaction_worker.summaries.llm import InputTooLargeError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.prompts import transcript_costs
 
 from .helpers import COUNTER, Chat, context, words
 

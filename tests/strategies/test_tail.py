@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction_worker.history import SYNTHETIC, Entry
+from compaction_worker.contracts.history import SYNTHETIC, Entry
+from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.repair import open_call_index
 from compaction_worker.strategies.tail import (
     choose_tail,
@@ -17,7 +18,6 @@ from compaction_worker.strategies.tail import (
     select_tail,
     split_points,
 )
-from compaction_worker.toolpairs import tool_pairs
 
 from .conversations import CALL_IDS, Conversation, conversations
 from .helpers import COUNTER

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from compaction_worker.events import Outcome
-from compaction_worker.history import EffectiveHistory, SummaryChunk, render
+from compaction_worker.contracts.events import Outcome
+from compaction_worker.contracts.history import EffectiveHistory, SummaryChunk, render
 from compaction_worker.strategies import provider_problems
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.pipeline import compact

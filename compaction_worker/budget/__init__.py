@@ -1,0 +1,1 @@
+"""The budget, pure: token counts, context windows, provider overflow errors, file attachments."""

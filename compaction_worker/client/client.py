@@ -1,0 +1,223 @@
+"""The client for agent runtimes: publish turns, read the effective history back.
+
+A runtime publishes each turn with :meth:`Client.publish_turn` and, before each model
+call, sends :meth:`Client.messages` (the rendered effective history) instead of its own
+copy. Both sides only need the same settings as the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
+from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
+from compaction_worker.contracts.history import render
+from compaction_worker.errors import ConfigError
+from compaction_worker.runtime.connections import connect_redis, kafka_client_args
+from compaction_worker.settings import Settings
+from compaction_worker.state.archive import Archive, carried
+from compaction_worker.state.store import Meta, Snapshot, Store
+
+
+@dataclass(frozen=True, slots=True)
+class ContextStats:
+    """A conversation's context meter: how full its window is, of what, and whether it will compact.
+
+    Tokens are calibrated estimates (provider units when usage reports came in).
+    """
+
+    conversation_id: str
+    model: str
+    window: int
+    available: int
+    """The window less the output reserve: what the prompt may use."""
+    threshold: int
+    soft_threshold: int | None
+    target: int
+    tokens: int
+    """The whole next prompt: system prompt, tool schemas, framing and the effective history."""
+    breakdown: dict[str, int]
+    """``tokens`` by part: ``system``, ``tools``, ``framing``, ``history``."""
+    usage_ratio: float
+    """``tokens`` over ``window``: the meter a UI shows."""
+    should_compact: bool
+    """At or over the threshold: the next turn schedules a compaction (automatic compaction on)."""
+    version: int
+    context_status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An artifact archived for a conversation (see :mod:`compaction_worker.state.archive`)."""
+
+    kind: str
+    """``error``, ``cmd``, ``path``, ``url``, ``id``, ``host``, ``name`` or ``fact``."""
+    text: str
+    seq: int
+    """The turn that first named it (of those compacted)."""
+    n: int
+    """That message's transcript ordinal (0: known only from a folded summary's ledger)."""
+    in_history: bool
+    """Whether the effective history still carries it verbatim (else the archive alone has it)."""
+
+
+def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> ContextStats:
+    """The context meter of a conversation from its stored metadata (pure; no I/O)."""
+    from compaction_worker.budget.tokens import conversation_budget  # noqa: PLC0415  # loads LiteLLM: seconds
+
+    _, budget = conversation_budget(meta, settings.budget)
+    scale = meta.calibration or 1.0
+    parts = {
+        "system": meta.system_tokens,
+        "tools": meta.tools_tokens,
+        "framing": meta.overhead_tokens,
+        "history": meta.history_tokens,
+    }
+    breakdown = {name: int(tokens * scale) for name, tokens in parts.items()}
+    tokens = int(meta.total_tokens * scale)
+    return ContextStats(
+        conversation_id=conversation_id,
+        model=meta.model,
+        window=budget.window,
+        available=budget.available,
+        threshold=budget.threshold,
+        soft_threshold=budget.soft_threshold,
+        target=budget.target,
+        tokens=tokens,
+        breakdown=breakdown,
+        usage_ratio=round(tokens / budget.window, 4) if budget.window else 0.0,
+        should_compact=settings.budget.auto_compact and tokens >= budget.threshold,
+        version=meta.version,
+        context_status=meta.context_status.value,
+    )
+
+
+class Client:
+    """Publishes turns to Kafka and reads conversations from Redis."""
+
+    def __init__(self, settings: Settings, store: Store, producer: AIOKafkaProducer | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.producer = producer
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, settings: Settings, *, kafka: bool = True) -> AsyncIterator[Client]:
+        """Open the Redis connection (and a Kafka producer unless ``kafka=False``)."""
+        redis: Redis = connect_redis(settings.redis)
+        producer: AIOKafkaProducer | None = None
+        try:
+            if kafka:
+                if not settings.kafka.bootstrap_servers:
+                    raise ConfigError(
+                        "no Kafka bootstrap servers configured (COMPACTION_KAFKA__BOOTSTRAP_SERVERS)"
+                    )
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=settings.kafka.bootstrap_servers,
+                    enable_idempotence=settings.kafka.enable_idempotence,
+                    acks="all",
+                    max_request_size=max(settings.kafka.max_event_bytes * 2, 1_048_576),
+                    **kafka_client_args(settings.kafka),
+                )
+                await producer.start()
+            yield cls(
+                settings, Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds), producer
+            )
+        finally:
+            if producer is not None:
+                await producer.stop()
+            await redis.aclose()
+
+    async def publish_turn(self, event: TurnEvent) -> None:
+        """Publish one turn, keyed by its conversation so the conversation stays ordered."""
+        await self.publish_raw(
+            event.model_dump_json(exclude_none=True).encode(), event.conversation_id.encode()
+        )
+
+    async def publish_raw(self, payload: bytes, key: bytes | None) -> None:
+        """Publish bytes as they are to the turns topic (tools and tests use this for bad input)."""
+        if self.producer is None:
+            raise ConfigError("this client was opened without Kafka")
+        await self.producer.send_and_wait(self.settings.topics.turns, payload, key=key)
+
+    async def request_compaction(
+        self, conversation_id: str, turn_seq: int, model: str, error: str | None = None
+    ) -> TurnEvent:
+        """Publish a turn with no messages that asks for a manual or (with ``error``) reactive compaction."""
+        mode = CompactionMode.OVERFLOW if error else CompactionMode.FORCE
+        event = TurnEvent(
+            conversation_id=conversation_id,
+            turn_seq=turn_seq,
+            model=model,
+            compaction=CompactionRequest(mode=mode, error=error),
+        )
+        await self.publish_turn(event)
+        return event
+
+    async def snapshot(self, conversation_id: str) -> Snapshot:
+        """Metadata and the effective history, read consistently."""
+        return await self.store.snapshot(conversation_id)
+
+    async def messages(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The provider-ready messages to send to the model next (with the configured summary placement)."""
+        history = (await self.store.snapshot(conversation_id)).history
+        return render(history, self.settings.pipeline.summary_placement)
+
+    async def meta(self, conversation_id: str) -> Meta:
+        """The conversation's metadata (last seq, token totals, version)."""
+        return await self.store.meta(conversation_id)
+
+    async def context_stats(self, conversation_id: str) -> ContextStats:
+        """The context meter: window, tokens by part, usage ratio, whether it will compact."""
+        return context_stats(conversation_id, await self.store.meta(conversation_id), self.settings)
+
+    async def fit_files(self, conversation_id: str, files: Mapping[str, str]) -> list[FittedFile]:
+        """Files (text by name) fitted to the room the conversation's next turn has (reference 004).
+
+        The budget is 60% of what its window has left after the next prompt and the output
+        reserve; see :mod:`compaction_worker.budget.attachments` for how files are previewed, cut or
+        dropped. A conversation not stored yet (the first message) gets the fallback window.
+        """
+        from compaction_worker.budget.tokens import counter_for  # noqa: PLC0415  # loads LiteLLM: seconds
+
+        meta = await self.store.meta(conversation_id)
+        stats = context_stats(conversation_id, meta, self.settings)
+        budget = file_budget(stats.window, stats.tokens, stats.window - stats.available)
+        counter = counter_for(stats.model, self.settings.budget)
+        # The meter's tokens are calibrated to the provider's; the counter's are not, so the
+        # budget goes back into the counter's units and a TokenCounter's bound (its
+        # multiplier: tiktoken never exceeds a token per byte) stays valid for the fast path.
+        scaled = math.floor(budget / (meta.calibration or 1.0))
+        return fit_files(files, scaled, counter.text, max_tokens_per_byte=counter.multiplier)
+
+    async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
+        """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""
+        return await self.store.transcript(conversation_id)
+
+    async def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The log of committed compactions."""
+        return await self.store.compactions(conversation_id)
+
+    async def artifacts(self, conversation_id: str) -> list[Artifact]:
+        """Every artifact ever extracted from the conversation's compacted spans, first seen first.
+
+        Summaries paraphrase and ledgers are bounded; what they let go stays here, with
+        whether the effective history still carries it verbatim.
+        """
+        archive = Archive(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
+        archived = await archive.all(conversation_id)
+        history = (await self.store.snapshot(conversation_id)).history
+        present = carried([a.item for a in archived], history)
+        return [Artifact(a.kind, a.text, a.seq, a.n, a.item in present) for a in archived]
+
+
+def transcript_messages(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The messages of transcript records, in order."""
+    return [r["m"] for r in records]

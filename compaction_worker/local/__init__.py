@@ -1,0 +1,1 @@
+"""Local tooling: embedded broker and Redis for development, and the demo."""

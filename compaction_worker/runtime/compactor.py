@@ -1,0 +1,463 @@
+"""One compaction run: lock, read, pipeline, fenced commit, started/completed events."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from compaction_worker import strategies
+from compaction_worker.budget.overflow import detect_overflow
+from compaction_worker.budget.tokens import (
+    CALIBRATION_BOUNDS,
+    Budget,
+    TokenCounter,
+    conversation_budget,
+    counter_for,
+)
+from compaction_worker.contracts.events import (
+    CompactionCompleted,
+    CompactionStarted,
+    ContextStatus,
+    LlmUsage,
+    Outcome,
+    Trigger,
+)
+from compaction_worker.errors import StaleFenceError
+from compaction_worker.runtime.publisher import Publisher, encode
+from compaction_worker.settings import Settings
+from compaction_worker.state.archive import Archive
+from compaction_worker.state.jobs import Claim, JobQueue
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.outbox import Outbox, pack
+from compaction_worker.state.store import Job, Meta, Snapshot, Store
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.summaries.llm import Summarizer, make_summarizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What one run's events report, fixed before the pipeline starts."""
+
+    conversation_id: str
+    compaction_id: uuid.UUID
+    trigger: Trigger
+    window: int
+    target: int
+    scale: float
+    tokens_before: int
+    started_at: float
+    circuit_open: bool
+
+
+def next_llm_failures(
+    previous: int, result: strategies.CompactionResult, summarizers: int, circuit_open: bool
+) -> int:
+    """The circuit breaker's count after a run: +1 when the primary (LLM) summarizer failed, 0 when it worked.
+
+    Unchanged when the LLM was not asked: the circuit was open, there is no fallback
+    (nothing to switch to), or no summary was needed (the cheap stages sufficed).
+    """
+    if circuit_open or summarizers < 2 or result.summarizers_tried == 0:
+        return previous
+    return previous + 1 if result.summarizer_failures else 0
+
+
+class Compactor:
+    """Runs one pending compaction: lock, read, pipeline, commit, events."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        locks: Locks,
+        jobs: JobQueue,
+        publish: Publisher,
+        *,
+        summarizers: Callable[[str, TokenCounter], Sequence[Summarizer]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.locks = locks
+        self.jobs = jobs
+        self.publish = publish
+        self.summarizers = summarizers or self.default_summarizers
+        self.outbox = Outbox(store, publish, settings.worker.lock_ttl_seconds)
+        self.archive = Archive(store.redis, store.prefix, settings.redis.retention_seconds)
+
+    def default_summarizers(self, model: str, counter: TokenCounter) -> Sequence[Summarizer]:
+        """The configured summarizer, then the deterministic extractive one as the fallback."""
+        primary = make_summarizer(self.settings.summarizer, counter.text)
+        if isinstance(primary, ExtractiveSummarizer):
+            return (primary,)
+        return (primary, ExtractiveSummarizer(counter.text))
+
+    async def run(self, claim: Claim) -> CompactionCompleted | None:
+        """Run the job a claim points at; None when there was nothing to do or the lock was busy."""
+        cid = claim.conversation_id
+        job = await self.jobs.load(claim)
+        if job is None:
+            await self.jobs.finish(claim, None)
+            return None
+        async with self.locks.held(cid, self.store.keys(cid)) as lease:
+            if lease is None:
+                await self.jobs.postpone(claim, self.settings.worker.lock_ttl_seconds / 2)
+                return None
+            completed, retry_in = await self._compact(job, lease.fence, lease.token)
+        await self.jobs.finish(claim, job)
+        if completed.outcome is Outcome.COMPACTED:
+            await self._reschedule_if_still_over(cid)
+        elif retry_in is not None:
+            # Without this, a failed run's conversation stays over its threshold until a
+            # turn happens to arrive after the backoff.
+            await self._reschedule_if_still_over(cid, delay=retry_in)
+        return completed
+
+    async def _compact(
+        self, job: Job, fence: int, lock_token: str
+    ) -> tuple[CompactionCompleted, float | None]:
+        """Run the pipeline and commit; also returns, after a failure, when to try again."""
+        cid = job.conversation_id
+        started_at = time.monotonic()
+        snapshot = await self.store.snapshot(cid)
+        meta = snapshot.meta
+        counter = counter_for(meta.model, self.settings.budget)
+        info, budget = conversation_budget(meta, self.settings.budget)
+        # Limits are in our estimate's units; calibration converts provider tokens back.
+        target, scale = budget.target, meta.calibration or 1.0
+        if job.trigger is Trigger.REACTIVE:
+            target, scale = _reactive(job, meta, budget)
+        limits = limits_for(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
+        if job.trigger is Trigger.REACTIVE and _estimate(snapshot, counter) <= limits.target:
+            # The provider refused this history, so "already under the target" is our
+            # estimate's mistake (no numbers to calibrate with, or beyond the clamp):
+            # compact anyway, as far as the pipeline goes, instead of a no-op.
+            limits = replace(limits, force=True)
+        summarizers = list(self.summarizers(meta.model, counter))
+        circuit_open = len(summarizers) > 1 and meta.breaker_until > time.time()
+        if circuit_open:  # the LLM kept failing for this conversation: only the fallback runs
+            summarizers = summarizers[-1:]
+        run = _Run(
+            conversation_id=cid,
+            compaction_id=uuid.uuid4(),
+            trigger=job.trigger,
+            window=budget.window,
+            target=target,
+            scale=scale,
+            tokens_before=int(meta.total_tokens * scale),
+            started_at=started_at,
+            circuit_open=circuit_open,
+        )
+        await self.publish(
+            self.settings.topics.started,
+            encode(
+                CompactionStarted(
+                    conversation_id=cid,
+                    compaction_id=run.compaction_id,
+                    trigger=job.trigger,
+                    model=meta.model,
+                    tokens_before=run.tokens_before,
+                    window=budget.window,
+                    threshold=budget.threshold,
+                    target=target,
+                    version=meta.version,
+                )
+            ),
+            cid.encode(),
+        )
+        result: strategies.CompactionResult | None = None
+        llm_failures = meta.llm_failures
+        try:
+            originals = await self.store.originals(cid, strategies.edited_ordinals(snapshot.history))
+            result = await strategies.compact(
+                snapshot.history,
+                limits,
+                summarizers,
+                counter,
+                settings=self.settings.pipeline,
+                originals=originals,
+                conversation_id=cid,
+                conversation_model=meta.model,
+            )
+            llm_failures = next_llm_failures(meta.llm_failures, result, len(summarizers), circuit_open)
+            await self._record_llm_health(cid, meta, llm_failures)
+            if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
+                completed = await self._commit(
+                    run,
+                    snapshot,
+                    result,
+                    originals,
+                    fence=fence,
+                    lock_token=lock_token,
+                    llm_failures=llm_failures,
+                )
+            else:
+                completed = await self._noop(run, snapshot, result, llm_failures)
+        except StaleFenceError as e:
+            completed = self._unchanged(
+                run, meta, Outcome.FAILED, result, error=str(e), llm_failures=llm_failures
+            )
+        except Exception as e:  # a compaction failure is an event, never a dead worker
+            log.exception("compaction of %s failed", cid)
+            error = f"{type(e).__name__}: {e}"
+            completed = self._unchanged(
+                run, meta, Outcome.FAILED, None, error=error, llm_failures=llm_failures
+            )
+        retry_in: float | None = None
+        # A newer fence means another writer owns the conversation now (it took the lock
+        # after ours expired): its state is not ours to stamp, and it reschedules itself.
+        if completed.outcome is Outcome.FAILED and not await self._superseded(cid, fence):
+            retry_in = await self._record_failure(cid, meta)
+        if completed.outcome is not Outcome.COMPACTED:  # a commit publishes through the outbox
+            await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+        log.info(
+            "compaction of %s: %s, %s -> %s tokens (window %s, target %s)%s",
+            cid,
+            completed.outcome.value,
+            completed.tokens_before,
+            completed.tokens_after,
+            info.window,
+            target,
+            " with the LLM skipped (circuit open)" if circuit_open else "",
+        )
+        return completed, retry_in
+
+    def _event(
+        self,
+        run: _Run,
+        outcome: Outcome,
+        *,
+        version: int,
+        status: ContextStatus,
+        result: strategies.CompactionResult | None,
+        error: str | None,
+        llm_failures: int,
+        artifacts_dropped: int = 0,
+    ) -> CompactionCompleted:
+        """The ``compaction.completed`` event of a run; only a commit reports savings."""
+        compacted = result if outcome is Outcome.COMPACTED else None
+        return CompactionCompleted(
+            conversation_id=run.conversation_id,
+            compaction_id=run.compaction_id,
+            trigger=run.trigger,
+            outcome=outcome,
+            stages=list(result.stages) if result else [],
+            stage_savings=_stage_savings(compacted, run.scale) if compacted else {},
+            tokens_before=run.tokens_before,
+            tokens_after=int(compacted.tokens_after * run.scale) if compacted else run.tokens_before,
+            messages_before=result.messages_before if result else 0,
+            messages_after=(result.messages_after if compacted else result.messages_before) if result else 0,
+            summary_tokens=compacted.summary_tokens if compacted else 0,
+            summarizer_model=result.summarizer if result else None,
+            llm_usage=result.usage if result else LlmUsage(),
+            window=run.window,
+            target=run.target,
+            version=version,
+            context_status=status,
+            duration_ms=int((time.monotonic() - run.started_at) * 1000),
+            error=error,
+            circuit_open=run.circuit_open,
+            llm_failures=llm_failures,
+            artifacts_dropped=artifacts_dropped,
+            notes=list(result.notes) if result else [],
+        )
+
+    def _unchanged(
+        self,
+        run: _Run,
+        meta: Meta,
+        outcome: Outcome,
+        result: strategies.CompactionResult | None,
+        *,
+        error: str | None,
+        llm_failures: int,
+    ) -> CompactionCompleted:
+        """The event of a run that committed nothing: the conversation stays at its version."""
+        return self._event(
+            run,
+            outcome,
+            version=meta.version,
+            status=meta.context_status,
+            result=result,
+            error=error,
+            llm_failures=llm_failures,
+        )
+
+    async def _noop(
+        self, run: _Run, snapshot: Snapshot, result: strategies.CompactionResult, llm_failures: int
+    ) -> CompactionCompleted:
+        """Commit nothing; remember the size that could not shrink, so that it is not retried in a loop."""
+        meta = snapshot.meta
+        error = result.error
+        if result.outcome is Outcome.COMPACTED:
+            # A forced run (manual, or reactive under our estimate) can turn a short span
+            # into a summary turn that costs more than the span did: committing that would
+            # grow a history the provider may just have called too long (invariant 5).
+            error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
+        await self.store.set_meta(
+            run.conversation_id, noop_tokens=int(meta.total_tokens * meta.calibration) or 1
+        )
+        return self._unchanged(run, meta, Outcome.NOOP, result, error=error, llm_failures=llm_failures)
+
+    async def _commit(
+        self,
+        run: _Run,
+        snapshot: Snapshot,
+        result: strategies.CompactionResult,
+        originals: Mapping[int, Mapping[str, Any]],
+        *,
+        fence: int,
+        lock_token: str,
+        llm_failures: int,
+    ) -> CompactionCompleted:
+        """Archive what it replaced (idempotent), then the fenced commit with its event in the outbox; publish."""
+        cid, meta = run.conversation_id, snapshot.meta
+        overhead = strategies.summary_overhead(counter_for(meta.model, self.settings.budget))
+        old = strategies.draft_tokens(
+            strategies.Draft(snapshot.history.chunks, snapshot.history.entries), overhead
+        )
+        new = strategies.draft_tokens(result.draft, overhead)
+        status = context_status(result.draft)
+        history = snapshot.history.with_parts(result.draft.chunks, result.draft.entries)
+        dropped = await self.archive.record(cid, snapshot.history, history, originals)
+        # The commit succeeds only at exactly this version (the script checks it).
+        completed = self._event(
+            run,
+            Outcome.COMPACTED,
+            version=meta.version + 1,
+            status=status,
+            result=result,
+            error=result.error,
+            llm_failures=llm_failures,
+            artifacts_dropped=dropped,
+        )
+        record: Mapping[str, Any] = {
+            "version": meta.version + 1,
+            "trigger": run.trigger.value,
+            "compaction_id": str(run.compaction_id),
+            "at": time.time(),
+            "stages": list(result.stages),
+            "tokens_before": result.tokens_before,
+            "tokens_after": result.tokens_after,
+            "chunks_before": [c.to_json() for c in snapshot.history.chunks],
+            "covered_through_n": max((c.last_n for c in result.draft.chunks), default=0),
+        }
+        field = str(run.compaction_id)
+        score = await self.outbox.expect(cid)
+        await self.store.commit(
+            cid,
+            fence=fence,
+            lock_token=lock_token,
+            expected_version=meta.version,
+            consumed=snapshot.entry_count,
+            chunks=result.draft.chunks,
+            entries=result.draft.entries,
+            token_delta=new - old,
+            status=status,
+            record=record,
+            outbox=(field, pack(self.settings.topics.completed, encode(completed))),
+        )
+        await self.outbox.deliver(cid, field, score)
+        return completed
+
+    async def _record_llm_health(self, cid: str, meta: Meta, llm_failures: int) -> None:
+        """Open the circuit after ``breaker_failures`` failed LLM runs in a row; a success closes it."""
+        if llm_failures == meta.llm_failures:
+            return
+        fields: dict[str, str | int | float] = {"llm_failures": llm_failures}
+        threshold = self.settings.summarizer.breaker_failures
+        if llm_failures == 0:
+            fields["breaker_until"] = 0
+        elif threshold and llm_failures >= threshold:
+            fields["breaker_until"] = time.time() + self.settings.summarizer.breaker_cooldown_seconds
+            log.warning(
+                "%s: the LLM failed %s runs in a row; using the fallback for a while", cid, llm_failures
+            )
+        await self.store.set_meta(cid, **fields)
+
+    async def _superseded(self, cid: str, fence: int) -> bool:
+        """Whether another writer acquired the conversation since our fence."""
+        return await self.store.fence(cid) != fence
+
+    async def _record_failure(self, cid: str, meta: Meta) -> float:
+        """Count the failure and back off; returns the backoff in seconds."""
+        failures = meta.failures + 1
+        backoff = min(300.0, self.settings.worker.retry_backoff_seconds * 2.0 ** min(failures, 8))
+        await self.store.set_meta(cid, failures=failures, retry_after=time.time() + backoff)
+        return backoff
+
+    async def _reschedule_if_still_over(self, cid: str, delay: float = 0.0) -> None:
+        """Schedule another run (after ``delay``) if the conversation is over its threshold.
+
+        After a commit, turns appended during the compaction may have pushed it over again;
+        after a failure, it is still over.
+        """
+        meta = await self.store.meta(cid)
+        _, budget = conversation_budget(meta, self.settings.budget)
+        if int(meta.total_tokens * meta.calibration) >= budget.threshold:
+            await self.jobs.schedule(cid, Trigger.THRESHOLD, delay_seconds=delay)
+
+
+def context_status(draft: strategies.Draft) -> ContextStatus:
+    """``summarized`` when anything the model saw was replaced: a chunk, or a pruned, de-duplicated
+    or truncated message (the event's stages say which); messages repair made up replace nothing."""
+    edited = any(e.edit is not None and not e.synthetic for e in draft.entries)
+    return ContextStatus.SUMMARIZED if draft.chunks or edited else ContextStatus.FULL
+
+
+def limits_for(
+    settings: Settings, meta: Meta, budget: Budget, target: int, scale: float, *, force: bool
+) -> strategies.Limits:
+    """The pipeline's limits, in our estimate's units (``scale`` converts provider tokens back)."""
+    return strategies.Limits(
+        target=int(target / scale),
+        fixed_tokens=meta.fixed_tokens,
+        window=int(budget.window / scale),
+        tail_max_messages=settings.tail.max_messages,
+        tail_max_tokens=int(settings.tail.max_fraction * budget.window / scale),
+        max_summary_tokens=settings.summarizer.max_summary_tokens,
+        chunk_budget=int(target / scale * settings.pipeline.chunk_budget_fraction),
+        force=force,
+    )
+
+
+def _reactive(job: Job, meta: Meta, budget: Budget) -> tuple[int, float]:
+    """The target and estimate scale of a reactive compaction.
+
+    The provider's maximum, when its error states one, lowers the target. Its count of the
+    rejected prompt, against our estimate of that same prompt (stored with the job), is
+    the most direct calibration there is: the stored factor moved only part of the way
+    toward it (a moving average, like usage reports), but this compaction uses the whole
+    ratio when it is the larger, so that the compacted history does not overflow again.
+    The ratio is clamped like the factor: far outside those bounds the runtime sent more
+    than the effective history, and shrinking the history by that much would not help.
+    """
+    overflow = detect_overflow(job.error) if job.error else None
+    target = budget.reactive_target(overflow.max_tokens if overflow else None)
+    scale = meta.calibration or 1.0
+    if overflow is not None and overflow.actual_tokens and job.estimate > 0:
+        low, high = CALIBRATION_BOUNDS
+        scale = max(scale, min(high, max(low, overflow.actual_tokens / job.estimate)))
+    return target, scale
+
+
+def _estimate(snapshot: Snapshot, counter: TokenCounter) -> int:
+    """The history's total as the pipeline measures it (estimate units, fixed tokens included)."""
+    history = snapshot.history
+    overhead = strategies.summary_overhead(counter)
+    return snapshot.meta.fixed_tokens + strategies.draft_tokens(
+        strategies.Draft(history.chunks, history.entries), overhead
+    )
+
+
+def _stage_savings(result: strategies.CompactionResult, scale: float) -> dict[str, int]:
+    """Tokens each stage saved, in the event's (calibrated) units."""
+    savings: dict[str, int] = {}
+    for report in result.reports:
+        savings[report.stage] = savings.get(report.stage, 0) + int(report.tokens_saved * scale)
+    return savings

@@ -1,0 +1,149 @@
+"""Rewind: an operator's undo of a committed compaction, from the preserved transcript.
+
+It takes the conversation's lock and commits through the same fence as a compaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from compaction_worker import strategies
+from compaction_worker.budget.tokens import (
+    conversation_budget,
+    counter_for,
+)
+from compaction_worker.contracts.events import (
+    CompactionCompleted,
+    CompactionStarted,
+    Outcome,
+    Trigger,
+)
+from compaction_worker.contracts.history import Entry, SummaryChunk, render
+from compaction_worker.errors import LockNotAcquiredError
+from compaction_worker.runtime.compactor import limits_for
+from compaction_worker.runtime.publisher import Publisher, encode
+from compaction_worker.settings import Settings
+from compaction_worker.state.archive import Archive, carried
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Rewound:
+    """A committed rewind: the event it published and what it restored."""
+
+    completed: CompactionCompleted
+    rewound_version: int
+    chunks: int
+    """Summary chunks in the restored history (those that existed before the undone compaction)."""
+    restored_messages: int
+    """Transcript messages that are entries again, verbatim."""
+    over_threshold: bool
+    """The restored history is over the threshold: the next turn schedules a compaction."""
+
+
+class Rewinder:
+    """Undoes a committed compaction from the preserved transcript, under the conversation's lock."""
+
+    def __init__(self, settings: Settings, store: Store, locks: Locks, publish: Publisher) -> None:
+        self.settings = settings
+        self.store = store
+        self.locks = locks
+        self.publish = publish
+
+    async def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
+        """Restore the history from before compaction ``version`` (default: the latest in effect).
+
+        The rewind commits a new version and publishes ``compaction.started`` and
+        ``.completed`` (trigger ``rewind``) together once it is committed: it makes no LLM
+        call, so there is nothing to wait for, and consumers that pair the two still can.
+        It does not schedule a compaction: the next turn's budget check decides that.
+        Raises RewindError (nothing to rewind), LockNotAcquiredError (a compaction is
+        running) or StaleFenceError (the lock was lost before the commit).
+        """
+        cid = conversation_id
+        started_at = time.monotonic()
+        async with self.locks.held(cid, self.store.keys(cid)) as lease:
+            if lease is None:
+                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+            meta = await self.store.meta(cid)
+            _, budget = conversation_budget(meta, self.settings.budget)
+            scale = meta.calibration or 1.0
+            counter = counter_for(meta.model, self.settings.budget)
+            overhead = strategies.summary_overhead(counter)
+            limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)
+            ctx = strategies.StageContext(limits, self.settings.pipeline, counter, overhead)
+
+            def repair(chunks: tuple[SummaryChunk, ...], entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
+                # The pipeline's last stage, as on every compaction commit: verbatim messages
+                # next to old chunks may need a synthetic turn to stay valid (invariant 4).
+                return strategies.repair(strategies.Draft(chunks, entries), ctx).draft.entries
+
+            result = await self.store.rewind(
+                cid,
+                fence=lease.fence,
+                lock_token=lease.token,
+                version=version,
+                count=counter.message,
+                overhead=overhead,
+                repair=repair,
+            )
+        before = result.before
+        restored = before.history.with_parts(result.chunks, result.entries)
+        placement = self.settings.pipeline.summary_placement
+        archive = Archive(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
+        archived = await archive.items(cid)
+        compaction_id = uuid.uuid4()
+        tokens_before = int(before.meta.total_tokens * scale)
+        # The whole total after the rewind, messages appended while it ran included.
+        tokens_after = int((result.history_tokens + before.meta.fixed_tokens) * scale)
+        started = CompactionStarted(
+            conversation_id=cid,
+            compaction_id=compaction_id,
+            trigger=Trigger.REWIND,
+            model=meta.model,
+            tokens_before=tokens_before,
+            window=budget.window,
+            threshold=budget.threshold,
+            target=budget.target,
+            version=before.meta.version,
+        )
+        completed = CompactionCompleted(
+            conversation_id=cid,
+            compaction_id=compaction_id,
+            trigger=Trigger.REWIND,
+            outcome=Outcome.COMPACTED,
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            messages_before=len(render(before.history, placement)),
+            messages_after=len(render(restored, placement)),
+            window=budget.window,
+            target=budget.target,
+            version=result.version,
+            context_status=result.context_status,
+            duration_ms=int((time.monotonic() - started_at) * 1000),
+            # A rewind brings messages back: fewer archived artifacts are missing from the history.
+            artifacts_dropped=len(archived) - len(carried(archived, restored)),
+        )
+        await self.publish(self.settings.topics.started, encode(started), cid.encode())
+        await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+        log.info(
+            "rewound compaction %s of %s: version %s, %s -> %s tokens",
+            result.rewound,
+            cid,
+            result.version,
+            tokens_before,
+            tokens_after,
+        )
+        return Rewound(
+            completed=completed,
+            rewound_version=result.rewound,
+            chunks=len(result.chunks),
+            restored_messages=sum(1 for e in result.entries if not e.synthetic),
+            over_threshold=tokens_after >= budget.threshold,
+        )

@@ -1,0 +1,421 @@
+"""The per-turn path: validate, append, check the budget, record a job; bad input to the DLQ.
+
+It never waits on an LLM: compactions run later, from the job queue (see compactor.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from pydantic import ValidationError
+
+from compaction_worker.budget.overflow import detect_overflow
+from compaction_worker.budget.tokens import (
+    budget_for,
+    calibrate,
+    conversation_budget,
+    counter_for,
+)
+from compaction_worker.budget.windows import resolve_window
+from compaction_worker.contracts.events import (
+    CompactionMode,
+    DeadLetter,
+    Trigger,
+    TurnEvent,
+)
+from compaction_worker.errors import BadEventError, DeadLetterReason
+from compaction_worker.runtime.publisher import Publisher, encode
+from compaction_worker.settings import Settings
+from compaction_worker.state.gaps import GapIndex, conflicting_duplicate
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.store import AppendStatus, HeldTurn, JobRequest, Meta, NewMessage, Store
+
+log = logging.getLogger(__name__)
+
+DLQ_RECORD_LIMIT = 1_000_000
+"""Bytes one dead-letter record (key and value) stays under: Kafka's default limit for a record
+is 1 MiB (producer max.request.size, broker message.max.bytes), less room for headers. The
+original travels as base64 (4/3 of its size), so a bad event over ~745 KB would not fit whole;
+a record that cannot be published would send its event back forever and stall the partition."""
+
+
+class TurnStatus(StrEnum):
+    """What the per-turn path did with one input event."""
+
+    APPENDED = "appended"
+    DUPLICATE = "duplicate"
+    BUFFERED = "buffered"
+    DEAD_LETTERED = "dead_lettered"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """The result of handling one input event."""
+
+    status: TurnStatus
+    conversation_id: str | None = None
+    scheduled: Trigger | None = None
+    reason: str | None = None
+
+
+class TurnHandler:
+    """Validates, stores and budgets one ``conversation.turn`` event."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        jobs: JobQueue,
+        publish: Publisher,
+        on_scheduled: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.jobs = jobs
+        self.publish = publish
+        self.on_scheduled = on_scheduled or (lambda _cid: None)
+        self.gaps = GapIndex(store, settings.worker.gap_timeout_seconds, self._dead_letter_held)
+
+    async def handle(
+        self, raw: bytes, key: bytes | None = None, partition: int | None = None, offset: int | None = None
+    ) -> TurnOutcome:
+        """Handle one event; bad input becomes a dead-letter record, never an exception.
+
+        Infrastructure errors (Redis down) do propagate: the caller must not acknowledge
+        the event, so that it is redelivered once Redis is back.
+        """
+        try:
+            event = self.parse(raw, key)
+        except BadEventError as bad:
+            await self.dead_letter(raw, key, partition, offset, bad=bad)
+            return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
+        cid = event.conversation_id
+        try:
+            outcome = await self._apply(event, raw)
+        except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
+            await self.dead_letter(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
+            outcome = TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+        if outcome.status is TurnStatus.APPENDED:
+            await self._drain_pending(cid, event.turn_seq)
+        else:
+            # A duplicate may be the redelivery after a crash between an append and its
+            # drain; a turn just held may have met a gap that another worker filled after
+            # we read (a rebalance overlap). Either way the next turn may be held in vain.
+            await self._drain_pending(cid, (await self.store.meta(cid)).last_seq)
+        return outcome
+
+    def parse(self, raw: bytes, key: bytes | None) -> TurnEvent:
+        """Decode and validate an event, or raise BadEventError with the reason."""
+        limit = self.settings.kafka.max_event_bytes
+        if len(raw) > limit:
+            raise BadEventError(DeadLetterReason.OVERSIZED, f"{len(raw)} bytes, over the {limit}-byte limit")
+        try:
+            # UTF-8 only (json.loads would take UTF-16 and UTF-32 too); no NaN or Infinity,
+            # which are not JSON and would reach the provider in the stored history. Nesting
+            # too deep for Python's parser is a RecursionError; pydantic's parser below
+            # stops earlier, at a depth its serializer can still write back.
+            data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise BadEventError(DeadLetterReason.MALFORMED_JSON, str(e) or type(e).__name__) from e
+        conversation_id = data.get("conversation_id") if isinstance(data, dict) else None
+        cid = conversation_id if isinstance(conversation_id, str) else None
+        try:
+            # Strict, as the published JSON Schema is: "turn_seq": "3" or true is not an integer.
+            # Parsed again from the bytes: only JSON-mode strictness takes UUIDs, datetimes and
+            # enums as the strings they are in JSON.
+            event = TurnEvent.model_validate_json(raw, strict=True)
+        except ValidationError as e:
+            # Text json.loads accepts but pydantic's parser refuses: a lone UTF-16 surrogate
+            # escape, or nesting over its depth limit.
+            unparsable = any(item["type"] == "json_invalid" for item in e.errors())
+            reason = DeadLetterReason.MALFORMED_JSON if unparsable else DeadLetterReason.SCHEMA_VIOLATION
+            raise BadEventError(reason, _validation_summary(e), None if unparsable else cid) from e
+        if key is not None and key != event.conversation_id.encode():
+            raise BadEventError(
+                DeadLetterReason.KEY_MISMATCH,
+                f"Kafka key {key!r} is not the conversation id; events must be keyed by conversation_id",
+                event.conversation_id,
+            )
+        if self.settings.budget.fallback_window is None and event.context_window is None:
+            info = resolve_window(event.model, self.settings.budget, None)
+            if info.source == "fallback":
+                raise BadEventError(
+                    DeadLetterReason.UNKNOWN_MODEL,
+                    f"model {event.model!r} has no known context window and no fallback is configured",
+                    event.conversation_id,
+                )
+        return event
+
+    async def _apply(self, event: TurnEvent, raw: bytes) -> TurnOutcome:
+        """Append, hold or recognise a redelivery; raises BadEventError for a conflicting duplicate."""
+        cid = event.conversation_id
+        fingerprint = turn_fingerprint(event)
+        while True:
+            meta = await self.store.meta(cid)
+            if event.turn_seq <= meta.last_seq:
+                stored = await self.store.fingerprint(cid, event.turn_seq)
+                # A turn stored before fingerprints were kept has none: its redeliveries are
+                # accepted as duplicates, as every redelivery was then.
+                if stored is not None and stored != fingerprint:
+                    raise conflicting_duplicate(cid, event.turn_seq, fingerprint, stored)
+                # A redelivery: the request it carried was recorded with the append; make
+                # sure it is indexed (the crash may have come between the two writes).
+                if await self.store.job(cid) is not None:
+                    await self.jobs.mark_due(cid)
+                    self.on_scheduled(cid)
+                scheduled = await self._check_threshold(cid, meta)
+                return TurnOutcome(TurnStatus.DUPLICATE, cid, scheduled)
+            if event.turn_seq > meta.last_seq + 1:
+                if not await self.gaps.hold(cid, event.turn_seq, raw, fingerprint=fingerprint):
+                    held = await self.store.held_turn(cid, event.turn_seq)
+                    if held is None:
+                        continue  # released or expired since the hold was refused: look again
+                    _check_held(event, fingerprint, held)
+                log.info("turn %s of %s waits for turn %s", event.turn_seq, cid, meta.last_seq + 1)
+                return TurnOutcome(TurnStatus.BUFFERED, cid)
+            request = _request_of(event)
+            status, _, _ = await self._append(event, meta, request, fingerprint)
+            if status == AppendStatus.APPENDED:
+                break
+            if status == AppendStatus.CONFLICTING_HELD:
+                held = await self.store.held_turn(cid, event.turn_seq)
+                if held is not None:
+                    _check_held(event, fingerprint, held)
+            # "conflict": another writer appended meanwhile (a rebalance overlap); read again.
+            # A duplicate, conflicting or not, is told apart by the first branch.
+        if request is not None:
+            await self.jobs.mark_due(cid)
+            self.on_scheduled(cid)
+            log.info("compaction of %s requested (%s)", cid, request.trigger.value)
+            return TurnOutcome(TurnStatus.APPENDED, cid, request.trigger)
+        scheduled = await self._check_threshold(cid, await self.store.meta(cid))
+        return TurnOutcome(TurnStatus.APPENDED, cid, scheduled)
+
+    async def _append(
+        self, event: TurnEvent, meta: Meta, request: JobRequest | None, fingerprint: str
+    ) -> tuple[str, int, int]:
+        settings = self.settings.budget
+        counter = counter_for(event.model, settings)
+        new = [NewMessage(m.to_dict(), counter.message(m.to_dict())) for m in event.messages]
+        reactive = request is not None and request.trigger is Trigger.REACTIVE
+        overflow = (
+            detect_overflow(request.error) if request is not None and reactive and request.error else None
+        )
+        # A maximum the provider stated caps the window from now on, not only for this compaction.
+        stated = [w for w in (meta.observed_window, overflow.max_tokens if overflow else None) if w]
+        info, budget = budget_for(
+            event.model,
+            settings,
+            event.context_window or meta.context_window,
+            event.max_output_tokens or meta.max_output_tokens,
+            min(stated, default=None),
+        )
+        fields: dict[str, str | int | float] = {
+            "model": event.model,
+            "window": budget.window,
+            "threshold": budget.threshold,
+            "overhead_tokens": settings.conversation_overhead_tokens,
+        }
+        if info.source == "fallback" and event.model != meta.model:
+            # Once per conversation (its first turn, then each change of model), from what
+            # the metadata already holds: per turn would flood the log, per process would
+            # name the model only in the first of its conversations.
+            log.warning(
+                "%s: model %r has no known context window; assuming %d tokens "
+                "(set the turn's context_window or budget.window_overrides)",
+                event.conversation_id,
+                event.model,
+                info.window,
+            )
+        if info.source == "provider" and info.window != meta.observed_window:
+            fields["observed_window"] = info.window
+            log.warning(
+                "%s: the provider's maximum, %s tokens, is now its window", event.conversation_id, info.window
+            )
+        if event.system_prompt is not None:
+            fields["system_prompt"] = event.system_prompt
+            fields["system_tokens"] = counter.text(event.system_prompt) + settings.message_overhead_tokens
+        if event.tools is not None:
+            fields["tools"] = json.dumps(event.tools, separators=(",", ":"))
+            fields["tools_tokens"] = counter.tools(event.tools)
+        if event.context_window is not None:
+            fields["context_window"] = event.context_window
+        if event.max_output_tokens is not None:
+            fields["max_output_tokens"] = event.max_output_tokens
+        # Our estimate of the prompt of the call this turn reports on (its usage or its error).
+        estimate = meta.total_tokens + _input_part(new, event)
+        calibration = meta.calibration
+        if event.usage is not None:
+            calibration = calibrate(calibration, estimate, event.usage.prompt_tokens)
+        if request is not None and reactive:
+            # The provider's count of the rejected prompt is a usage report too; the job
+            # keeps the estimate it is paired with, for the compaction to use (_reactive).
+            request = replace(request, estimate=estimate)
+            if overflow is not None and overflow.actual_tokens:
+                calibration = calibrate(calibration, estimate, overflow.actual_tokens)
+        if calibration != meta.calibration:
+            fields["calibration"] = calibration
+        return await self.store.append_turn(
+            event.conversation_id,
+            event.turn_seq,
+            new,
+            fields,
+            expected_count=meta.msg_count,
+            request=request,
+            fingerprint=fingerprint,
+        )
+
+    async def _check_threshold(self, cid: str, meta: Meta) -> Trigger | None:
+        trigger = self.threshold_trigger(meta)
+        if trigger is None:
+            return None
+        if await self.jobs.schedule(cid, trigger):
+            log.info("compaction of %s scheduled (%s)", cid, trigger.value)
+        self.on_scheduled(cid)
+        return trigger
+
+    def threshold_trigger(self, meta: Meta) -> Trigger | None:
+        """The threshold a conversation's estimated total has crossed, if any."""
+        if not self.settings.budget.auto_compact:
+            return None  # manual and reactive requests travel with their turns, not through here
+        if meta.retry_after and time.time() < meta.retry_after:
+            return None
+        _, budget = conversation_budget(meta, self.settings.budget)
+        total = int(meta.total_tokens * meta.calibration)
+        regrowth = int(self.settings.budget.noop_regrowth_fraction * budget.available)
+        if meta.noop_tokens and total <= meta.noop_tokens + regrowth:
+            return None  # the last attempt could not shrink this; wait for real growth
+        if total >= budget.threshold:
+            return Trigger.THRESHOLD
+        if budget.soft_threshold is not None and total >= budget.soft_threshold:
+            return Trigger.SOFT_THRESHOLD
+        return None
+
+    async def _drain_pending(self, cid: str, seq: int) -> None:
+        """Apply, in order, turns that were held behind a gap this turn just filled."""
+        released = 0
+        while (raw := await self.store.pending_turn(cid, seq + 1)) is not None:
+            released += 1
+            outcome = await self.handle_held(raw, cid, seq + 1)
+            if outcome.status is not TurnStatus.APPENDED:
+                break
+            seq += 1
+        if released:
+            await self.gaps.reindex(cid)  # out of the gap index once nothing is held
+
+    async def handle_held(self, raw: bytes, cid: str, turn_seq: int) -> TurnOutcome:
+        """Apply one held turn (it was valid when it was held)."""
+        try:
+            return await self._apply(self.parse(raw, cid.encode()), raw)
+        except BadEventError as bad:  # settings changed since it was held, or its seq was stored meanwhile
+            await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
+            # Left held, it would block its conversation and be dead-lettered again on expiry.
+            await self.store.drop_pending(cid, turn_seq)
+            return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+
+    async def dead_letter(
+        self,
+        raw: bytes,
+        key: bytes | None,
+        partition: int | None,
+        offset: int | None,
+        *,
+        bad: BadEventError,
+        turn_seq: int | None = None,
+    ) -> None:
+        """Publish the original bytes and the reason to the dead-letter topic."""
+        record = DeadLetter(
+            reason=bad.reason,
+            detail=bad.detail[:4000],
+            conversation_id=bad.conversation_id,
+            turn_seq=turn_seq,
+            source_topic=self.settings.topics.turns,
+            partition=partition,
+            offset=offset,
+            key_b64=base64.b64encode(key).decode() if key is not None else None,
+            original_b64=base64.b64encode(raw).decode(),
+            original_size=len(raw),
+        )
+        payload = encode(record)
+        if len(payload) + len(key or b"") > DLQ_RECORD_LIMIT:
+            payload = encode(_cut_original(record, raw, key))
+        log.warning("dead-lettered an event: %s", bad)
+        await self.publish(self.settings.topics.dlq, payload, key)
+
+    async def _dead_letter_held(self, raw: bytes, cid: str, turn_seq: int, bad: BadEventError) -> None:
+        # Held turns were keyed by their conversation (or not keyed: parse allows that); the
+        # record is keyed by it either way, so it lands beside the conversation's other letters.
+        await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
+
+
+_IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
+
+
+def turn_fingerprint(event: TurnEvent) -> str:
+    """A digest of a turn's content: equal for every delivery of one turn, whatever its event id.
+
+    The event's identity (id, timestamp, schema version) is left out, so a runtime that
+    publishes a turn again under a new id sends the same turn. Fields at their defaults are
+    left out too, so a field added to the schema later keeps stored turns' fingerprints.
+    """
+    content = event.model_dump(mode="json", exclude=set(_IDENTITY), exclude_defaults=True)
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _check_held(event: TurnEvent, fingerprint: str, held: HeldTurn) -> None:
+    """Raise for a turn whose seq is held behind a gap with other content (held first, it is kept)."""
+    # A turn held before fingerprints were kept has none: accepted as a duplicate.
+    if held.fingerprint is not None and held.fingerprint != fingerprint:
+        raise conflicting_duplicate(
+            event.conversation_id, event.turn_seq, fingerprint, held.fingerprint, held=True
+        )
+
+
+def _request_of(event: TurnEvent) -> JobRequest | None:
+    if event.compaction is None:
+        return None
+    trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
+    return JobRequest(trigger, event.compaction.error)
+
+
+def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
+    """Tokens of this turn's messages that were input to the call its usage reports."""
+    last_assistant = max((i for i, m in enumerate(event.messages) if m.role == "assistant"), default=len(new))
+    return sum(m.tokens for m in new[:last_assistant])
+
+
+def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:
+    """The record with as much of the original as fits in one Kafka record, saying how much."""
+    bare = len(encode(record.model_copy(update={"original_b64": ""})))
+    room = DLQ_RECORD_LIMIT - bare - len(key or b"") - 200  # 200: the note below
+    keep = max(0, room) // 4 * 3
+    note = (
+        f" (the record keeps the first {keep} of {len(raw)} bytes; the whole would not fit in a Kafka record)"
+    )
+    return record.model_copy(
+        update={"original_b64": base64.b64encode(raw[:keep]).decode(), "detail": record.detail + note}
+    )
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _validation_summary(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:10]:
+        where = ".".join(str(p) for p in item["loc"]) or "event"
+        parts.append(f"{where}: {item['msg']}")
+    more = error.error_count() - 10
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+Handler = Callable[[bytes, bytes | None, int | None, int | None], Awaitable[TurnOutcome]]

@@ -1,0 +1,1 @@
+"""The Redis state: each stored structure with its keys, codec and scripts."""

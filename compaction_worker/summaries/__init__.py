@@ -1,0 +1,1 @@
+"""The summarizers: one contract, the LiteLLM and extractive implementations, prompts, artifacts."""

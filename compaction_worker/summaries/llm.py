@@ -1,0 +1,490 @@
+"""Summaries of conversation spans: the only module that calls an LLM.
+
+:class:`LiteLLMSummarizer` asks any LiteLLM model for a structured summary (the prompt is
+built in :mod:`compaction_worker.summaries.prompts`), with its own retries and fallback models.
+It never leaves a message out to fit its own window: it says how much transcript a
+request may carry (:func:`transcript_limit`), and a span over that is split by the
+summary stage into pieces, each summarized on its own.
+:class:`~compaction_worker.summaries.extractive.ExtractiveSummarizer` writes the same sections
+without an LLM. Both return summaries that passed :func:`validate_summary`: an empty,
+error-text, cut-off or oversized summary never leaves them (DESIGN invariant 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+from compaction_worker._litellm import litellm
+from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
+from compaction_worker.contracts.events import LlmUsage
+from compaction_worker.errors import SummarizerError
+from compaction_worker.settings import SummarizerSettings
+from compaction_worker.summaries.prompts import (
+    clamp_tool_output,
+    compose_prompt,
+    default_instructions,
+    transcript_blocks,
+)
+from compaction_worker.summaries.validation import (
+    ERROR_TEXT_PATTERNS,
+    looks_like_error_text,
+    summary_problem,
+    validate_summary,
+)
+
+__all__ = [
+    "ERROR_TEXT_PATTERNS",
+    "CountTokens",
+    "InputLimited",
+    "InputTooLargeError",
+    "LiteLLMSummarizer",
+    "Summarizer",
+    "SummaryRequest",
+    "SummaryResult",
+    "is_retryable",
+    "looks_like_error_text",
+    "make_summarizer",
+    "transcript_limit",
+    "validate_summary",
+]
+
+log = logging.getLogger(__name__)
+
+CountTokens = Callable[[str], int]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    """A span of a conversation to summarize, and the limits its summary must meet."""
+
+    conversation_id: str
+    messages: Sequence[Mapping[str, Any]]
+    """The span: OpenAI-style message dicts, in order."""
+    previous_summaries: Sequence[str] = ()
+    """Earlier summaries folded into this one (recursive fold), oldest first."""
+    max_summary_tokens: int = 2048
+    replaced_tokens: int = 0
+    """Tokens of what the summary replaces; a valid summary is strictly smaller."""
+    conversation_model: str = ""
+    ledger: Sequence[str] = ()
+    """Artifact ledger items stored verbatim next to the summary (``"<kind>: <text>"``).
+
+    A summary need not spend its budget repeating them; the LLM prompt does not show them
+    (its instructions still ask for exact identifiers), the extractive summary skips them.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryResult:
+    """A validated summary, who wrote it, its size, and what the LLM calls cost."""
+
+    text: str
+    model: str
+    tokens: int
+    usage: LlmUsage
+
+
+class Summarizer(Protocol):
+    """Turns a :class:`SummaryRequest` into a valid summary, or raises SummarizerError.
+
+    One whose input is bounded also implements :class:`InputLimited`; that part is optional,
+    so a summarizer without a bound (the extractive one, a test's fake) needs nothing more.
+    """
+
+    name: str
+    """Shown in events and the CLI: a model string or ``extractive``."""
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        """Summarize the request's span; raises SummarizerError when no valid summary results."""
+        ...
+
+
+@runtime_checkable
+class InputLimited(Protocol):
+    """A summarizer whose input is bounded: it says how much transcript one request may carry."""
+
+    def transcript_limit(self, request: SummaryRequest) -> int | None:
+        """Tokens of transcript that fit around the request's frame; None when unbounded.
+
+        Counted as :func:`compaction_worker.summaries.prompts.transcript_costs` counts them, with the
+        summarizer's own counter; the request's messages are ignored, its earlier
+        summaries and summary budget are not (they take room too).
+        """
+        ...
+
+
+def transcript_limit(summarizer: Summarizer, request: SummaryRequest) -> int | None:
+    """How much transcript ``summarizer`` takes in one request; None when it declares no bound."""
+    return summarizer.transcript_limit(request) if isinstance(summarizer, InputLimited) else None
+
+
+class InputTooLargeError(SummarizerError):
+    """The span does not fit the summarizer's input, even with long tool outputs cut.
+
+    ``transcript_limit`` is what the summarizer now knows it takes (for instance from the
+    provider's overflow error), None when it cannot tell: split the span and ask again.
+    """
+
+    def __init__(self, message: str, *, transcript_limit: int | None, usage: LlmUsage | None = None) -> None:
+        super().__init__(message, usage=usage)
+        self.transcript_limit = transcript_limit
+
+
+def make_summarizer(settings: SummarizerSettings, count_tokens: CountTokens) -> Summarizer:
+    """The configured summarizer: LiteLLM with a model, the extractive one without."""
+    if settings.model and settings.model.strip():
+        return LiteLLMSummarizer(settings, count_tokens)
+    # The extractive summarizer builds on this module's request and validation.
+    from compaction_worker.summaries.extractive import ExtractiveSummarizer  # noqa: PLC0415  # a cycle at import time
+
+    return ExtractiveSummarizer(count_tokens)
+
+
+# --- the LLM summarizer -------------------------------------------------------------------
+
+# Status codes worth asking again: the request was fine, the service was not.
+_RETRYABLE_TYPES: Final = (
+    litellm.exceptions.Timeout,
+    litellm.exceptions.APIConnectionError,
+    litellm.exceptions.RateLimitError,
+    litellm.exceptions.InternalServerError,
+    litellm.exceptions.ServiceUnavailableError,
+    litellm.exceptions.BadGatewayError,
+)
+_FINAL_TYPES: Final = (
+    litellm.exceptions.BadRequestError,  # includes ContextWindowExceededError, ContentPolicyViolationError
+    litellm.exceptions.AuthenticationError,
+    litellm.exceptions.PermissionDeniedError,
+    litellm.exceptions.NotFoundError,
+    litellm.exceptions.UnprocessableEntityError,
+    litellm.exceptions.BudgetExceededError,
+)
+_CUT_OFF: Final = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
+_PER_MESSAGE_TOKENS: Final = 4
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether a failed call is worth repeating: timeouts, connection errors, 429 and 5xx."""
+    if isinstance(error, _FINAL_TYPES):
+        return False
+    if isinstance(error, _RETRYABLE_TYPES):
+        return True
+    status = getattr(error, "status_code", None)
+    if isinstance(status, int):
+        return status in (408, 409, 429) or status >= 500
+    return isinstance(error, TimeoutError | ConnectionError)
+
+
+class _ModelFailed(Exception):
+    """One model gave up; the next fallback gets its turn."""
+
+    def __init__(self, reason: str, *, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.too_large = too_large
+
+
+@dataclass(slots=True)
+class _Usage:
+    calls: int = 0
+    prompt: int = 0
+    completion: int = 0
+    cost: float | None = None
+
+    def add(self, response: Any) -> None:
+        usage = getattr(response, "usage", None)
+        self.prompt += int(getattr(usage, "prompt_tokens", 0) or 0)
+        self.completion += int(getattr(usage, "completion_tokens", 0) or 0)
+        try:
+            cost = litellm.completion_cost(completion_response=response)
+        except Exception:  # models without a price in LiteLLM's map raise; cost unknown
+            cost = None
+        if cost is not None:
+            self.cost = (self.cost or 0.0) + float(cost)
+
+    def event(self) -> LlmUsage:
+        return LlmUsage(
+            calls=self.calls,
+            prompt_tokens=self.prompt,
+            completion_tokens=self.completion,
+            total_tokens=self.prompt + self.completion,
+            cost_usd=self.cost,
+        )
+
+
+class LiteLLMSummarizer:
+    """Summaries from any LiteLLM model, with retries and fallback models.
+
+    Each model is tried in turn (``settings.model``, then ``settings.fallback_models``).
+    A retryable failure is asked again up to ``settings.max_retries`` times with
+    exponential backoff and jitter; any other failure, or an invalid summary, moves on to
+    the next model. A model's input limit is the smallest of ``settings.max_input_tokens``,
+    its window in LiteLLM's registry minus the reply, and what its overflow errors taught
+    this instance. A prompt over it has its long tool outputs cut to head and tail; if it
+    is still over, the model is not asked, and when that happens to the first model the
+    summary fails with :class:`InputTooLargeError`: the caller splits the span
+    (:meth:`transcript_limit` says how much fits). No message is dropped to make room.
+    """
+
+    def __init__(
+        self,
+        settings: SummarizerSettings,
+        count_tokens: CountTokens,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        jitter: Callable[[], float] = random.random,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 8.0,
+    ) -> None:
+        self.settings = settings
+        self.name = settings.model or "extractive"
+        self._count = count_tokens
+        self._sleep = sleep
+        self._jitter = jitter
+        self._base = backoff_base
+        self._cap = backoff_cap
+        self._key = settings.api_key.get_secret_value() if settings.api_key else None
+        # Redaction replaces the key wherever it appears; a placeholder key such as "fake"
+        # or "none" would mangle ordinary words, and is no secret.
+        self._secret = self._key if self._key and len(self._key) >= 8 else None
+        self._learned: dict[str, int] = {}
+        """Prompt limits that models' overflow errors revealed, in our counter's tokens."""
+
+    def __repr__(self) -> str:
+        return f"<LiteLLMSummarizer {self.name} fallbacks={self.settings.fallback_models}>"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        """Summarize with the first model that produces a valid summary."""
+        models = self._models(request)
+        system = self._instructions(request)
+        usage = _Usage()
+        failures: list[str] = []
+        cause: BaseException | None = None
+        primary_too_large = False
+        for model in models:
+            try:
+                return await self._with_model(model, request, system, usage)
+            except _ModelFailed as e:
+                failures.append(f"{model}: {e}")
+                cause = e.__cause__ or cause
+                primary_too_large = primary_too_large or (e.too_large and model == models[0])
+                # Sized out is the caller's to handle (it splits the span); anything else is a failure.
+                log.log(
+                    logging.INFO if e.too_large else logging.WARNING,
+                    "summary by %s %s: %s",
+                    model,
+                    "does not fit" if e.too_large else "failed",
+                    e,
+                    extra={"conversation_id": request.conversation_id},
+                )
+        message = self._redact("no valid summary from " + "; ".join(failures))
+        # The failed calls were paid for: the caller adds their usage to the compaction's.
+        spent = usage.event() if usage.calls else None
+        if primary_too_large:
+            limit = self.transcript_limit(request)
+            raise InputTooLargeError(message, transcript_limit=limit, usage=spent) from cause
+        raise SummarizerError(message, usage=spent) from cause
+
+    def transcript_limit(self, request: SummaryRequest) -> int | None:
+        """Tokens of transcript the first model takes around this request's frame; None if unknown.
+
+        The first model is the one the span is split for: a fallback model with a smaller
+        window takes what fits it and leaves the rest to the next summarizer.
+        """
+        try:
+            model = self._models(request)[0]
+            system = self._instructions(request)
+        except SummarizerError:
+            return None  # summarize() fails the same way, without a call
+        limit = self._input_limit(model, request)
+        if limit is None:
+            return None
+        return max(0, self._transcript_room(request, system, limit))
+
+    def _models(self, request: SummaryRequest) -> list[str]:
+        primary = self.settings.model or ""
+        if primary == "conversation":
+            primary = request.conversation_model
+        models = list(dict.fromkeys(m for m in (primary, *self.settings.fallback_models) if m))
+        if not models:
+            raise SummarizerError(
+                "no summarizer model: 'conversation' was configured but the request names none"
+            )
+        return models
+
+    def _instructions(self, request: SummaryRequest) -> str:
+        if self.settings.prompt:
+            return self.settings.prompt
+        if self.settings.prompt_file is not None:
+            try:
+                return self.settings.prompt_file.read_text(encoding="utf-8")
+            except OSError as e:
+                raise SummarizerError(
+                    f"cannot read the summary prompt file {self.settings.prompt_file}: {e}"
+                ) from e
+        return default_instructions(request.max_summary_tokens)
+
+    async def _with_model(
+        self, model: str, request: SummaryRequest, system: str, usage: _Usage
+    ) -> SummaryResult:
+        clamped, retries = False, 0
+        while True:
+            limit = self._input_limit(model, request)
+            prompt = self._prompt(request, system, clamped=clamped)
+            size = self._tokens(prompt)
+            if limit is not None and size > limit:
+                if not clamped:
+                    clamped = True  # cut long tool outputs before spending a call
+                    continue
+                raise _ModelFailed(
+                    f"the summarizer's input ({size} tokens) is over its limit ({limit})", too_large=True
+                )
+            try:
+                usage.calls += 1
+                response: Any = await litellm.acompletion(**self._call_args(model, prompt, request))
+            except Exception as e:
+                overflow = detect_overflow(e)
+                if overflow is not None:
+                    self._learn(model, overflow, size, request, system)
+                    log.info(
+                        "summarizer input over %s's window (%d tokens); now %d",
+                        model,
+                        size,
+                        self._learned[model],
+                        extra={"conversation_id": request.conversation_id},
+                    )
+                    if not clamped:
+                        clamped = True
+                        continue
+                    self._scrub(e)
+                    raise _ModelFailed("input too large even with tool outputs cut", too_large=True) from e
+                reason = self._describe(e)
+                if is_retryable(e) and retries < self.settings.max_retries:
+                    retries += 1
+                    await self._backoff(model, retries, reason, request)
+                    continue
+                self._scrub(e)
+                raise _ModelFailed(reason) from e
+            usage.add(response)
+            text, finish = _reply(response)
+            problem = summary_problem(text, self._count(text), request)
+            if finish in _CUT_OFF:
+                problem = (f"the summary was cut off (finish_reason={finish})", False)
+            if problem is None:
+                text = text.strip()
+                return SummaryResult(text, model, self._count(text), usage.event())
+            reason, transient = problem
+            if transient and retries < self.settings.max_retries:
+                retries += 1
+                await self._backoff(model, retries, reason, request)
+                continue
+            raise _ModelFailed(reason)
+
+    def _call_args(self, model: str, prompt: list[dict[str, str]], request: SummaryRequest) -> dict[str, Any]:
+        return {
+            "model": model,
+            "messages": prompt,
+            "api_base": self.settings.api_base,
+            "api_key": self._key,
+            "timeout": self.settings.timeout_seconds,
+            "max_tokens": request.max_summary_tokens,
+            "temperature": self.settings.temperature,
+            # Retries are ours (LiteLLM's and the provider SDK's are off), so backoff, fallbacks
+            # and input limits stay in one place.
+            "num_retries": 0,
+            "max_retries": 0,
+        }
+
+    async def _backoff(self, model: str, attempt: int, reason: str, request: SummaryRequest) -> None:
+        delay = min(self._cap, self._base * 2 ** (attempt - 1))
+        delay *= 0.5 + self._jitter() / 2  # jitter keeps many workers from retrying in step
+        log.warning(
+            "summary by %s failed (%s); retry %d/%d in %.2fs",
+            model,
+            reason,
+            attempt,
+            self.settings.max_retries,
+            delay,
+            extra={"conversation_id": request.conversation_id},
+        )
+        await self._sleep(delay)
+
+    def _input_limit(self, model: str, request: SummaryRequest) -> int | None:
+        """Prompt tokens the model accepts: the configured cap, its window minus the reply, what it said."""
+        limits = [self.settings.max_input_tokens] if self.settings.max_input_tokens else []
+        try:
+            window = litellm.get_model_info(model).get("max_input_tokens")
+        except Exception:  # models unknown to LiteLLM's registry have no known window
+            window = None
+        if isinstance(window, int) and window > 0:
+            limits.append(window - request.max_summary_tokens)
+        if model in self._learned:
+            limits.append(self._learned[model])
+        return min(limits) if limits else None
+
+    def _learn(
+        self, model: str, overflow: OverflowInfo, size: int, request: SummaryRequest, system: str
+    ) -> None:
+        """Remember the prompt limit an overflow implies, in our token counter's units."""
+        if overflow.max_tokens is not None:
+            learned = overflow.max_tokens - request.max_summary_tokens
+            if overflow.actual_tokens:
+                learned = int(learned * size / overflow.actual_tokens)  # its tokenizer is not ours
+        else:
+            # No numbers (a bare 413, say): half the transcript is a guess that converges.
+            frame = self._tokens(compose_prompt(request, system, []))
+            learned = frame + (size - frame) // 2
+        # A prompt of ``size`` tokens was refused, whatever the numbers claim.
+        self._learned[model] = min(learned, size - 1, self._learned.get(model, size))
+
+    def _transcript_room(self, request: SummaryRequest, system: str, limit: int) -> int:
+        # A little headroom: token counts of blocks do not add up exactly to the whole.
+        return int(limit * 0.97) - self._tokens(compose_prompt(request, system, []))
+
+    def _prompt(self, request: SummaryRequest, system: str, *, clamped: bool) -> list[dict[str, str]]:
+        """The prompt, with every long tool output cut to its head and tail when ``clamped``."""
+        messages = [clamp_tool_output(m) for m in request.messages] if clamped else request.messages
+        return compose_prompt(request, system, transcript_blocks(messages))
+
+    def _tokens(self, prompt: Sequence[Mapping[str, str]]) -> int:
+        return sum(self._count(m["content"]) + _PER_MESSAGE_TOKENS for m in prompt)
+
+    def _describe(self, error: BaseException) -> str:
+        text = str(error)
+        if type(error).__name__ not in text:
+            text = f"{type(error).__name__}: {text}"
+        return self._redact(text)[:500]
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _scrub(self, error: BaseException) -> None:
+        """Remove the API key from a failed call's exception chain before ours chains it."""
+        if not self._secret:
+            return
+        seen: set[int] = set()
+        current: BaseException | None = error
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            current.args = tuple(self._redact(a) if isinstance(a, str) else a for a in current.args)
+            message = getattr(current, "message", None)
+            if isinstance(message, str):
+                with contextlib.suppress(AttributeError):  # a read-only property elsewhere
+                    current.message = self._redact(message)  # type: ignore[attr-defined]  # LiteLLM's errors have it
+            current = current.__cause__ or current.__context__
+
+
+def _reply(response: Any) -> tuple[str, str | None]:
+    try:
+        choice = response.choices[0]
+        text = choice.message.content
+        finish = choice.finish_reason
+    except (AttributeError, IndexError, TypeError):
+        return "", None
+    return (text if isinstance(text, str) else ""), (str(finish) if finish else None)

@@ -1,0 +1,839 @@
+"""Context-overflow detection against the error texts providers really send.
+
+Every positive text below is quoted from a real report, with its source; numbers in the
+texts are the ones the reporters saw. The negatives are real look-alikes that compaction
+cannot fix (rate limits, quotas, output caps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from compaction_worker._litellm import litellm
+from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
+
+# (source, text, provider, actual input tokens, window)
+OVERFLOWS: list[tuple[str, str, str | None, int | None, int | None]] = [
+    # --- OpenAI ---------------------------------------------------------------------------
+    (
+        # github.com/chathub-dev/chathub/issues/126 (chat completions, with the error code)
+        "openai-messages",
+        '{"error":{"message":"This model\'s maximum context length is 4097 tokens. However, your '
+        'messages resulted in 4294 tokens. Please reduce the length of the messages.","type":'
+        '"invalid_request_error","param":"messages","code":"context_length_exceeded"}}',
+        "openai",
+        4294,
+        4097,
+    ),
+    (
+        # github.com/bytedance/deer-flow/issues/310 (functions count as input too)
+        "openai-functions",
+        "BadRequestError('Error code: 400 - {\\'error\\': {\\'message\\': \"This model\\'s maximum "
+        "context length is 128000 tokens. However, your messages resulted in 202868 tokens "
+        "(202767 in the messages, 101 in the functions). Please reduce the length of the messages "
+        "or functions.\", \\'type\\': \\'invalid_request_error\\', \\'param\\': \\'messages\\', "
+        "\\'code\\': \\'context_length_exceeded\\'}}')",
+        "openai",
+        202868,
+        128000,
+    ),
+    (
+        # github.com/FoundationAgents/OpenManus/issues/62 (messages, functions and completion)
+        "openai-requested-with-completion",
+        "Error code: 400 - {'error': {'message': \"This model's maximum context length is 8192 "
+        "tokens. However, you requested 8213 tokens (6683 in the messages, 730 in the functions, "
+        "and 800 in the completion). Please reduce the length of the messages, functions, or "
+        "completion.\", 'type': 'invalid_request_error', 'param': 'messages', 'code': "
+        "'context_length_exceeded'}}",
+        "openai",
+        7413,
+        8192,
+    ),
+    (
+        # github.com/tatsu-lab/stanford_alpaca/issues/47 (legacy completions wording)
+        "openai-legacy-completions",
+        "OpenAIError: This model's maximum context length is 4097 tokens, however you requested "
+        "4162 tokens (1090 in your prompt; 3072 for the completion). Please reduce your prompt; "
+        "or completion length..",
+        "openai",
+        1090,
+        4097,
+    ),
+    (
+        # github.com/BerriAI/litellm/issues/18927 (gpt-5.1 through LiteLLM)
+        "openai-configured-limit",
+        "ContextWindowExceededError: OpenAIException - Input tokens exceed the configured limit "
+        "of 272000 tokens.",
+        "openai",
+        None,
+        272000,
+    ),
+    # --- Azure OpenAI -----------------------------------------------------------------------
+    (
+        # github.com/Azure/azure-sdk-for-python/issues/40986 (azure-ai-inference)
+        "azure-inference-sdk",
+        "(context_length_exceeded) This model's maximum context length is 128000 tokens. However, "
+        "you requested 1124171 tokens (124171 in the messages, 1000000 in the completion). Please "
+        "reduce the length of the messages or completion.\nCode: context_length_exceeded",
+        "azure",
+        124171,
+        128000,
+    ),
+    (
+        # github.com/microsoft/kernel-memory/issues/516 (Azure.RequestFailedException)
+        "azure-dotnet",
+        "Azure.RequestFailedException: This model's maximum context length is 8192 tokens. However, "
+        "your messages resulted in 10383 tokens. Please reduce the length of the messages. Status: "
+        "400 (model_error) ErrorCode: context_length_exceeded",
+        "azure",
+        10383,
+        8192,
+    ),
+    (
+        # github.com/elastic/kibana/pull/176353 (Kibana's Azure OpenAI connector)
+        "azure-kibana-connector",
+        "ActionsClientLlm: action result status is error: an error occurred while running the "
+        "action - Status code: 400. Message: API Error: model_error - This model's maximum context "
+        "length is 8192 tokens. However, your messages resulted in 16900 tokens. Please reduce the "
+        "length of the messages.",
+        "azure",
+        16900,
+        8192,
+    ),
+    # --- Anthropic --------------------------------------------------------------------------
+    (
+        # github.com/sojohnnysaid/project-guide/issues/2 (anthropic SDK)
+        "anthropic",
+        "anthropic.BadRequestError: Error code: 400 - {'type': 'error', 'error': {'type': "
+        "'invalid_request_error', 'message': 'prompt is too long: 208656 tokens > 200000 maximum'}}",
+        "anthropic",
+        208656,
+        200000,
+    ),
+    (
+        # github.com/entropy-research/Devon/issues/88 (through LiteLLM, typed by it)
+        "anthropic-via-litellm",
+        'litellm.BadRequestError: litellm.ContextWindowExceededError: AnthropicError - {"type":'
+        '"error","error":{"type":"invalid_request_error","message":"prompt is too long: 209353 '
+        'tokens > 199999 maximum"}}',
+        "anthropic",
+        209353,
+        199999,
+    ),
+    (
+        # github.com/BrokkAi/brokk-app/issues/540 (LiteLLM proxy did NOT type this one)
+        "anthropic-input-plus-max-tokens",
+        '{"error":{"message":"litellm.BadRequestError: AnthropicException - b\'{\\"type\\":\\"error'
+        '\\",\\"error\\":{\\"type\\":\\"invalid_request_error\\",\\"message\\":\\"input length and '
+        "`max_tokens` exceed context limit: 179413 + 32768 > 200000, decrease input length or "
+        "`max_tokens` and try again\\\"}}'. Received Model Group=anthropic/claude-sonnet-4-20250514"
+        '\\nAvailable Model Group Fallbacks=None","type":null,"param":null,"code":"400"}}',
+        "anthropic",
+        179413,
+        200000,
+    ),
+    # --- Gemini / Vertex AI -----------------------------------------------------------------
+    (
+        # github.com/google-gemini/gemini-cli/issues/6678
+        "gemini",
+        '[{"error": {"code": 400, "message": "The input token count (1200293) exceeds the maximum '
+        'number of tokens allowed (1048576).", "errors": [{"message": "The input token count '
+        '(1200293) exceeds the maximum number of tokens allowed (1048576).", "domain": "global", '
+        '"reason": "badRequest"}], "status": "INVALID_ARGUMENT"}}]',
+        "gemini",
+        1200293,
+        1048576,
+    ),
+    (
+        # github.com/google-gemini/gemini-cli/issues/4118
+        "gemini-got-status",
+        'got status: INVALID_ARGUMENT. {"error":{"code":400,"message":"The input token count '
+        '(132478) exceeds the maximum number of tokens allowed (131072).","status":'
+        '"INVALID_ARGUMENT"}}',
+        "gemini",
+        132478,
+        131072,
+    ),
+    # --- Bedrock ----------------------------------------------------------------------------
+    (
+        # github.com/aws-samples/assessment-generator/issues/2 (ValidationException)
+        "bedrock",
+        "ValidationException: Input is too long for requested model.",
+        "bedrock",
+        None,
+        None,
+    ),
+    (
+        # github.com/continuedev/continue/issues/6005 (ConverseStream)
+        "bedrock-stream",
+        "Error processing Bedrock stream: The model returned the following errors: Input is too "
+        "long for requested model.",
+        "bedrock",
+        None,
+        None,
+    ),
+    (
+        # quoted in github.com/pkdone/paul-genai-test-tools-ts (Bedrock Titan/Mistral manifests)
+        "bedrock-too-many-input-tokens",
+        "ValidationException: 400 Bad Request: Too many input tokens. Max input tokens: 8192, "
+        "request input token count: 9279 ",
+        "bedrock",
+        9279,
+        8192,
+    ),
+    (
+        # github.com/ryanadoty/Amazon-Bedrock-Amazon-RDS-POC/issues/9 (a limit in characters)
+        "bedrock-max-length-chars",
+        "botocore.errorfactory.ValidationException: An error occurred (ValidationException) when "
+        "calling the InvokeModel operation: Malformed input request: expected maxLength: 42000, "
+        "actual: 46735, please reformat your input and try again.",
+        "bedrock",
+        None,
+        None,
+    ),
+    (
+        # github.com/daisuke-awaji/moca/issues/254 (Anthropic's wording relayed by Bedrock)
+        "bedrock-relaying-anthropic",
+        "[SYSTEM_ERROR] An error occurred.\nType: ValidationException\nDetails: The model returned "
+        "the following errors: prompt is too long: 200049 tokens > 200000 maximum\nRequest ID: "
+        "9251f066-a420-483b-b3ae-7485084f6dc6\n[/SYSTEM_ERROR]",
+        "bedrock",
+        200049,
+        200000,
+    ),
+    (
+        # github.com/gsd-build/gsd-2/issues/5411 (OpenAI's wording relayed by Bedrock Mantle)
+        "bedrock-relaying-openai",
+        "The model returned the following errors: Mantle streaming error for requestId 1f2e:\n"
+        'ErrorEvent { error: APIError { type: "BadRequestError", code: Some(400),\nmessage: "This '
+        "model's maximum context length is 32768 tokens. However, you\nrequested 8192 output tokens "
+        'and your prompt contains 64764 input tokens,\nfor a total of 72956 tokens." } }',
+        "bedrock",
+        64764,
+        32768,
+    ),
+    (
+        # Anthropic's wording in a botocore ClientError (InvokeModel with an Anthropic body)
+        "bedrock-botocore-anthropic",
+        "botocore.errorfactory.ValidationException: An error occurred (ValidationException) when "
+        "calling the InvokeModel operation: prompt is too long: 215343 tokens > 200000 maximum",
+        "bedrock",
+        215343,
+        200000,
+    ),
+    (
+        # Claude 4.5 / Bedrock Converse stop reason (UKGovernmentBEIS/inspect_ai issue #2941)
+        "bedrock-stop-reason",
+        "stopReason: model_context_window_exceeded",
+        None,
+        None,
+        None,
+    ),
+    # --- Mistral ----------------------------------------------------------------------------
+    (
+        # mistralai Python SDK error body, as quoted in public code; docs.mistral.ai known-limitations
+        "mistral",
+        'mistralai.client.errors.sdkerror.SDKError: API error occurred: Status 400. Body: {"object":'
+        '"error","message":"Prompt contains 159202 tokens and 0 draft tokens, too large for model '
+        'with 131072 maximum context length","type":"invalid_request_invalid_args","param":null,'
+        '"code":"3051","raw_status_code":400}',
+        "mistral",
+        159202,
+        131072,
+    ),
+    (
+        # portkey.ai error library, mistral-ai context_length_exceeded_error (older wording)
+        "mistral-older",
+        "Prompt contains 66385 tokens, too large for model with 32768 maximum context length",
+        "mistral",
+        66385,
+        32768,
+    ),
+    # --- vLLM / SGLang / Ollama / local servers ---------------------------------------------
+    (
+        # github.com/vllm-project/vllm/issues/20409
+        "vllm-requested",
+        "Error code: 400 - {'object': 'error', 'message': \"This model's maximum context length is "
+        "16384 tokens. However, you requested 19591 tokens (9591 in the messages, 10000 in the "
+        "completion). Please reduce the length of the messages or completion. None\", 'type': "
+        "'BadRequestError', 'param': None, 'code': 400}",
+        "openai",
+        9591,
+        16384,
+    ),
+    (
+        # github.com/Nikita-Filonov/ai-review/issues/27 (newer vLLM, through LiteLLM)
+        "vllm-request-has",
+        "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: "
+        "OpenAIException - This model's maximum context length is 262144 tokens. However, your "
+        "request has 279750 input tokens. Please reduce the length of the input messages",
+        "openai",
+        279750,
+        262144,
+    ),
+    (
+        # github.com/BerriAI/litellm/issues/12680 (LiteLLM proxy in front of vLLM)
+        "vllm-via-litellm-proxy",
+        "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: "
+        "Hosted_vllmException - Error code: 400 - {'object': 'error', 'message': \"This model's "
+        "maximum context length is 32768 tokens. However, you requested 33077 tokens (1077 in the "
+        "messages, 32000 in the completion). Please reduce the length of the messages or "
+        "completion. None\", 'type': 'BadRequestError', 'param': None, 'code': 400}",
+        "vllm",
+        1077,
+        32768,
+    ),
+    (
+        # github.com/vllm-project/vllm/issues/12165 (engine-level ValueError)
+        "vllm-engine",
+        "ValueError: The prompt (total length 25938) is too long to fit into the model (context "
+        "length 4096). Make sure that `max_model_len` is no smaller than the number of text tokens "
+        "plus multimodal tokens.",
+        "vllm",
+        25938,
+        4096,
+    ),
+    (
+        # github.com/huggingface/chat-ui/issues/340 (TGI's router, Hugging Face Inference API)
+        "tgi-total-tokens",
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 1512. Given: 1000 "
+        "`inputs` tokens and 1024 `max_new_tokens`",
+        "huggingface",
+        1000,
+        1512,
+    ),
+    (
+        # TGI router/src/validation.rs MaxTotalTokens, through huggingface_hub's client
+        "tgi-total-tokens-hub",
+        "huggingface_hub.errors.ValidationError: Input validation error: `inputs` tokens + "
+        "`max_new_tokens` must be <= 32768. Given: 31744 `inputs` tokens and 2048 `max_new_tokens`",
+        "huggingface",
+        31744,
+        32768,
+    ),
+    (
+        # TGI before 0.9 (router/src/validation.rs, no backticks, "input")
+        "tgi-total-tokens-old",
+        "Input validation error: input tokens + max_new_tokens must be <= 2048. Given: 1950 input "
+        "tokens and 200 max_new_tokens",
+        "huggingface",
+        1950,
+        2048,
+    ),
+    (
+        # TGI router/src/validation.rs InputLength (--max-input-tokens)
+        "tgi-input-length",
+        '{"error":"Input validation error: `inputs` must have less than 4096 tokens. Given: 4522",'
+        '"error_type":"validation"}',
+        "huggingface",
+        4522,
+        4096,
+    ),
+    (
+        # github.com/BerriAI/litellm/issues/10793 (SGLang's wording)
+        "sglang",
+        "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+        None,
+        5000,
+        4096,
+    ),
+    (
+        # Ollama 400 body, as quoted in public tests of an Ollama client
+        "ollama-prompt-too-long",
+        'Ollama API error 400: {"StatusCode":400,"Status":"400 Bad Request","error":"prompt too '
+        'long; exceeded max context length by 4 tokens"}',
+        "ollama",
+        None,
+        None,
+    ),
+    (
+        # Ollama's /api/embed 400 body, quoted in many public issue logs (Ollama 0.21)
+        "ollama-input-length",
+        '400 {"error":"the input length exceeds the context length"}',
+        "ollama",
+        None,
+        None,
+    ),
+    (
+        # github.com/lmstudio-ai/model-catalog/issues/38 (LM Studio)
+        "lm-studio",
+        "An error occurred\n\nInput length 1581 exceeds context length 1500",
+        None,
+        1581,
+        1500,
+    ),
+    (
+        # github.com/anomalyco/opencode/issues/1551 (Cerebras, Qwen 3 Coder)
+        "cerebras",
+        "AI_APICallError: Please reduce the length of the messages or completion. Current length is "
+        "69553 while limit is 65536",
+        None,
+        69553,
+        65536,
+    ),
+    (
+        # github.com/topoteretes/cognee/issues/1061 (OpenRouter through LiteLLM)
+        "openrouter",
+        'litellm.BadRequestError: OpenrouterException - {"error":{"message":"This endpoint\'s '
+        "maximum context length is 16384 tokens. However, you requested about 94307 tokens (94307 "
+        'of text input). Please reduce the length of either one, or use the \\"middle-out\\" '
+        'transform to compress your prompt automatically.","code":400,"metadata":{"provider_name":'
+        "null}}}",
+        "openrouter",
+        94307,
+        16384,
+    ),
+    # --- HTTP 413: the request body is too large ------------------------------------------
+    (
+        # github.com/anthropics/anthropic-sdk-python/issues/938
+        "anthropic-413",
+        "anthropic._exceptions.RequestTooLargeError: Error code: 413 - {'error': {'type': "
+        "'request_too_large', 'message': 'Request exceeds the maximum size'}}",
+        "anthropic",
+        None,
+        None,
+    ),
+    (
+        # github.com/anthropics/claude-code/issues/3335
+        "anthropic-413-api-error",
+        'API Error: 413 {"error":{"type":"request_too_large","message":"Request exceeds the maximum size"}}',
+        "anthropic",
+        None,
+        None,
+    ),
+    (
+        # github.com/vm0-ai/vm0/issues/34178 (openresty in front of api.deepseek.com)
+        "openresty-413",
+        "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center>"
+        "<h1>413 Request Entity Too Large</h1></center>\r\n<hr><center>openresty</center>\r\n"
+        "</body>\r\n</html>",
+        None,
+        None,
+        None,
+    ),
+    ("bare-413", "HTTP 413", None, None, None),
+    ("status-413", "upstream request failed with status 413", None, None, None),
+    ("payload-too-large", "413 Payload Too Large", None, None, None),
+    # --- LiteLLM proxy wrappers -------------------------------------------------------------
+    (
+        # github.com/OpenHands/OpenHands/issues/5350 (proxy: Bedrock error, then Anthropic fallback)
+        "litellm-proxy-fallback-chain",
+        "litellm.BadRequestError: OpenAIException - Error code: 400 - {'error': {'message': "
+        '\'litellm.BadRequestError: BedrockException - {"message":"messages.32.content: '
+        'Conversation blocks and tool result blocks cannot be provided in the same turn."}\\n. '
+        "Received Model Group=claude-3-5-sonnet-20241022\\nAvailable Model Group Fallbacks="
+        "['anthropic/claude-3-5-sonnet-20241022']\\nError doing the fallback: litellm.BadRequestError:"
+        ' litellm.ContextWindowExceededError: AnthropicError - {"type":"error","error":{"type":'
+        '"invalid_request_error","message":"prompt is too long: 209303 tokens > 200000 maximum"}}'
+        "', 'type': None, 'param': None, 'code': '400'}}",
+        "anthropic",
+        209303,
+        200000,
+    ),
+]
+
+# (source, text): errors that must not be read as overflows.
+NOT_OVERFLOWS: list[tuple[str, str]] = [
+    # github.com/FoundationAgents/MetaGPT/issues/523: a tokens-per-minute limit
+    (
+        "openai-tpm",
+        "openai.error.RateLimitError: Rate limit reached for gpt-4 in organization org-x on tokens "
+        "per min (TPM): Limit 10000, Used 8554, Requested 3082. Please try again in 9.816s. Visit "
+        "https://platform.openai.com/account/rate-limits to learn more.",
+    ),
+    # github.com/TheR1D/shell_gpt/issues/653: "Request too large" for the TPM limit, 429
+    (
+        "openai-request-too-large-tpm",
+        "RateLimitError: Error code: 429 - {'error': {'message': 'Request too large for gpt-4o in "
+        "organization org-x on tokens per min (TPM): Limit 30000, Requested 31538. The input or "
+        "output tokens must be reduced in order to run successfully.', 'type': 'tokens', 'param': "
+        "None, 'code': 'rate_limit_exceeded'}}",
+    ),
+    # github.com/stagewise-io/stagewise/issues/927: Anthropic's input-tokens-per-minute limit
+    (
+        "anthropic-itpm",
+        "This request would exceed your organization's rate limit of 30,000 input tokens per minute "
+        "(org: x, model: claude-opus-4-6). Please reduce the prompt length or the maximum tokens "
+        "requested, or try again later.",
+    ),
+    # A Bedrock throttle that says "too many tokens" (pi-mono's exclusion list)
+    ("bedrock-throttle", "ThrottlingException: Too many tokens, please wait before trying again."),
+    # The quota message OpenAI sends with 429 insufficient_quota
+    (
+        "openai-quota",
+        "You exceeded your current quota, please check your plan and billing details.",
+    ),
+    # github.com/anthropics/claude-code/issues/11302: the OUTPUT cap, not the window
+    (
+        "anthropic-output-cap",
+        '{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: 21333 > '
+        '4096, which is the maximum allowed number of output tokens for claude-3-opus-20240229"}}',
+    ),
+    # OpenAI's output cap (max_tokens larger than the model can write)
+    (
+        "openai-max-tokens-too-large",
+        "max_tokens is too large: 128000. This model supports at most 16384 completion tokens, "
+        "whereas you provided 128000.",
+    ),
+    # github.com/aws-samples/bedrock-access-gateway/issues/41: Bedrock's output cap
+    (
+        "bedrock-output-cap",
+        "An error occurred (ValidationException) when calling the ConverseStream operation: The "
+        "maximum tokens you requested exceeds the model limit of 2048. Try again with a maximum "
+        "tokens value that is lower than 2048.",
+    ),
+    # One field over its own cap (OpenAI string_above_max_length), not the window
+    (
+        "openai-string-too-long",
+        "Invalid 'messages[3].content': string too long. Expected a string with maximum length "
+        "1048576, but got a string with length 2097152 instead.",
+    ),
+    # Generic 400s
+    (
+        "tool-pairing",
+        "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+        "with 'tool_calls'.",
+    ),
+    # The bare phrases read as overflows must not catch output caps worded like them
+    ("output-cap-exceeds", "max_tokens exceeds the model's maximum output tokens (8192)."),
+    ("output-cap-number", "max_tokens is above the maximum number of tokens to generate (4096)."),
+    ("bad-key", "Incorrect API key provided: sk-abc***def."),
+    # TGI's output cap and its other validation errors (router/src/validation.rs)
+    ("tgi-max-new-tokens", "Input validation error: `max_new_tokens` must be <= 2048. Given: 4096"),
+    ("tgi-empty", "Input validation error: `inputs` cannot be empty"),
+    # 413 as a number that is not a status
+    ("number-413", "Processed 413 documents; 2 failed validation."),
+    ("traceback-413", "File \"/app/worker.py\", line 413, in run\nKeyError: 'messages'"),
+    ("server-error", "failed to load the model: the maximum context length is not available"),
+    ("empty", ""),
+]
+
+
+class TestCorpus:
+    """The real texts: every overflow is recognised with its numbers, no look-alike is."""
+
+    @pytest.mark.parametrize(
+        ("source", "text", "provider", "actual", "maximum"), OVERFLOWS, ids=[o[0] for o in OVERFLOWS]
+    )
+    def test_overflow_text_is_recognised_with_numbers(
+        self, source: str, text: str, provider: str | None, actual: int | None, maximum: int | None
+    ) -> None:
+        """References 002 and 004: a provider's real overflow text yields its provider, input tokens and window."""
+        assert detect_overflow(text) == OverflowInfo(provider, actual, maximum)
+
+    @pytest.mark.parametrize(("source", "text"), NOT_OVERFLOWS, ids=[n[0] for n in NOT_OVERFLOWS])
+    def test_look_alike_is_not_an_overflow(self, source: str, text: str) -> None:
+        """Rate limits, quotas, output caps and generic 400s are not overflows, though some of reference 004's broader patterns (RESOURCE_EXHAUSTED, ValidationException.*token) would match them."""
+        assert detect_overflow(text) is None
+
+
+class TestParsing:
+    """Numbers and providers in the less common shapes."""
+
+    def test_thousands_separators_are_read(self) -> None:
+        """Numbers written with thousands separators are parsed as integers."""
+        info = detect_overflow("prompt is too long: 1,210,000 tokens > 1,000,000 maximum")
+        assert info == OverflowInfo("anthropic", 1_210_000, 1_000_000)
+
+    def test_case_does_not_matter(self) -> None:
+        """The patterns ignore case ("Prompt is too long" vs "prompt is too long")."""
+        info = detect_overflow("PROMPT IS TOO LONG: 300 TOKENS > 200 MAXIMUM")
+        assert info == OverflowInfo("anthropic", 300, 200)
+
+    def test_generic_phrase_counts_without_rate_limit_words(self) -> None:
+        """A generic "context length exceeded" is an overflow when nothing says rate limit."""
+        assert detect_overflow("upstream said: context length exceeded") == OverflowInfo(None, None, None)
+
+    def test_generic_phrase_yields_to_rate_limit_words(self) -> None:
+        """A generic "token limit exceeded" next to "rate limit" is a rate limit."""
+        assert detect_overflow("Rate limit reached: token limit exceeded for this minute") is None
+
+    def test_specific_overflow_wins_over_a_rate_limit_in_the_same_chain(self) -> None:
+        """A proxy that hit a rate limit on a fallback still reports the original overflow."""
+        text = (
+            "prompt is too long: 210000 tokens > 200000 maximum\n"
+            "Error doing the fallback: RateLimitError: rate limit exceeded"
+        )
+        assert detect_overflow(text) == OverflowInfo("anthropic", 210000, 200000)
+
+    def test_very_long_text_is_handled_quickly(self) -> None:
+        """A megabyte of noise around the error text neither hangs nor hides the overflow."""
+        text = "prompt is too long: 9 tokens > 8 maximum " + "a" * 1_000_000
+        assert detect_overflow(text) == OverflowInfo("anthropic", 9, 8)
+
+
+class TestExceptions:
+    """Exceptions: LiteLLM's type, chains, and the provider attribute."""
+
+    def test_litellm_context_window_error_is_recognised(self) -> None:
+        """LiteLLM's ContextWindowExceededError with an OpenAI message yields its numbers."""
+        error = litellm.exceptions.ContextWindowExceededError(
+            message="This model's maximum context length is 8192 tokens. However, your messages "
+            "resulted in 9000 tokens.",
+            model="gpt-4",
+            llm_provider="openai",
+        )
+        assert detect_overflow(error) == OverflowInfo("openai", 9000, 8192)
+
+    def test_typed_error_without_known_text_is_still_an_overflow(self) -> None:
+        """The type alone is enough; the provider comes from its llm_provider attribute."""
+        error = litellm.exceptions.ContextWindowExceededError(
+            message="refused", model="m", llm_provider="cohere"
+        )
+        assert detect_overflow(error) == OverflowInfo("cohere", None, None)
+
+    def test_overflow_found_through_the_cause_chain(self) -> None:
+        """Reference 004 (error.cause): an overflow wrapped by another exception (raise ... from e) is found via __cause__."""
+        outer = RuntimeError("summarizing failed")
+        outer.__cause__ = ValueError("prompt is too long: 210000 tokens > 200000 maximum")
+        assert detect_overflow(outer) == OverflowInfo("anthropic", 210000, 200000)
+
+    def test_overflow_found_through_the_context_chain(self) -> None:
+        """An overflow being handled when another error was raised is found via __context__."""
+        outer = KeyError("handler broke")
+        outer.__context__ = ValueError(
+            "The input token count (5) exceeds the maximum number of tokens allowed (4)."
+        )
+        assert detect_overflow(outer) == OverflowInfo("gemini", 5, 4)
+
+    def test_provider_attribute_names_a_shared_wording(self) -> None:
+        """OpenAI-style text from an Azure deployment is attributed to azure by llm_provider."""
+        error = litellm.exceptions.BadRequestError(
+            message="This model's maximum context length is 8192 tokens. However, your messages "
+            "resulted in 9001 tokens.",
+            model="my-deployment",
+            llm_provider="azure",
+        )
+        assert detect_overflow(error) == OverflowInfo("azure", 9001, 8192)
+
+    def test_plain_bad_request_is_not_an_overflow(self) -> None:
+        """A LiteLLM BadRequestError about something else is not an overflow."""
+        error = litellm.exceptions.BadRequestError(
+            message="invalid tool schema", model="m", llm_provider="openai"
+        )
+        assert detect_overflow(error) is None
+
+    def test_rate_limit_error_is_not_an_overflow(self) -> None:
+        """LiteLLM's RateLimitError with a TPM message is not an overflow."""
+        error = litellm.exceptions.RateLimitError(
+            message="Rate limit reached for gpt-4o on tokens per min (TPM): Limit 30000",
+            llm_provider="openai",
+            model="gpt-4o",
+        )
+        assert detect_overflow(error) is None
+
+    def test_status_413_on_the_exception_is_an_overflow(self) -> None:
+        """An SDK's 413 with no telling text is an overflow: the body was too large."""
+        request = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
+        error = openai.APIStatusError(
+            "request failed", response=httpx.Response(413, request=request), body=None
+        )
+        assert detect_overflow(error) == OverflowInfo(None, None, None)
+
+    def test_status_413_on_a_wrapped_response_is_an_overflow(self) -> None:
+        """httpx's HTTPStatusError keeps the status on its response, found through the cause chain."""
+        request = httpx.Request("POST", "https://gateway.internal/v1/messages")
+        cause = httpx.HTTPStatusError("upstream failed", request=request, response=httpx.Response(413))
+        outer = RuntimeError("call failed")
+        outer.__cause__ = cause
+        assert detect_overflow(outer) == OverflowInfo(None, None, None)
+
+    def test_other_statuses_are_not_overflows(self) -> None:
+        """A 400 or 429 without overflow text stays what it is."""
+        request = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
+        for status in (400, 429):
+            error = openai.APIStatusError(
+                "request failed", response=httpx.Response(status, request=request), body=None
+            )
+            assert detect_overflow(error) is None
+
+    def test_azure_deployment_through_the_openai_sdk(self) -> None:
+        """OpenAI's wording from an Azure endpoint is Azure's (the request URL says so)."""
+        body = {
+            "message": "This model's maximum context length is 128000 tokens. However, your messages "
+            "resulted in 130211 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+        request = httpx.Request(
+            "POST",
+            "https://contoso.openai.azure.com/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+        )
+        error = openai.BadRequestError(
+            f"Error code: 400 - {{'error': {body}}}",
+            response=httpx.Response(400, request=request),
+            body={"error": body},
+        )
+        assert detect_overflow(error) == OverflowInfo("azure", 130211, 128000)
+
+    def test_anthropic_wording_from_a_bedrock_endpoint(self) -> None:
+        """Anthropic's sentence from an exception whose request went to bedrock-runtime is Bedrock's."""
+
+        class APIError(Exception):
+            def __init__(self, message: str, request: httpx.Request) -> None:
+                super().__init__(message)
+                self.request = request
+
+        request = httpx.Request(
+            "POST",
+            "https://bedrock-runtime.us-east-1.amazonaws.com/model/"
+            "anthropic.claude-3-5-sonnet-20241022-v2:0/invoke",
+        )
+        error = APIError(
+            "Error code: 400 - {'message': 'prompt is too long: 201330 tokens > 200000 maximum'}", request
+        )
+        assert detect_overflow(error) == OverflowInfo("bedrock", 201330, 200000)
+
+    def test_a_response_without_a_request_is_read_safely(self) -> None:
+        """httpx raises for a hand-built response's missing request; detection goes on without it."""
+
+        class GatewayError(Exception):
+            def __init__(self, response: httpx.Response) -> None:
+                super().__init__("gateway refused the call")
+                self.response = response
+
+        response = httpx.Response(413)
+        with pytest.raises(RuntimeError):
+            _ = response.request
+        assert detect_overflow(GatewayError(response)) == OverflowInfo(None, None, None)
+
+    def test_self_referencing_chain_terminates(self) -> None:
+        """A cycle in __cause__/__context__ does not loop forever."""
+        error = ValueError("nothing relevant")
+        error.__context__ = error
+        assert detect_overflow(error) is None
+
+
+class TestErrorBodies:
+    """Provider error bodies passed as parsed JSON: nested dicts and lists, as SDKs and runtimes hold them."""
+
+    def test_openai_body(self) -> None:
+        """OpenAI's {"error": {"message", "code"}} yields its numbers."""
+        body = {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, your messages "
+                "resulted in 9000 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+        assert detect_overflow(body) == OverflowInfo("openai", 9000, 8192)
+
+    def test_gemini_list_body(self) -> None:
+        """Gemini's REST error is a list of {"error": {...}}."""
+        body = [
+            {
+                "error": {
+                    "code": 400,
+                    "message": "The input token count (1200293) exceeds the maximum number of tokens "
+                    "allowed (1048576).",
+                    "status": "INVALID_ARGUMENT",
+                }
+            }
+        ]
+        assert detect_overflow(body) == OverflowInfo("gemini", 1200293, 1048576)
+
+    def test_anthropic_body_with_a_nested_message(self) -> None:
+        """Anthropic's {"type": "error", "error": {"type", "message"}}."""
+        body = {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 208656 tokens > 200000 maximum",
+            },
+        }
+        assert detect_overflow(body) == OverflowInfo("anthropic", 208656, 200000)
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"status": 413},
+            {"error": {"code": 413, "message": "Payload rejected"}},
+            {"errorType": "Error", "$metadata": {"httpStatusCode": 413}},
+            [{"error": {"code": "413"}}],
+        ],
+    )
+    def test_a_413_status_in_the_body(self, body: Any) -> None:
+        """A 413 under a status or code key, at any depth, is an overflow without numbers."""
+        assert detect_overflow(body) == OverflowInfo(None, None, None)
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"error": {"code": 400, "message": "invalid tool schema"}},
+            {
+                "error": {
+                    "message": "Rate limit reached on tokens per min (TPM)",
+                    "code": "rate_limit_exceeded",
+                }
+            },
+            {},
+            [],
+            {
+                "error": {
+                    "code": 429,
+                    "message": "Resource has been exhausted",
+                    "status": "RESOURCE_EXHAUSTED",
+                }
+            },
+        ],
+    )
+    def test_other_bodies_are_not_overflows(self, body: Any) -> None:
+        """Bodies about something else, and empty ones, are not overflows."""
+        assert detect_overflow(body) is None
+
+    def test_a_circular_body_does_not_break_detection(self) -> None:
+        """A body that refers to itself is read, not serialised forever."""
+        body: dict[str, Any] = {"message": "prompt is too long: 9 tokens > 8 maximum"}
+        body["self"] = body
+        assert detect_overflow(body) == OverflowInfo("anthropic", 9, 8)
+
+
+# Reference 004's per-provider phrases that are recognised on their own: (provider named in
+# the reference, text, provider reported, window read from the text).
+REFERENCE_004_PHRASES: list[tuple[str, str, str | None, int | None]] = [
+    ("openai", "This model's maximum context length is 8192 tokens.", "openai", 8192),
+    ("azure", "Error code: 400 - content_length_exceeded", "azure", None),
+    ("google", "The input token count exceeds the maximum number of tokens allowed.", "gemini", None),
+    ("bedrock-input", "ValidationException: Input is too long for requested model.", "bedrock", None),
+    ("bedrock-maximum", "The prompt exceeds the model's maximum context length of 8192 tokens.", None, 8192),
+    ("mistral", "context length exceeded", None, None),
+    ("openrouter", "context_length_exceeded", None, None),
+    ("anthropic-prompt", "prompt is too long", "anthropic", None),
+    ("anthropic-tokens", "Too many tokens in the request", None, None),
+    ("anthropic-413", "Error 413: prompt_too_long", "anthropic", None),
+    ("openai-reduce", "Please reduce the length of the messages.", "openai", None),
+    ("anthropic-input", "input is too long", None, None),
+    ("google-content", "The content is too long for this model.", None, None),
+    ("bedrock-exceeds", "The request exceeds the model's maximum.", None, None),
+    ("mistral-maximum", "Prompt contains more than the maximum number of tokens.", None, None),
+]
+
+
+class TestReferencePatterns:
+    """Reference 004 (error detection): the overflow phrases it lists per provider."""
+
+    @pytest.mark.parametrize(
+        ("source", "text", "provider", "maximum"),
+        REFERENCE_004_PHRASES,
+        ids=[p[0] for p in REFERENCE_004_PHRASES],
+    )
+    def test_listed_phrase_is_an_overflow(
+        self, source: str, text: str, provider: str | None, maximum: int | None
+    ) -> None:
+        """Reference 004: each provider's listed phrase alone is an overflow, attributed where the phrase is the provider's own."""
+        assert detect_overflow(text) == OverflowInfo(provider, None, maximum)
+
+    def test_resource_exhausted_is_a_quota_not_an_overflow(self) -> None:
+        """Reference 004 lists Google's RESOURCE_EXHAUSTED; it is Gemini's 429 quota status, which compaction cannot fix."""
+        text = (
+            '{"error": {"code": 429, "message": "Resource has been exhausted (e.g. check quota).", '
+            '"status": "RESOURCE_EXHAUSTED"}}'
+        )
+        assert detect_overflow(text) is None

@@ -1,0 +1,103 @@
+"""The outbox: a committed compaction's completion event survives the death of its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from compaction_worker.contracts.events import CompactionCompleted, Outcome
+from compaction_worker.settings import Settings
+from compaction_worker.state.outbox import Outbox, pack, unpack
+from compaction_worker.state.store import Store
+from tests.orchestration import Published, compact_now, conversation, make_parts
+
+pytestmark = pytest.mark.integration
+
+
+class DiesAfterCommit(Exception):
+    """What a worker killed between its commit and its publish looks like to the test."""
+
+
+class Dying:
+    """A publisher that fails every completion event: the worker 'dies' right after committing."""
+
+    def __init__(self, inner: Published) -> None:
+        self.inner = inner
+
+    async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None:
+        if topic == "compaction.completed":
+            raise DiesAfterCommit
+        await self.inner(topic, payload, key)
+
+
+def test_pack_round_trips() -> None:
+    """The stored value keeps the topic and the exact event bytes."""
+    payload = json.dumps({"a": "x\ny"}).encode()
+    assert unpack(pack("compaction.completed", payload)) == ("compaction.completed", payload)
+
+
+async def test_a_commit_publishes_its_event_and_leaves_nothing_behind(
+    parts: Any, published: Published, redis_client: redis.asyncio.Redis
+) -> None:
+    """The live path: the event is written with the commit, published, then removed with its index entry."""
+    turns, compactor, store, jobs = parts
+    for turn in conversation(24):
+        await turns.handle(turn, b"c")
+    done = await compact_now(jobs, compactor)
+    assert done.outcome is Outcome.COMPACTED
+    (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
+    assert event == done
+    assert await redis_client.hlen(store.keys("c").outbox) == 0
+    assert await redis_client.zcard(compactor.outbox.index) == 0
+    (record,) = await store.compactions("c")
+    assert record["compaction_id"] == str(done.compaction_id)
+
+
+async def test_an_event_left_by_a_dead_worker_is_relayed_once(
+    redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+) -> None:
+    """Killed after the commit: the state is committed, the event is in the outbox, a sweeper publishes it once."""
+    settings.worker.lock_ttl_seconds = 1  # the grace before a sweeper may step in
+    turns, dying, store, jobs = make_parts(redis_client, settings, Dying(published))
+    for turn in conversation(24):
+        await turns.handle(turn, b"c")
+    claim = await jobs.claim("c")
+    assert claim is not None
+    with pytest.raises(DiesAfterCommit):
+        await dying.run(claim)
+    assert (await store.meta("c")).version == 1  # committed
+    assert published.on("compaction.completed") == []
+    assert await redis_client.hlen(store.keys("c").outbox) == 1
+
+    sweepers = [Outbox(store, published, 1) for _ in range(3)]
+    assert sum([await s.relay() for s in sweepers]) == 0  # within the grace: the worker may still deliver
+    await asyncio.sleep(1.1)
+    counts = await asyncio.gather(*(s.relay() for s in sweepers))
+    assert sorted(counts) == [0, 0, 1]
+    (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
+    assert (event.outcome, event.version) == (Outcome.COMPACTED, 1)
+    assert await redis_client.hlen(store.keys("c").outbox) == 0
+    assert await redis_client.zcard(sweepers[0].index) == 0
+
+
+async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
+    redis_client: redis.asyncio.Redis, published: Published
+) -> None:
+    """A sweeper that finds an empty outbox removes the index entry only if no new compaction re-armed it."""
+    store = Store(redis_client, "t", None)
+    outbox = Outbox(store, published, 1)
+    await redis_client.zadd(outbox.index, {"c": 0})  # due, empty outbox
+    original_claim = outbox._claim
+
+    async def claim_then_rearm(**kw: Any) -> Any:
+        lease = await original_claim(**kw)
+        await outbox.expect("c")  # a new compaction arms the entry between claim and unindex
+        return lease
+
+    outbox._claim = claim_then_rearm  # type: ignore[assignment]
+    assert await outbox.relay() == 0
+    assert await redis_client.zscore(outbox.index, "c") is not None

@@ -1,0 +1,214 @@
+"""The compaction run end to end over small hand-built histories.
+
+Tail selection is tested in ``tests/strategies/test_tail.py``, repair and the provider
+checks in ``tests/strategies/test_repair.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render
+from compaction_worker.errors import SummarizerError
+from compaction_worker.settings import PipelineSettings
+from compaction_worker.strategies import (
+    Limits,
+    compact,
+    provider_problems,
+)
+from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
+
+
+def count(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+class FakeCounter:
+    """Four characters a token, four tokens a message."""
+
+    def text(self, text: str) -> int:
+        return count(text)
+
+    def message(self, message: Mapping[str, Any]) -> int:
+        return count(str(message.get("content") or "")) + 4
+
+
+COUNTER = FakeCounter()
+
+
+def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
+    out = []
+    for i, spec in enumerate(specs, start=start):
+        message = spec if isinstance(spec, dict) else {"role": spec[0], "content": f"{spec[0]} {i}"}
+        tokens = 10 if isinstance(spec, dict) else spec[1]
+        out.append(Entry(n=i, seq=i, message=message, tokens=tokens))
+    return tuple(out)
+
+
+def call(call_id: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        ],
+    }
+
+
+def result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "output"}
+
+
+class FakeSummarizer:
+    """Returns a fixed summary, or raises, and records its requests."""
+
+    def __init__(self, text: str = "the summary", fail: bool = False, name: str = "fake") -> None:
+        self.text, self.fail, self.name = text, fail, name
+        self.requests: list[SummaryRequest] = []
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        self.requests.append(request)
+        if self.fail:
+            raise SummarizerError("down")
+        return SummaryResult(self.text, self.name, count(self.text), LlmUsage(calls=1, total_tokens=7))
+
+
+def limits(target: int, **kw: Any) -> Limits:
+    defaults: dict[str, Any] = {
+        "target": target,
+        "fixed_tokens": 0,
+        "window": 10_000,
+        "tail_max_messages": 4,
+        "tail_max_tokens": 1000,
+        "max_summary_tokens": 50,
+        "chunk_budget": 500,
+    }
+    defaults.update(kw)
+    return Limits(**defaults)
+
+
+class TestCompact:
+    async def test_additive_summary_under_target(self) -> None:
+        """References 002, 003 and 004 (the LLM summary): older turns become one chunk; the tail stays verbatim; the result is under target."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory(chunks=(), entries=es)
+        fake = FakeSummarizer()
+        out = await compact(history, limits(300), [fake], COUNTER)
+        assert out.outcome is Outcome.COMPACTED
+        assert out.tokens_after <= 300 < out.tokens_before
+        assert [e.n for e in out.draft.entries] == [9, 10, 11, 12]
+        chunk = out.draft.chunks[0]
+        assert (chunk.first_n, chunk.last_n) == (1, 8)
+        assert next(m["content"] for m in fake.requests[0].messages) == "user 1"
+        assert provider_problems(render(history.with_parts(out.draft.chunks, out.draft.entries))) == []
+
+    async def test_second_compaction_adds_a_chunk(self) -> None:
+        """Reference 003 (additive): a later compaction keeps the first chunk and adds one."""
+        first = SummaryChunk("x", "old", 1, 4, 1, 4, 5, "t", "m")
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=5)
+        out = await compact(EffectiveHistory((first,), es), limits(200), [FakeSummarizer()], COUNTER)
+        assert next(c.id for c in out.draft.chunks) == "x"
+        assert len(out.draft.chunks) == 2
+        assert out.draft.chunks[1].first_n == 5
+
+    async def test_chunks_fold_when_over_their_budget(self) -> None:
+        """References 003 (recursive fallback) and 000 (an earlier summary is folded in as a summary): chunks that outgrow their budget fold into one."""
+        old = tuple(SummaryChunk(str(i), "old " * 40, i, i, i, i, 60, "t", "m") for i in range(1, 4))
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 4], start=4)
+        fake = FakeSummarizer()
+        out = await compact(EffectiveHistory(old, es), limits(260, chunk_budget=100), [fake], COUNTER)
+        assert out.outcome is Outcome.COMPACTED
+        assert len(out.draft.chunks) == 1
+        assert (out.draft.chunks[0].first_n, out.draft.chunks[0].level) == (1, 1)
+        assert len(fake.requests[0].previous_summaries) == 3
+
+    async def test_falls_back_to_the_next_summarizer(self) -> None:
+        """A failing LLM hands over to the deterministic fallback; the error is reported."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        out = await compact(
+            EffectiveHistory((), es),
+            limits(300),
+            [FakeSummarizer(fail=True, name="llm"), FakeSummarizer(name="extractive")],
+            COUNTER,
+        )
+        assert out.outcome is Outcome.COMPACTED
+        assert out.summarizer == "extractive"
+        assert out.error is not None
+        assert "llm: down" in out.error
+
+    async def test_truncation_when_every_summarizer_fails(self) -> None:
+        """Reference 004 (a failed summary falls through to stage 4): sliding-window truncation leaves a marker chunk covering what it dropped."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        out = await compact(EffectiveHistory((), es), limits(300), [FakeSummarizer(fail=True)], COUNTER)
+        assert out.outcome is Outcome.COMPACTED
+        assert out.stages == ("truncate",)
+        assert "removed" in out.draft.chunks[0].text
+        assert out.draft.chunks[0].last_n == out.draft.entries[0].n - 1
+
+    async def test_degrading_guard_shrinks_the_tail_to_zero(self) -> None:
+        """Reference 003 (degrading guard): a tail too large for the budget degrades, down to no tail at all."""
+        es = entries(("user", 20), ("assistant", 20), ("user", 400))
+        out = await compact(EffectiveHistory((), es), limits(100), [FakeSummarizer()], COUNTER)
+        assert out.outcome is Outcome.COMPACTED
+        assert out.draft.entries == ()
+        assert out.draft.chunks[0].last_n == 3
+
+    async def test_noop_when_the_target_is_unreachable(self) -> None:
+        """Reference 003 (the system prompt is compaction-proof): when system prompt and tools alone exceed the target, nothing is committed (invariant 5)."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 3])
+        out = await compact(
+            EffectiveHistory((), es), limits(100, fixed_tokens=150), [FakeSummarizer()], COUNTER
+        )
+        assert out.outcome is Outcome.NOOP
+        assert out.draft.entries == es
+        assert out.error is not None
+        assert "no stage can reach the target" in out.error
+
+    async def test_under_target_is_noop_unless_forced(self) -> None:
+        """References 000 (/compact) and 004 (compactSession): a manual compaction summarizes even below the target."""
+        es = entries(*[(r, 10) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory((), es)
+        assert (await compact(history, limits(10_000), [FakeSummarizer()], COUNTER)).outcome is Outcome.NOOP
+        forced = await compact(history, limits(10_000, force=True), [FakeSummarizer()], COUNTER)
+        assert forced.outcome is Outcome.COMPACTED
+
+    async def test_summary_and_sliding_window_can_be_switched_off(self) -> None:
+        """Reference 004 (enableSummarize, enableSlidingWindow): a disabled stage is skipped; with neither, nothing is committed."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory((), es)
+        fake = FakeSummarizer()
+        no_summary = await compact(
+            history, limits(300), [fake], COUNTER, settings=PipelineSettings(summarize=False)
+        )
+        assert (no_summary.outcome, no_summary.stages) == (Outcome.COMPACTED, ("truncate",))
+        assert fake.requests == []
+        neither = PipelineSettings(summarize=False, sliding_window=False)
+        out = await compact(history, limits(300), [fake], COUNTER, settings=neither)
+        assert (out.outcome, out.draft.entries, out.draft.chunks) == (Outcome.NOOP, es, ())
+
+    async def test_a_chunk_records_its_turns_size_time_and_model(self) -> None:
+        """Reference 003 (Decision 8, summary storage): a chunk keeps the turns it covers, its tokens, when it was made and the model that wrote it."""
+        # Two messages per turn, so turn numbers differ from message ordinals.
+        es = tuple(
+            replace(e, seq=(e.n + 1) // 2) for e in entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        )
+        before = datetime.now(UTC)
+        out = await compact(
+            EffectiveHistory((), es), limits(300), [FakeSummarizer(name="summary-model")], COUNTER
+        )
+        (chunk,) = out.draft.chunks
+        expected = (1, 4, 1, 8, COUNTER.text(chunk.render_text()), "summary-model")
+
+        assert expected == (
+            chunk.first_seq,
+            chunk.last_seq,
+            chunk.first_n,
+            chunk.last_n,
+            chunk.tokens,
+            chunk.model,
+        )
+        assert before <= datetime.fromisoformat(chunk.created_at) <= datetime.now(UTC)
