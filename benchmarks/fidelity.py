@@ -34,8 +34,8 @@ from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
 from compaction_worker.settings import PipelineSettings, Settings
+from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.summaries.llm import Summarizer, SummaryRequest, SummaryResult
 from compaction_worker.summaries.prompts import SECTIONS
 
 MODEL = "gpt-4o-mini"  # a 128k window from the bundled registry, o200k tokenizer

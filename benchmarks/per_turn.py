@@ -19,10 +19,9 @@ import time
 from redis.asyncio import Redis
 
 from compaction_worker.local.embedded import EmbeddedRedis
-from compaction_worker.runtime.turns import TurnHandler
+from compaction_worker.runtime.components import build_components
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.store import NewMessage, Store
+from compaction_worker.state.store import NewMessage
 from compaction_worker.testing import turn_payload
 
 SIZES = (10, 1_000, 10_000, 50_000)
@@ -36,9 +35,9 @@ async def _publish(topic: str, payload: bytes, key: bytes | None) -> None:
 async def main(turns: int) -> None:
     with EmbeddedRedis() as server:
         redis = Redis.from_url(server.url)
-        settings = Settings()
-        store = Store(redis, "bench", None)
-        handler = TurnHandler(settings, store, JobQueue(store, 60), _publish)
+        settings = Settings(redis={"key_prefix": "bench", "retention_seconds": None})
+        parts = build_components(settings, redis, _publish)
+        store, handler = parts.store, parts.turns
         for size in SIZES:
             cid = f"h{size}"
             filler = [NewMessage({"role": "user", "content": f"message {i} " * 5}, 15) for i in range(size)]

@@ -1,39 +1,53 @@
-"""The one place that imports LiteLLM, set up for a process without internet access.
+"""The one place that loads LiteLLM, set up for a process without internet access.
 
-Why this exists: on import LiteLLM fetches its model map from GitHub (with retries and
-backoff, several seconds offline) unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set, so the
-variable must be set before the first ``import litellm`` anywhere in the process. And
-tiktoken downloads its encodings on first use unless ``TIKTOKEN_CACHE_DIR`` points at a
-copy: LiteLLM bundles o200k_base, cl100k_base and p50k_base and points tiktoken at them,
-but only when its ``default_encoding`` module is imported, which ``import litellm`` no
-longer does (it is lazy). Importing it here, eagerly, makes every encoding we use
-available offline before anything asks for one, and fixes the variable once instead of
-whenever some LiteLLM code path first happens to run.
+Importing this module is cheap: it fixes the environment LiteLLM and tiktoken read (the
+local model map, the bundled tokenizer files) without importing LiteLLM, which takes
+seconds. ``load()`` imports LiteLLM the first time a window lookup or an LLM call needs it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import os
-from importlib import resources
 from pathlib import Path
+from typing import Any
 
+# LiteLLM fetches its model map from the network on import unless this is set.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import litellm
 
-try:
-    # Imported for its side effect: it sets TIKTOKEN_CACHE_DIR to the bundled files (or to
-    # CUSTOM_TIKTOKEN_CACHE_DIR), overriding any value already there, exactly as LiteLLM
-    # would later on its own.
-    import litellm.litellm_core_utils.default_encoding
-except ImportError:  # pragma: no cover - the module moved in a LiteLLM release
-    _bundled = resources.files(litellm).joinpath("litellm_core_utils", "tokenizers")
-    os.environ["TIKTOKEN_CACHE_DIR"] = os.environ.get("CUSTOM_TIKTOKEN_CACHE_DIR") or str(_bundled)
+def _bundled_tokenizers() -> Path:
+    """LiteLLM's bundled tiktoken files, found without importing LiteLLM."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
+        raise ModuleNotFoundError("litellm")
+    return Path(spec.submodule_search_locations[0]) / "litellm_core_utils" / "tokenizers"
 
-# "Provider List: ..." banners on stdout for every unmapped model otherwise.
-litellm.suppress_debug_info = True
+
+# What LiteLLM's default_encoding module sets on import (a custom directory wins), set here
+# before tiktoken is first asked for an encoding, so counting works offline without LiteLLM.
+os.environ["TIKTOKEN_CACHE_DIR"] = os.environ.get("CUSTOM_TIKTOKEN_CACHE_DIR") or str(_bundled_tokenizers())
 
 TIKTOKEN_CACHE_DIR = Path(os.environ["TIKTOKEN_CACHE_DIR"])
 """Where tiktoken reads its encodings from in this process."""
 
-__all__ = ["TIKTOKEN_CACHE_DIR", "litellm"]
+
+@functools.cache
+def load() -> Any:
+    """LiteLLM, imported on first use."""
+    module = importlib.import_module("litellm")
+    # "Provider List: ..." banners on stdout for every unmapped model otherwise.
+    module.suppress_debug_info = True  # type: ignore[attr-defined]  # LiteLLM's flag, not in ModuleType
+    return module
+
+
+def __getattr__(name: str) -> Any:
+    # ``from compaction_worker._litellm import litellm`` loads it on first use.
+    if name == "litellm":
+        return load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["TIKTOKEN_CACHE_DIR", "load"]

@@ -22,6 +22,7 @@ from compaction_worker.errors import CompactionWorkerError
 from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.runtime.telemetry import configure_logging
 from compaction_worker.settings import Settings, load_settings
+from compaction_worker.state.meta import Meta
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -83,7 +84,8 @@ def run(ctx: click.Context) -> None:
 
 
 async def _run(settings: Settings) -> None:
-    from compaction_worker.runtime.worker import build_worker, ensure_topics
+    from compaction_worker.runtime.topics import ensure_topics
+    from compaction_worker.runtime.worker import build_worker
 
     if settings.topics.create:
         created = await ensure_topics(settings)
@@ -113,7 +115,7 @@ def demo(ctx: click.Context, turns: int, conversations: int, context_window: int
     configure_logging("WARNING", settings.log_json)
     say = (lambda _line: None) if as_json else click.echo
     with embedded_infra(settings, say) as settings:
-        from compaction_worker.runtime.worker import ensure_topics
+        from compaction_worker.runtime.topics import ensure_topics
 
         async def go() -> None:
             if settings.topics.create:
@@ -138,9 +140,7 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
 
     async def go() -> None:
         async with Client.connect(settings, kafka=False) as client:
-            meta = await client.meta(conversation_id)
-            if meta.last_seq == 0:
-                raise click.ClickException(f"no conversation {conversation_id!r} in {settings.redis.url}")
+            meta = await _stored_meta(client, conversation_id)
             if full:
                 records = await client.transcript(conversation_id)
                 if as_json:
@@ -195,10 +195,8 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
 
     async def go() -> None:
         async with Client.connect(settings, kafka=False) as client:
-            meta = await client.meta(conversation_id)
-            if meta.last_seq == 0:
-                raise click.ClickException(f"no conversation {conversation_id!r}")
-            job = await client.store.job(conversation_id)
+            meta = await _stored_meta(client, conversation_id)
+            job = await client.job(conversation_id)
             stats = context_stats(conversation_id, meta, settings)
             data = {
                 "conversation_id": conversation_id,
@@ -241,8 +239,7 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
 
     async def go() -> None:
         async with Client.connect(settings, kafka=False) as client:
-            if (await client.meta(conversation_id)).last_seq == 0:
-                raise click.ClickException(f"no conversation {conversation_id!r}")
+            await _stored_meta(client, conversation_id)
             found = await client.artifacts(conversation_id)
         if as_json:
             click.echo(json.dumps([dataclasses.asdict(a) for a in found], indent=2, ensure_ascii=False))
@@ -266,13 +263,12 @@ def compact(ctx: click.Context, conversation_id: str) -> None:
     settings = _settings(ctx)
 
     async def go() -> None:
-        from compaction_worker.state.jobs import JobQueue
+        from compaction_worker.runtime.components import build_components
 
         async with Client.connect(settings, kafka=False) as client:
-            if (await client.meta(conversation_id)).last_seq == 0:
-                raise click.ClickException(f"no conversation {conversation_id!r}")
-            jobs = JobQueue(client.store, settings.worker.lock_ttl_seconds * 2)
-            await jobs.schedule(conversation_id, Trigger.MANUAL)
+            await _stored_meta(client, conversation_id)
+            parts = build_components(settings, client.store.redis, _no_publisher)
+            await parts.jobs.schedule(conversation_id, Trigger.MANUAL)
             click.echo(f"manual compaction of {conversation_id} scheduled")
 
     _run_async(go())
@@ -294,21 +290,19 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
     settings = _settings(ctx)
 
     async def go() -> None:
-        from compaction_worker.runtime.rewind import Rewinder
-        from compaction_worker.state.lock import Locks
+        from compaction_worker.runtime.components import build_components
 
         # Kafka too: consumers learn of the new version from compaction.completed.
         async with Client.connect(settings) as client:
-            if (await client.meta(conversation_id)).last_seq == 0:
-                raise click.ClickException(f"no conversation {conversation_id!r}")
+            await _stored_meta(client, conversation_id)
             producer = client.producer
             assert producer is not None  # connect() opened one
 
             async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
                 await producer.send_and_wait(topic, payload, key=key)
 
-            locks = Locks(client.store.redis, settings.worker.lock_ttl_seconds)
-            rewound = await Rewinder(settings, client.store, locks, publish).rewind(conversation_id, version)
+            parts = build_components(settings, client.store.redis, publish)
+            rewound = await parts.rewinder.rewind(conversation_id, version)
         done = rewound.completed
         data = {
             "conversation_id": conversation_id,
@@ -361,6 +355,14 @@ def schemas(check: bool, directory: Path) -> None:
         click.echo(f"wrote {path}")
 
 
+async def _stored_meta(client: Client, conversation_id: str) -> Meta:
+    """The conversation's metadata; a clear error when Redis holds no such conversation."""
+    meta = await client.meta(conversation_id)
+    if meta.last_seq == 0:
+        raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")
+    return meta
+
+
 def _line(message: Mapping[str, Any], width: int) -> str:
     role = message.get("role", "?")
     calls = message.get("tool_calls") or []
@@ -376,6 +378,11 @@ def _line(message: Mapping[str, Any], width: int) -> str:
     label = f"[{role}{' ' + str(message['tool_call_id']) if role == 'tool' else ''}]"
     flat = " ".join(text.split())
     return f"{label} {flat[:width]}{'…' if len(flat) > width else ''}"
+
+
+async def _no_publisher(topic: str, payload: bytes, key: bytes | None) -> None:
+    """The publisher of commands that connect to Redis only: they must not publish."""
+    raise RuntimeError(f"this command has no Kafka connection to publish to {topic}")
 
 
 def _run_async(coro: Any) -> None:

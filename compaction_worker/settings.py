@@ -20,8 +20,11 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
 from compaction_worker.errors import ConfigError
-from compaction_worker.state import keys
+
+DEFAULT_PREFIX = "cw"
+"""What every Redis key of this service starts with, unless ``redis.key_prefix`` says otherwise."""
 
 _yaml_file: ContextVar[Path | None] = ContextVar("_yaml_file", default=None)
 
@@ -54,6 +57,11 @@ class KafkaSettings(_Section):
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
 
+    @property
+    def max_fetch_bytes(self) -> int:
+        """Bytes fetched per partition: room for the largest accepted event, at least 1 MiB."""
+        return max(self.max_event_bytes * 2, 1_048_576)
+
 
 class RedisSettings(_Section):
     """Where Redis is; no URL means embedded."""
@@ -62,7 +70,7 @@ class RedisSettings(_Section):
     password: SecretStr | None = None
     ssl: bool = False
     ssl_ca_certs: Path | None = None
-    key_prefix: str = keys.DEFAULT_PREFIX
+    key_prefix: str = DEFAULT_PREFIX
     retention_seconds: int | None = Field(
         default=30 * 24 * 3600, ge=60, description="Idle conversations expire after this; None keeps them."
     )
@@ -71,10 +79,10 @@ class RedisSettings(_Section):
 class TopicSettings(_Section):
     """Topic names and the partition count used when this service creates them."""
 
-    turns: str = keys.TURNS_TOPIC
-    started: str = keys.STARTED_TOPIC
-    completed: str = keys.COMPLETED_TOPIC
-    dlq: str = keys.DLQ_TOPIC
+    turns: str = TURNS_TOPIC
+    started: str = STARTED_TOPIC
+    completed: str = COMPLETED_TOPIC
+    dlq: str = DLQ_TOPIC
     partitions: int = Field(default=8, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     create: bool = Field(default=False, description="Create missing topics at start-up.")
@@ -232,6 +240,23 @@ class WorkerSettings(_Section):
         gt=0,
         description="A turn held behind a missing turn_seq this long goes to the DLQ (sequence_gap).",
     )
+
+    @property
+    def job_lease_seconds(self) -> float:
+        """How long a claimed job stays with its worker: twice the lock's TTL, so that a job is
+        taken over only after its worker's lock has run out too."""
+        return self.lock_ttl_seconds * 2
+
+    @property
+    def outbox_grace_seconds(self) -> float:
+        """How long a committed event may wait in the outbox before another worker's sweeper
+        publishes it: the lock's TTL, within which the committing worker is still alive."""
+        return self.lock_ttl_seconds
+
+    @property
+    def lock_busy_retry_seconds(self) -> float:
+        """When to try a job again whose conversation another worker has locked."""
+        return self.lock_ttl_seconds / 2
 
 
 class Settings(BaseSettings):

@@ -22,12 +22,9 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.errors import ConfigError
-from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
-from compaction_worker.runtime.compactor import Compactor
-from compaction_worker.runtime.turns import TurnHandler
+from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
+from compaction_worker.runtime.topics import create_topics
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.store import Store
 from compaction_worker.testing import FakeLLMServer
 from tests import orchestration
 
@@ -174,5 +171,6 @@ def published() -> orchestration.Published:
 @pytest.fixture
 def parts(
     redis_client: redis.asyncio.Redis, settings: Settings, published: orchestration.Published
-) -> tuple[TurnHandler, Compactor, Store, JobQueue]:
+) -> orchestration.Parts:
+    """The wired components over the test's Redis, publishing to ``published``."""
     return orchestration.make_parts(redis_client, settings, published)

@@ -1,4 +1,4 @@
-"""What the turn, compaction and rewind tests share: an in-memory publisher, events, fixtures' parts."""
+"""What the turn, compaction and rewind tests share: an in-memory publisher, events, the wired parts."""
 
 from __future__ import annotations
 
@@ -7,18 +7,15 @@ from typing import Any
 
 import redis.asyncio
 
-from compaction_worker.budget.tokens import counter_for
-from compaction_worker.contracts.events import (
-    CompactionCompleted,
-)
-from compaction_worker.runtime.compactor import Compactor
+from compaction_worker.budget.tokens import TokenCounter, counter_for
+from compaction_worker.contracts.events import CompactionCompleted
+from compaction_worker.runtime.compactor import Compactor, Summarizers
+from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.publisher import Publisher
-from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.lock import Locks
-from compaction_worker.state.store import Store
 from compaction_worker.strategies import summary_overhead
+from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.testing import turn_payload
 
@@ -36,27 +33,33 @@ class Published:
         return [json.loads(p) for t, p, _ in self.events if t == topic]
 
 
+Parts = Components
+"""The ``parts`` fixture: the production wiring (``build_components``) over the test's Redis."""
+
+
+def extractive(_model: str, counter: TokenCounter) -> list[Summarizer]:
+    """The summarizers of the tests' parts: the deterministic extractive one only."""
+    return [ExtractiveSummarizer(counter.text)]
+
+
 def make_parts(
-    redis_client: redis.asyncio.Redis, settings: Settings, published: Publisher
-) -> tuple[TurnHandler, Compactor, Store, JobQueue]:
-    """A turn handler and a compactor over one store, with the extractive summarizer."""
-    store = Store(redis_client, "t", None)
-    jobs = JobQueue(store, 60)
-    turns = TurnHandler(settings, store, jobs, published)
-    compactor = Compactor(
-        settings,
-        store,
-        Locks(redis_client, 30),
-        jobs,
-        published,
-        summarizers=lambda _m, c: [ExtractiveSummarizer(c.text)],
-    )
-    return turns, compactor, store, jobs
+    redis_client: redis.asyncio.Redis,
+    settings: Settings,
+    published: Publisher,
+    summarizers: Summarizers = extractive,
+) -> Parts:
+    """The wired components over ``redis_client``, publishing to ``published``; extractive summaries."""
+    return build_components(settings, redis_client, published, summarizers=summarizers)
+
+
+def compactor_with(parts: Parts, published: Publisher, summarizers: Summarizers) -> Compactor:
+    """A compactor wired as ``parts``' is (same Redis, same settings) with other summarizers."""
+    return make_parts(parts.store.redis, parts.settings, published, summarizers).compactor
 
 
 def test_settings() -> Settings:
-    """Settings with a small event-size limit and a key prefix of its own."""
-    return Settings(redis={"key_prefix": "t"}, kafka={"max_event_bytes": 16384})
+    """Settings with a small event-size limit, a key prefix of its own and no expiry."""
+    return Settings(redis={"key_prefix": "t", "retention_seconds": None}, kafka={"max_event_bytes": 16384})
 
 
 def raw(cid: str, seq: int, *messages: dict[str, Any], **fields: Any) -> bytes:

@@ -21,15 +21,9 @@ from click.testing import CliRunner
 
 from compaction_worker.cli import main
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
-from compaction_worker.runtime.compactor import Compactor
-from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.lock import Locks
-from compaction_worker.state.store import Store
-from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.testing import turn_payload
-from tests.orchestration import Published
+from tests.orchestration import Published, make_parts
 from tests.runtime.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
@@ -45,9 +39,7 @@ async def conversation(
 ) -> str:
     """A stored three-turn conversation; the CLI is pointed at its Redis."""
     monkeypatch.setenv("COMPACTION_REDIS__URL", redis_url)
-    settings = Settings()
-    store = Store(redis_client, settings.redis.key_prefix, None)
-    handler = TurnHandler(settings, store, JobQueue(store, 60), _noop_publish)
+    handler = make_parts(redis_client, Settings(), _noop_publish).turns
     call = {
         "id": "call_1",
         "type": "function",
@@ -126,28 +118,18 @@ async def compacted(
     }.items():
         monkeypatch.setenv(f"COMPACTION_{name}", value)
     settings = Settings()
-    store = Store(redis_client, settings.redis.key_prefix, None)
-    jobs = JobQueue(store, 60)
-    handler = TurnHandler(settings, store, jobs, _noop_publish)
+    parts = make_parts(redis_client, settings, _noop_publish)
     cid = "cli-rewind"
     for seq in range(1, 13):
         role = "user" if seq % 2 else "assistant"
         text = f"{role} turn {seq}: " + " ".join(f"point{seq}-{i}" for i in range(150))
-        await handler.handle(
+        await parts.turns.handle(
             json.dumps(turn_payload(cid, seq, [{"role": role, "content": text}])).encode(), None
         )
-    await jobs.schedule(cid, Trigger.MANUAL)
-    compactor = Compactor(
-        settings,
-        store,
-        Locks(redis_client, 30),
-        jobs,
-        _noop_publish,
-        summarizers=lambda _m, c: [ExtractiveSummarizer(c.text)],
-    )
-    claim = await jobs.claim(cid)
+    await parts.jobs.schedule(cid, Trigger.MANUAL)
+    claim = await parts.jobs.claim(cid)
     assert claim is not None
-    done = await compactor.run(claim)
+    done = await parts.compactor.run(claim)
     assert done is not None
     assert done.outcome is Outcome.COMPACTED, done.error
     return cid, settings
@@ -212,7 +194,7 @@ async def archived(
     """Conversation "a", compacted once by a summarizer that keeps no artifact; the CLI points at its Redis."""
     monkeypatch.setenv("COMPACTION_REDIS__URL", redis_url)
     monkeypatch.setenv("COMPACTION_REDIS__KEY_PREFIX", settings.redis.key_prefix)
-    done, _, _ = await compact_mentions(redis_client, settings, published)
+    done, _ = await compact_mentions(redis_client, settings, published)
     return done
 
 

@@ -2,7 +2,7 @@
 
 None of them can run here, so these tests read them and hold them to the code: every
 COMPACTION_* name is a real setting, the values load into Settings, the topics are the
-defaults from keys.py, and the shutdown timings leave the worker its grace period.
+defaults from contracts/events.py, and the shutdown timings leave the worker its grace period.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
 from compaction_worker.settings import Settings, WorkerSettings
-from compaction_worker.state import keys
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 COMPOSE = REPO / "docker-compose.yml"
 K8S = REPO / "deploy" / "kubernetes"
-DEFAULT_TOPICS = {keys.TURNS_TOPIC, keys.STARTED_TOPIC, keys.COMPLETED_TOPIC, keys.DLQ_TOPIC}
+DEFAULT_TOPICS = {TURNS_TOPIC, STARTED_TOPIC, COMPLETED_TOPIC, DLQ_TOPIC}
 DEFAULT_SHUTDOWN_GRACE = WorkerSettings.model_fields["shutdown_grace_seconds"].default
 
 
@@ -292,7 +292,7 @@ class TestCompose:
         worker = compose()["services"]["worker"]
         replicas = worker.get("deploy", {}).get("replicas", worker.get("scale", 1))
         assert replicas >= 2
-        assert replicas * settings.kafka.consumers <= int(created_topics()[keys.TURNS_TOPIC]["partitions"])
+        assert replicas * settings.kafka.consumers <= int(created_topics()[TURNS_TOPIC]["partitions"])
 
     def test_worker_waits_for_healthy_dependencies(self) -> None:
         """The worker starts after Kafka and Redis are healthy and the topics exist."""

@@ -1,4 +1,4 @@
-"""Tests for the fakes in compaction_worker.testing, through LiteLLM's real HTTP client path."""
+"""Tests for the fakes and builders in compaction_worker.testing (the fake LLM through LiteLLM's real HTTP path)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import pytest
 from pydantic import ValidationError
 
 from compaction_worker.contracts.events import TurnEvent
-from compaction_worker.testing import FakeLLMServer, default_summary, turn_payload
+from compaction_worker.testing import (
+    Chat,
+    FakeLLMServer,
+    WordCounter,
+    default_summary,
+    summary_chunk,
+    turn_payload,
+)
 
 try:
     # Sets LITELLM_LOCAL_MODEL_COST_MAP before litellm is imported anywhere.
@@ -321,3 +328,56 @@ class TestTurnPayload:
         """A misspelt field is an error, not silently dropped (TurnEvent ignores extras)."""
         with pytest.raises(TypeError, match="system_promt"):
             turn_payload("conv-1", 1, [{"role": "user", "content": "hi"}], system_promt="Be brief.")
+
+
+class TestWordCounter:
+    def test_counts_words_and_fixed_costs(self) -> None:
+        """A word a token; a message adds its fixed cost, images and tool calls' names and arguments."""
+        counter = WordCounter()
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+        call = {
+            "id": "c",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+        }
+
+        assert counter.text("three short words") == 3
+        assert counter.message({"role": "user", "content": "two words"}) == WordCounter.PER_MESSAGE + 2
+        assert counter.message({"role": "user", "content": [{"type": "text", "text": "look"}, image]}) == (
+            WordCounter.PER_MESSAGE + 1 + WordCounter.PER_IMAGE
+        )
+        assert counter.message({"role": "assistant", "content": None, "tool_calls": [call]}) == (
+            WordCounter.PER_MESSAGE + 1 + 2
+        )
+
+
+class TestChat:
+    def test_numbers_and_counts_entries_as_the_store_would(self) -> None:
+        """Ordinals and turns count up from ``start``; tokens are the counter's unless given."""
+        chat = (
+            Chat(start=3)
+            .user("read it")
+            .tool("call_1", "read_file", {"path": "a.py"}, "print(1)", pinned=True)
+        )
+        chat.add({"role": "assistant", "content": "done"}, seq=9, tokens=1, edit="pruned")
+
+        assert [(e.n, e.seq, e.role) for e in chat.entries] == [
+            (3, 3, "user"),
+            (4, 4, "assistant"),
+            (5, 5, "tool"),
+            (6, 9, "assistant"),
+        ]
+        assert [e.tokens for e in chat.entries[:3]] == [WordCounter().message(m) for m in chat.messages[:3]]
+        assert chat.entries[2].pinned
+        assert (chat.entries[3].tokens, chat.entries[3].edit) == (1, "pruned")
+        assert chat.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'
+        assert chat.draft().entries == tuple(chat.entries)
+
+    def test_summary_chunk_defaults(self) -> None:
+        """A chunk covers its span, turns numbered as its messages, tokens the words of its text."""
+        chunk = summary_chunk(2, 5, "four words of summary", kept=(3,))
+
+        assert (chunk.first_n, chunk.last_n, chunk.first_seq, chunk.last_seq) == (2, 5, 2, 5)
+        assert chunk.tokens == 4
+        assert [n for n in range(1, 7) if chunk.covers(n)] == [2, 4, 5]
+        assert summary_chunk(7).last_n == 7

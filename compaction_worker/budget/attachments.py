@@ -1,38 +1,7 @@
-"""File attachments fitted to the room a conversation has left: a helper for producers.
+"""File attachments fitted to the room a conversation has left: a pure helper for producers.
 
-Reference 004 ("File Token Budget", ``enforceAggregateFileBudget``) gives the files
-attached to one request a single budget, because several large attachments (its example:
-five files, 2.8 MB) overflow the context window on the very first message, before there
-is any history for compaction to shrink. The worker never reads files, so this runs on
-the producer's side: a runtime about to attach files asks first
-(:meth:`compaction_worker.client.client.Client.fit_files`) and attaches what comes back. Pure
-functions, no I/O.
-
-Rules:
-
-- The budget is reference 004's: ``floor((window - current - max_output) * 0.6)``, and 0
-  when nothing remains (:func:`file_budget`).
-- Preview: a file over :data:`FILE_PREVIEW_MODE_SIZE` (5 MB of UTF-8) becomes its first
-  :data:`FILE_PREVIEW_CHARS` (2,000) characters and a notice. It is never counted whole.
-- Fast path: files under :data:`FILE_FAST_PATH_SIZE` (100 KB) are not counted when an
-  upper bound of their tokens (UTF-8 bytes times ``max_tokens_per_byte``, which the caller
-  knows from its tokenizer) fits together with everything else; otherwise they are counted
-  like the others. The reference skips validating small files outright; the bound keeps the
-  saving without letting the total exceed the budget.
-- Over the budget, files are cut in proportion to their size (the reference's rule): each
-  keeps the same fraction of its tokens, as a head (snapped to a line break close to the
-  cut) followed by ``[... truncated: kept 1,234 of 9,876 tokens of report.txt ...]``.
-  Notices count toward the budget. A preview that must shrink stays a preview, shorter.
-- A file whose share would be under :data:`MIN_FILE_TOKENS` (64 tokens: a few lines, too
-  little to tell what a file holds) is dropped instead and leaves only
-  ``[... dropped: report.txt (48,213 characters) did not fit the file budget ...]``;
-  the smallest share goes first, and what it frees goes to the others' shares. A file that
-  costs no more than that notice is kept whole: dropping it would cost more.
-- The result fits: its tokens, notices included, are at most the budget whenever the budget
-  covers every file's dropped notice (:func:`notices_cost`). Below that every file is
-  dropped (files cheaper than their notice kept), so the model still learns what was left
-  out.
-- Order is preserved, and the same input gives the same output.
+Reference 004's aggregate file budget: files are previewed, cut in proportion or dropped
+with a notice so that together they fit (:func:`fit_files`).
 """
 
 from __future__ import annotations

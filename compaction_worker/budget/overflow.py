@@ -1,25 +1,6 @@
 """Recognise a provider's "your input does not fit the context window" error and read its numbers.
 
-Reactive compaction starts from the error text the runtime got back (or from an exception
-raised by LiteLLM), so this module reads the wordings providers really send; the test
-corpus quotes them with their sources. Numbers are read where the text has them:
-``actual_tokens`` is the provider's count of the *input* (when the text splits input and
-requested output, only the input part), ``max_tokens`` the context window it enforced.
-
-Two kinds of look-alikes are deliberately rejected, because compacting the history does
-not fix them: rate limits and quotas ("tokens per minute", "Too many tokens, please wait"),
-and output caps that do not depend on the input ("max_tokens is too large: 128000. This
-model supports at most 16384 completion tokens", "The maximum tokens you requested
-exceeds the model limit of 4096"). An error that ties the output budget to the *window*
-("input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000") is an
-overflow: a shorter input makes room for the output. So is an HTTP 413 (the request body
-is too large): a shorter history is a smaller body.
-
-Several hosts relay another vendor's wording: Azure OpenAI sends OpenAI's sentences,
-Bedrock and Vertex AI send Anthropic's. The provider named is the one that refused, so
-what marks the host (LiteLLM's "<Provider>Exception", the exception's ``llm_provider`` or
-request URL, the SDK's own framing such as botocore's "when calling the Converse
-operation") wins over the vendor a sentence belongs to.
+Rate limits, quotas and output caps are rejected: compacting the history does not fix them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Token counting and the budget: pure functions of messages, settings and a model's window.
 
-Counting uses the model's own tiktoken encoding where one is bundled with LiteLLM (OpenAI
-models); for other providers it approximates with cl100k_base times a per-provider
-multiplier. The budget turns a window and the settings into the thresholds that decide
-when a conversation is compacted and how far down.
+The budget turns a window and the settings into the thresholds that decide when a
+conversation is compacted and how far down.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from typing import Any, Protocol
 
 import tiktoken
 
-# Imported for its side effect: tiktoken finds LiteLLM's bundled encodings, offline.
+# Imported for its side effect: tiktoken finds LiteLLM's bundled encodings, offline
+# (without importing LiteLLM itself).
 from compaction_worker import _litellm  # noqa: F401
 from compaction_worker.budget.windows import WindowInfo, resolve_window
 from compaction_worker.contracts.history import PRIVATE_FIELDS

@@ -1,17 +1,7 @@
 """The context-window registry: how many input tokens a model accepts, and where that came from.
 
-Priority: the event's ``context_window``, then ``budget.window_overrides``, then LiteLLM's
-bundled model map, then ``budget.fallback_window``. Nothing here raises for an unknown or
-malformed model string, nor logs: it falls back, and the per-turn path warns once per
-conversation (turns.py) rather than on every resolution.
-
-Model strings reach LiteLLM's map in many spellings: routers and hosts prefix them
-("openrouter/anthropic/claude-3.5-sonnet", "bedrock/us.anthropic.claude-...-v2:0",
-"ollama/llama3.1:8b"), vendors spell versions differently ("claude-3.5-sonnet" and
-"claude-3-5-sonnet"), and the map keeps some models only under another host. So the
-lookup tries the name and its prefix-stripped forms, then LiteLLM's entries for the same
-model under any host (:func:`_by_base_name`), then, for Gemini, the tier's ``-latest``
-entry (:func:`_gemini_tier`).
+Priority: the event's ``context_window``, ``budget.window_overrides``, LiteLLM's model map
+(under any of a model's spellings), ``budget.fallback_window``. Nothing here raises or logs.
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from compaction_worker._litellm import litellm
+from compaction_worker import _litellm
 from compaction_worker.settings import BudgetSettings
 
 log = logging.getLogger(__name__)
@@ -139,9 +129,9 @@ def _lookup(name: str) -> tuple[int, int | None] | None:
     provider = name.split("/", 1)[0].lower() if "/" in name else ""
     try:
         if provider in _DYNAMIC_PROVIDERS:
-            info = litellm.model_cost.get(name) or {}
+            info = _litellm.load().model_cost.get(name) or {}
         else:
-            info = litellm.get_model_info(name)
+            info = _litellm.load().get_model_info(name)
     except Exception:  # LiteLLM raises several types for unmapped or malformed names.
         return None
     # Some entries exist with every limit set to None (e.g. "o1-mini"): not a match.
@@ -240,7 +230,7 @@ def _base_index() -> dict[str, tuple[int, int | None]]:
     a tie): one host that caps the context far below the model's own must not decide.
     """
     found: defaultdict[str, list[tuple[int, int | None]]] = defaultdict(list)
-    for key, info in litellm.model_cost.items():
+    for key, info in _litellm.load().model_cost.items():
         if not isinstance(info, dict) or info.get("mode") not in _CHAT_MODES:
             continue
         window = _positive(info.get("max_input_tokens")) or _positive(info.get("max_tokens"))

@@ -17,13 +17,16 @@ from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
+from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
 from compaction_worker.contracts.history import render
 from compaction_worker.errors import ConfigError
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
-from compaction_worker.state.store import Meta, Snapshot, Store
+from compaction_worker.state.jobs import Job, JobQueue
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Snapshot, Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,6 @@ class Artifact:
 
 def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> ContextStats:
     """The context meter of a conversation from its stored metadata (pure; no I/O)."""
-    from compaction_worker.budget.tokens import conversation_budget  # noqa: PLC0415  # loads LiteLLM: seconds
-
     _, budget = conversation_budget(meta, settings.budget)
     scale = meta.calibration or 1.0
     parts = {
@@ -185,8 +186,6 @@ class Client:
         reserve; see :mod:`compaction_worker.budget.attachments` for how files are previewed, cut or
         dropped. A conversation not stored yet (the first message) gets the fallback window.
         """
-        from compaction_worker.budget.tokens import counter_for  # noqa: PLC0415  # loads LiteLLM: seconds
-
         meta = await self.store.meta(conversation_id)
         stats = context_stats(conversation_id, meta, self.settings)
         budget = file_budget(stats.window, stats.tokens, stats.window - stats.available)
@@ -196,6 +195,11 @@ class Client:
         # multiplier: tiktoken never exceeds a token per byte) stays valid for the fast path.
         scaled = math.floor(budget / (meta.calibration or 1.0))
         return fit_files(files, scaled, counter.text, max_tokens_per_byte=counter.multiplier)
+
+    async def job(self, conversation_id: str) -> Job | None:
+        """The conversation's pending compaction, if any."""
+        jobs = JobQueue(self.store.redis, self.store.prefix, self.settings.worker.job_lease_seconds)
+        return await jobs.job(conversation_id)
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""

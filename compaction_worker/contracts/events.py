@@ -13,9 +13,15 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from compaction_worker.errors import DeadLetterReason
+from compaction_worker.errors import CompactionWorkerError
 
 SCHEMA_VERSION: Final = 1
+
+# The default topic names; the settings may rename each.
+TURNS_TOPIC: Final = "conversation.turn"
+STARTED_TOPIC: Final = "compaction.started"
+COMPLETED_TOPIC: Final = "compaction.completed"
+DLQ_TOPIC: Final = "conversation.turn.dlq"
 
 ConversationId = Annotated[
     str,
@@ -288,6 +294,28 @@ class CompactionCompleted(_Event):
 # --- conversation.turn.dlq --------------------------------------------------------------
 
 
+class DeadLetterReason(StrEnum):
+    """Why an input event went to the dead-letter topic instead of the store."""
+
+    MALFORMED_JSON = "malformed_json"
+    SCHEMA_VIOLATION = "schema_violation"
+    OVERSIZED = "oversized"
+    KEY_MISMATCH = "key_mismatch"
+    UNKNOWN_MODEL = "unknown_model"
+    SEQUENCE_GAP = "sequence_gap"
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+
+
+class BadEventError(CompactionWorkerError):
+    """An input event that can never be processed; it belongs on the dead-letter topic."""
+
+    def __init__(self, reason: DeadLetterReason, detail: str, conversation_id: str | None = None):
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.conversation_id = conversation_id
+
+
 class DeadLetter(_Event):
     """``conversation.turn.dlq``: an input that cannot be processed, with the original bytes."""
 
@@ -307,8 +335,8 @@ class DeadLetter(_Event):
 
 
 EVENT_MODELS: dict[str, type[_Event]] = {
-    "conversation.turn": TurnEvent,
-    "compaction.started": CompactionStarted,
-    "compaction.completed": CompactionCompleted,
-    "conversation.turn.dlq": DeadLetter,
+    TURNS_TOPIC: TurnEvent,
+    STARTED_TOPIC: CompactionStarted,
+    COMPLETED_TOPIC: CompactionCompleted,
+    DLQ_TOPIC: DeadLetter,
 }

@@ -1,11 +1,7 @@
 """The effective history as plain data: summary chunks, then entries; and how it renders.
 
-An *entry* is one transcript message as the model will see it (verbatim, or with a
-non-LLM edit such as a cleared tool output), or a *synthetic* message that repair made up
-to keep the history valid for providers (ordinal 0: it stands for no transcript message).
-A *summary chunk* covers a contiguous span of transcript messages (by ordinal ``n``) that
-no longer appear as entries. Rendering turns both into provider-ready OpenAI-style
-messages, with the summary placed as configured.
+An entry is a transcript message as the model sees it (maybe edited) or a synthetic one
+repair made up; a chunk covers a contiguous span of transcript messages by ordinal.
 """
 
 from __future__ import annotations

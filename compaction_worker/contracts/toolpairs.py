@@ -1,15 +1,7 @@
-"""Which call each tool result answers, by position (DESIGN invariant 8).
+"""Which call each tool result answers, by position (docs/design.md, invariant 8).
 
-Runtimes number tool calls per turn (``call_0``, ``call_1`` in every assistant message),
-and some repeat an id among one message's parallel calls, so an id names a call only
-together with where it stands. A tool result answers the nearest preceding assistant
-message that issued its id; within that message, results take its calls with that id in
-order. A result that finds no such message, or finds all of its calls with that id
-answered already, answers nothing: every stage treats it as an orphan, never as the
-result of some other call that happens to share its id.
-
-Pure functions over plain message mappings (``Entry.message``), so every stage, the
-summarizer's transcript and the artifact ledger pair the same way.
+A result answers the nearest preceding assistant message that issued its id, never just
+any call sharing it; every stage, the transcript and the ledger pair this way.
 """
 
 from __future__ import annotations

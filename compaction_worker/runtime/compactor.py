@@ -10,14 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker import strategies
-from compaction_worker.budget.overflow import detect_overflow
-from compaction_worker.budget.tokens import (
-    CALIBRATION_BOUNDS,
-    Budget,
-    TokenCounter,
-    conversation_budget,
-    counter_for,
-)
+from compaction_worker.budget.tokens import TokenCounter, conversation_budget, counter_for
 from compaction_worker.contracts.events import (
     CompactionCompleted,
     CompactionStarted,
@@ -27,15 +20,16 @@ from compaction_worker.contracts.events import (
     Trigger,
 )
 from compaction_worker.errors import StaleFenceError
+from compaction_worker.runtime.limits import estimate, limits_for, reactive_target
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
-from compaction_worker.state.jobs import Claim, JobQueue
+from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Locks
+from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, pack
-from compaction_worker.state.store import Job, Meta, Snapshot, Store
-from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.summaries.llm import Summarizer, make_summarizer
+from compaction_worker.state.store import Snapshot, Store
+from compaction_worker.summaries.contract import Summarizer
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +62,10 @@ def next_llm_failures(
     return previous + 1 if result.summarizer_failures else 0
 
 
+Summarizers = Callable[[str, TokenCounter], Sequence[Summarizer]]
+"""The summarizers to try, in order, for a conversation's model and token counter."""
+
+
 class Compactor:
     """Runs one pending compaction: lock, read, pipeline, commit, events."""
 
@@ -75,27 +73,22 @@ class Compactor:
         self,
         settings: Settings,
         store: Store,
+        *,
         locks: Locks,
         jobs: JobQueue,
+        outbox: Outbox,
+        archive: Archive,
         publish: Publisher,
-        *,
-        summarizers: Callable[[str, TokenCounter], Sequence[Summarizer]] | None = None,
+        summarizers: Summarizers,
     ) -> None:
         self.settings = settings
         self.store = store
         self.locks = locks
         self.jobs = jobs
+        self.outbox = outbox
+        self.archive = archive
         self.publish = publish
-        self.summarizers = summarizers or self.default_summarizers
-        self.outbox = Outbox(store, publish, settings.worker.lock_ttl_seconds)
-        self.archive = Archive(store.redis, store.prefix, settings.redis.retention_seconds)
-
-    def default_summarizers(self, model: str, counter: TokenCounter) -> Sequence[Summarizer]:
-        """The configured summarizer, then the deterministic extractive one as the fallback."""
-        primary = make_summarizer(self.settings.summarizer, counter.text)
-        if isinstance(primary, ExtractiveSummarizer):
-            return (primary,)
-        return (primary, ExtractiveSummarizer(counter.text))
+        self.summarizers = summarizers
 
     async def run(self, claim: Claim) -> CompactionCompleted | None:
         """Run the job a claim points at; None when there was nothing to do or the lock was busy."""
@@ -106,7 +99,7 @@ class Compactor:
             return None
         async with self.locks.held(cid, self.store.keys(cid)) as lease:
             if lease is None:
-                await self.jobs.postpone(claim, self.settings.worker.lock_ttl_seconds / 2)
+                await self.jobs.postpone(claim, self.settings.worker.lock_busy_retry_seconds)
                 return None
             completed, retry_in = await self._compact(job, lease.fence, lease.token)
         await self.jobs.finish(claim, job)
@@ -131,9 +124,9 @@ class Compactor:
         # Limits are in our estimate's units; calibration converts provider tokens back.
         target, scale = budget.target, meta.calibration or 1.0
         if job.trigger is Trigger.REACTIVE:
-            target, scale = _reactive(job, meta, budget)
+            target, scale = reactive_target(job, meta, budget)
         limits = limits_for(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
-        if job.trigger is Trigger.REACTIVE and _estimate(snapshot, counter) <= limits.target:
+        if job.trigger is Trigger.REACTIVE and estimate(snapshot, counter) <= limits.target:
             # The provider refused this history, so "already under the target" is our
             # estimate's mistake (no numbers to calibrate with, or beyond the clamp):
             # compact anyway, as far as the pipeline goes, instead of a no-op.
@@ -297,7 +290,7 @@ class Compactor:
         if result.outcome is Outcome.COMPACTED:
             # A forced run (manual, or reactive under our estimate) can turn a short span
             # into a summary turn that costs more than the span did: committing that would
-            # grow a history the provider may just have called too long (invariant 5).
+            # grow a history the provider may just have called too long (docs/design.md, invariant 5).
             error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
         await self.store.set_meta(
             run.conversation_id, noop_tokens=int(meta.total_tokens * meta.calibration) or 1
@@ -382,7 +375,7 @@ class Compactor:
 
     async def _superseded(self, cid: str, fence: int) -> bool:
         """Whether another writer acquired the conversation since our fence."""
-        return await self.store.fence(cid) != fence
+        return await self.locks.fence(self.store.keys(cid)) != fence
 
     async def _record_failure(self, cid: str, meta: Meta) -> float:
         """Count the failure and back off; returns the backoff in seconds."""
@@ -408,51 +401,6 @@ def context_status(draft: strategies.Draft) -> ContextStatus:
     or truncated message (the event's stages say which); messages repair made up replace nothing."""
     edited = any(e.edit is not None and not e.synthetic for e in draft.entries)
     return ContextStatus.SUMMARIZED if draft.chunks or edited else ContextStatus.FULL
-
-
-def limits_for(
-    settings: Settings, meta: Meta, budget: Budget, target: int, scale: float, *, force: bool
-) -> strategies.Limits:
-    """The pipeline's limits, in our estimate's units (``scale`` converts provider tokens back)."""
-    return strategies.Limits(
-        target=int(target / scale),
-        fixed_tokens=meta.fixed_tokens,
-        window=int(budget.window / scale),
-        tail_max_messages=settings.tail.max_messages,
-        tail_max_tokens=int(settings.tail.max_fraction * budget.window / scale),
-        max_summary_tokens=settings.summarizer.max_summary_tokens,
-        chunk_budget=int(target / scale * settings.pipeline.chunk_budget_fraction),
-        force=force,
-    )
-
-
-def _reactive(job: Job, meta: Meta, budget: Budget) -> tuple[int, float]:
-    """The target and estimate scale of a reactive compaction.
-
-    The provider's maximum, when its error states one, lowers the target. Its count of the
-    rejected prompt, against our estimate of that same prompt (stored with the job), is
-    the most direct calibration there is: the stored factor moved only part of the way
-    toward it (a moving average, like usage reports), but this compaction uses the whole
-    ratio when it is the larger, so that the compacted history does not overflow again.
-    The ratio is clamped like the factor: far outside those bounds the runtime sent more
-    than the effective history, and shrinking the history by that much would not help.
-    """
-    overflow = detect_overflow(job.error) if job.error else None
-    target = budget.reactive_target(overflow.max_tokens if overflow else None)
-    scale = meta.calibration or 1.0
-    if overflow is not None and overflow.actual_tokens and job.estimate > 0:
-        low, high = CALIBRATION_BOUNDS
-        scale = max(scale, min(high, max(low, overflow.actual_tokens / job.estimate)))
-    return target, scale
-
-
-def _estimate(snapshot: Snapshot, counter: TokenCounter) -> int:
-    """The history's total as the pipeline measures it (estimate units, fixed tokens included)."""
-    history = snapshot.history
-    overhead = strategies.summary_overhead(counter)
-    return snapshot.meta.fixed_tokens + strategies.draft_tokens(
-        strategies.Draft(history.chunks, history.entries), overhead
-    )
 
 
 def _stage_savings(result: strategies.CompactionResult, scale: float) -> dict[str, int]:

@@ -11,21 +11,14 @@ import uuid
 from dataclasses import dataclass
 
 from compaction_worker import strategies
-from compaction_worker.budget.tokens import (
-    conversation_budget,
-    counter_for,
-)
-from compaction_worker.contracts.events import (
-    CompactionCompleted,
-    CompactionStarted,
-    Outcome,
-    Trigger,
-)
+from compaction_worker.budget.tokens import conversation_budget, counter_for
+from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
 from compaction_worker.errors import LockNotAcquiredError
-from compaction_worker.runtime.compactor import limits_for
+from compaction_worker.runtime.limits import limits_for
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import Settings
+from compaction_worker.state import restore
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.store import Store
@@ -50,10 +43,13 @@ class Rewound:
 class Rewinder:
     """Undoes a committed compaction from the preserved transcript, under the conversation's lock."""
 
-    def __init__(self, settings: Settings, store: Store, locks: Locks, publish: Publisher) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, *, locks: Locks, archive: Archive, publish: Publisher
+    ) -> None:
         self.settings = settings
         self.store = store
         self.locks = locks
+        self.archive = archive
         self.publish = publish
 
     async def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
@@ -81,10 +77,11 @@ class Rewinder:
 
             def repair(chunks: tuple[SummaryChunk, ...], entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
                 # The pipeline's last stage, as on every compaction commit: verbatim messages
-                # next to old chunks may need a synthetic turn to stay valid (invariant 4).
+                # next to old chunks may need a synthetic turn to stay valid (docs/design.md, invariant 4).
                 return strategies.repair(strategies.Draft(chunks, entries), ctx).draft.entries
 
-            result = await self.store.rewind(
+            result = await restore.rewind(
+                self.store,
                 cid,
                 fence=lease.fence,
                 lock_token=lease.token,
@@ -96,8 +93,7 @@ class Rewinder:
         before = result.before
         restored = before.history.with_parts(result.chunks, result.entries)
         placement = self.settings.pipeline.summary_placement
-        archive = Archive(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
-        archived = await archive.items(cid)
+        archived = await self.archive.items(cid)
         compaction_id = uuid.uuid4()
         tokens_before = int(before.meta.total_tokens * scale)
         # The whole total after the rewind, messages appended while it ran included.

@@ -1,16 +1,15 @@
 """The per-turn path: validate, append, check the budget, record a job; bad input to the DLQ.
 
-It never waits on an LLM: compactions run later, from the job queue (see compactor.py).
+It never waits on an LLM: compactions run later, from the job queue (compactor.py).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -25,25 +24,20 @@ from compaction_worker.budget.tokens import (
 )
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import (
+    BadEventError,
     CompactionMode,
-    DeadLetter,
+    DeadLetterReason,
     Trigger,
     TurnEvent,
 )
-from compaction_worker.errors import BadEventError, DeadLetterReason
-from compaction_worker.runtime.publisher import Publisher, encode
+from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.settings import Settings
-from compaction_worker.state.gaps import GapIndex, conflicting_duplicate
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.store import AppendStatus, HeldTurn, JobRequest, Meta, NewMessage, Store
+from compaction_worker.state.gaps import GapIndex, HeldTurn, conflicting_duplicate
+from compaction_worker.state.jobs import JobQueue, JobRequest
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import AppendResult, AppendStatus, NewMessage, Store
 
 log = logging.getLogger(__name__)
-
-DLQ_RECORD_LIMIT = 1_000_000
-"""Bytes one dead-letter record (key and value) stays under: Kafka's default limit for a record
-is 1 MiB (producer max.request.size, broker message.max.bytes), less room for headers. The
-original travels as base64 (4/3 of its size), so a bad event over ~745 KB would not fit whole;
-a record that cannot be published would send its event back forever and stall the partition."""
 
 
 class TurnStatus(StrEnum):
@@ -73,15 +67,17 @@ class TurnHandler:
         settings: Settings,
         store: Store,
         jobs: JobQueue,
-        publish: Publisher,
+        gaps: GapIndex,
+        dead_letters: DeadLetters,
+        *,
         on_scheduled: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.jobs = jobs
-        self.publish = publish
+        self.gaps = gaps
+        self.dead_letters = dead_letters
         self.on_scheduled = on_scheduled or (lambda _cid: None)
-        self.gaps = GapIndex(store, settings.worker.gap_timeout_seconds, self._dead_letter_held)
 
     async def handle(
         self, raw: bytes, key: bytes | None = None, partition: int | None = None, offset: int | None = None
@@ -94,13 +90,13 @@ class TurnHandler:
         try:
             event = self.parse(raw, key)
         except BadEventError as bad:
-            await self.dead_letter(raw, key, partition, offset, bad=bad)
+            await self.dead_letters.send(raw, key, partition, offset, bad=bad)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
         cid = event.conversation_id
         try:
             outcome = await self._apply(event, raw)
         except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
-            await self.dead_letter(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
+            await self.dead_letters.send(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
             outcome = TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
         if outcome.status is TurnStatus.APPENDED:
             await self._drain_pending(cid, event.turn_seq)
@@ -167,25 +163,24 @@ class TurnHandler:
                     raise conflicting_duplicate(cid, event.turn_seq, fingerprint, stored)
                 # A redelivery: the request it carried was recorded with the append; make
                 # sure it is indexed (the crash may have come between the two writes).
-                if await self.store.job(cid) is not None:
-                    await self.jobs.mark_due(cid)
+                if await self.jobs.ensure_due(cid):
                     self.on_scheduled(cid)
                 scheduled = await self._check_threshold(cid, meta)
                 return TurnOutcome(TurnStatus.DUPLICATE, cid, scheduled)
             if event.turn_seq > meta.last_seq + 1:
                 if not await self.gaps.hold(cid, event.turn_seq, raw, fingerprint=fingerprint):
-                    held = await self.store.held_turn(cid, event.turn_seq)
+                    held = await self.gaps.held_turn(cid, event.turn_seq)
                     if held is None:
                         continue  # released or expired since the hold was refused: look again
                     _check_held(event, fingerprint, held)
                 log.info("turn %s of %s waits for turn %s", event.turn_seq, cid, meta.last_seq + 1)
                 return TurnOutcome(TurnStatus.BUFFERED, cid)
             request = _request_of(event)
-            status, _, _ = await self._append(event, meta, request, fingerprint)
-            if status == AppendStatus.APPENDED:
+            appended = await self._append(event, meta, request, fingerprint)
+            if appended.status is AppendStatus.APPENDED:
                 break
-            if status == AppendStatus.CONFLICTING_HELD:
-                held = await self.store.held_turn(cid, event.turn_seq)
+            if appended.status is AppendStatus.CONFLICTING_HELD:
+                held = await self.gaps.held_turn(cid, event.turn_seq)
                 if held is not None:
                     _check_held(event, fingerprint, held)
             # "conflict": another writer appended meanwhile (a rebalance overlap); read again.
@@ -200,7 +195,7 @@ class TurnHandler:
 
     async def _append(
         self, event: TurnEvent, meta: Meta, request: JobRequest | None, fingerprint: str
-    ) -> tuple[str, int, int]:
+    ) -> AppendResult:
         settings = self.settings.budget
         counter = counter_for(event.model, settings)
         new = [NewMessage(m.to_dict(), counter.message(m.to_dict())) for m in event.messages]
@@ -301,9 +296,9 @@ class TurnHandler:
     async def _drain_pending(self, cid: str, seq: int) -> None:
         """Apply, in order, turns that were held behind a gap this turn just filled."""
         released = 0
-        while (raw := await self.store.pending_turn(cid, seq + 1)) is not None:
+        while (held := await self.gaps.held_turn(cid, seq + 1)) is not None:
             released += 1
-            outcome = await self.handle_held(raw, cid, seq + 1)
+            outcome = await self.handle_held(held.raw, cid, seq + 1)
             if outcome.status is not TurnStatus.APPENDED:
                 break
             seq += 1
@@ -315,44 +310,10 @@ class TurnHandler:
         try:
             return await self._apply(self.parse(raw, cid.encode()), raw)
         except BadEventError as bad:  # settings changed since it was held, or its seq was stored meanwhile
-            await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
+            await self.dead_letters.held(raw, cid, turn_seq, bad)
             # Left held, it would block its conversation and be dead-lettered again on expiry.
-            await self.store.drop_pending(cid, turn_seq)
+            await self.gaps.drop(cid, turn_seq)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
-
-    async def dead_letter(
-        self,
-        raw: bytes,
-        key: bytes | None,
-        partition: int | None,
-        offset: int | None,
-        *,
-        bad: BadEventError,
-        turn_seq: int | None = None,
-    ) -> None:
-        """Publish the original bytes and the reason to the dead-letter topic."""
-        record = DeadLetter(
-            reason=bad.reason,
-            detail=bad.detail[:4000],
-            conversation_id=bad.conversation_id,
-            turn_seq=turn_seq,
-            source_topic=self.settings.topics.turns,
-            partition=partition,
-            offset=offset,
-            key_b64=base64.b64encode(key).decode() if key is not None else None,
-            original_b64=base64.b64encode(raw).decode(),
-            original_size=len(raw),
-        )
-        payload = encode(record)
-        if len(payload) + len(key or b"") > DLQ_RECORD_LIMIT:
-            payload = encode(_cut_original(record, raw, key))
-        log.warning("dead-lettered an event: %s", bad)
-        await self.publish(self.settings.topics.dlq, payload, key)
-
-    async def _dead_letter_held(self, raw: bytes, cid: str, turn_seq: int, bad: BadEventError) -> None:
-        # Held turns were keyed by their conversation (or not keyed: parse allows that); the
-        # record is keyed by it either way, so it lands beside the conversation's other letters.
-        await self.dead_letter(raw, cid.encode(), None, None, bad=bad, turn_seq=turn_seq)
 
 
 _IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
@@ -392,19 +353,6 @@ def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
     return sum(m.tokens for m in new[:last_assistant])
 
 
-def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:
-    """The record with as much of the original as fits in one Kafka record, saying how much."""
-    bare = len(encode(record.model_copy(update={"original_b64": ""})))
-    room = DLQ_RECORD_LIMIT - bare - len(key or b"") - 200  # 200: the note below
-    keep = max(0, room) // 4 * 3
-    note = (
-        f" (the record keeps the first {keep} of {len(raw)} bytes; the whole would not fit in a Kafka record)"
-    )
-    return record.model_copy(
-        update={"original_b64": base64.b64encode(raw[:keep]).decode(), "detail": record.detail + note}
-    )
-
-
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
@@ -416,6 +364,3 @@ def _validation_summary(error: ValidationError) -> str:
         parts.append(f"{where}: {item['msg']}")
     more = error.error_count() - 10
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-
-
-Handler = Callable[[bytes, bytes | None, int | None, int | None], Awaitable[TurnOutcome]]

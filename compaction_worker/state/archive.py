@@ -1,13 +1,8 @@
 """The artifact archive: every artifact ever extracted from what a compaction replaced.
 
-A chunk's ledger is bounded; when it is short of room, or when a later fold merges it
-away, items leave the effective history. They are never dropped silently: before each
-commit the compactor archives the items of every message the model no longer sees
-verbatim (covered by a summary, or pruned, de-duplicated, truncated), and the
-``compaction.completed`` event counts the archived items the new history no longer
-carries. The archive is one Redis hash per conversation (``ConversationKeys.artifacts``):
-field the ledger item (``"<kind>: <text>"``), value where it was first seen. Writes are
-HSETNX, so a retried compaction writes the same archive.
+One hash per conversation (``ConversationKeys.artifacts``): field the ledger item
+(``"<kind>: <text>"``), value where it was first seen; written before each commit, with
+HSETNX, so a retried compaction writes the same archive (docs/design.md, "The artifact archive").
 """
 
 from __future__ import annotations

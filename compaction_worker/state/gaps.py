@@ -1,45 +1,22 @@
-"""Turns held behind a sequence gap that never fills go to the dead-letter topic.
+"""Turns held behind a sequence gap: the held-turn hash, its index, and expiry.
 
-A turn that arrives ahead of a missing ``turn_seq`` is held in its conversation's
-``pending`` hash until the missing turn arrives (turns.py). If that does not happen within
-``worker.gap_timeout_seconds``, the held turn is published to the dead-letter topic with
-reason ``sequence_gap`` and its original bytes, and removed from the hash.
-
-Expiry never gives up on the missing turn: the conversation keeps waiting for it, and turns
-that arrive after an expiry are held again (and expire again). Nothing is applied out of
-order and nothing is lost: an operator produces the missing turn, then replays the
-dead-lettered ones in order from the DLQ. Expiry touches neither the transcript nor the
-effective history nor the metadata.
-
-Which conversations hold turns is a global sorted set (``<prefix>:gaps``) scored by when
-the oldest held turn was held (epoch ms), so a sweep reads only what is due. Like the job
-index (jobs.py) it lives outside the conversations' hash slots, so it is never written in
-the same script as a pending hash (Redis Cluster would refuse it). Instead the writes are
-ordered so that a held turn always has an index entry; an entry without held turns is
-harmless (the next sweep that reaches it drops it):
-
-* holding writes the hash, then the index, on every attempt, so the redelivery of an
-  event whose worker crashed between the two writes repairs it;
-* dropping an entry removes it, then reads the hash again and restores the entry if a
-  turn was held meanwhile.
-
-A sweep claims expired turns with one script that stamps a lease on each, publishes them,
-then deletes each one whose lease is still its own. Two workers sweeping at once therefore
-dead-letter each turn once, and a worker that dies or cannot publish between the claim and
-the delete leaves the turn to be claimed again when its lease runs out (at least once, as
-everywhere on Kafka).
+A turn that arrives ahead of a missing ``turn_seq`` waits in its conversation's ``pending``
+hash until the missing turn arrives; after ``worker.gap_timeout_seconds`` a sweep claims
+it for the dead-letter topic. Expiry never gives up on the missing turn, and touches
+nothing but the held turns (docs/design.md, "Sequence gaps").
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from compaction_worker.errors import BadEventError, DeadLetterReason
-from compaction_worker.state.keys import gaps_index_key
-from compaction_worker.state.store import Store, as_text, split_fingerprint
+from compaction_worker.contracts.events import BadEventError, DeadLetterReason
+from compaction_worker.settings import DEFAULT_PREFIX
+from compaction_worker.state.scripts import Script, as_text
+from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -47,81 +24,77 @@ CLAIM_LEASE_SECONDS = 60.0
 """How long a sweep owns the turns it claimed: longer than a publish can take (aiokafka's
 request timeout is 40 s), short enough that a dead sweeper's claims come back soon."""
 
-DeadLetterSink = Callable[[bytes, str, int, BadEventError], Awaitable[None]]
-"""Publishes one held turn to the dead-letter topic: original bytes, conversation, seq, reason."""
+HELD_LUA = "held.lua"
+"""The library that reads a held turn's stored form in Lua (the format below)."""
 
-# Reads the prefix store.py writes before a held turn: "<held_ms>:" or "<held_ms>/<lease_ms>:".
-# Returns the hold time (as written), the lease (0: none) and where the rest starts (the
-# original bytes, after the turn's fingerprint if it has one: store.split_fingerprint).
-_LUA_HELD = """
-local function held_of(value)
-  local held, lease, at = string.match(value, '^(%d+)/(%d+):()')
-  if held then return held, tonumber(lease), at end
-  held, at = string.match(value, '^(%d+):()')
-  if held then return held, 0, at end
-  return '0', 0, 1
-end
-"""
+# A held turn is stored as ``<held_ms>:<raw>``, or ``<held_ms>/<lease_ms>:<raw>`` while a
+# sweep dead-letters it; the turn's fingerprint may follow the prefix
+# (``<held_ms>:<fp>:<raw>``). A held turn was a JSON object: its own first byte is never a
+# digit, nor a hex digit.
+_HELD_PREFIX = re.compile(rb"(\d+)(?:/(\d+))?:")
+_HELD_FINGERPRINT = re.compile(rb"([0-9a-f]{32}):")
 
-# KEYS: pending. ARGV: cutoff_ms, now_ms, lease_until_ms.
-# Leases every turn held at or before the cutoff that no live lease covers; returns a flat
-# list of (seq, held_ms, fingerprint and original bytes).
-_CLAIM = (
-    _LUA_HELD
-    + """
-local out = {}
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields, 2 do
-  local value = fields[i + 1]
-  local held, lease, at = held_of(value)
-  if tonumber(held) <= tonumber(ARGV[1]) and lease <= tonumber(ARGV[2]) then
-    local raw = string.sub(value, at)
-    redis.call('HSET', KEYS[1], fields[i], held .. '/' .. ARGV[3] .. ':' .. raw)
-    out[#out + 1] = fields[i]
-    out[#out + 1] = held
-    out[#out + 1] = raw
-  end
-end
-return out
-"""
-)
 
-# KEYS: pending. ARGV: seq, lease_until_ms. Deletes the held turn only under our own lease.
-_DROP = (
-    _LUA_HELD
-    + """
-local value = redis.call('HGET', KEYS[1], ARGV[1])
-if not value then return 0 end
-local _, lease = held_of(value)
-if lease ~= tonumber(ARGV[2]) then return 0 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-return 1
-"""
-)
+def gaps_index_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """Sorted set of conversations with turns held behind a gap, scored by the oldest one's hold time (ms)."""
+    return f"{prefix}:gaps"
 
-# KEYS: pending. The oldest hold time (epoch ms), or nil when nothing is held.
-_OLDEST = (
-    _LUA_HELD
-    + """
-local oldest = nil
-for _, value in ipairs(redis.call('HVALS', KEYS[1])) do
-  local held = tonumber((held_of(value)))
-  if oldest == nil or held < oldest then oldest = held end
-end
-if oldest == nil then return false end
-return oldest
-"""
-)
+
+@dataclass(frozen=True, slots=True)
+class HeldTurn:
+    """A turn held behind a gap: its original bytes and when it was held."""
+
+    turn_seq: int
+    held_ms: int
+    raw: bytes
+    lease_ms: int = 0
+    """While a sweep dead-letters it: until when (epoch ms) no other sweep may."""
+    fingerprint: str | None = None
+    """The turn's content fingerprint; None for a turn held before fingerprints were kept."""
+
+
+def held_value(raw: bytes, held_ms: int, fingerprint: str | None = None) -> bytes:
+    """The stored form of a held turn."""
+    if fingerprint is None:
+        return b"%d:%s" % (held_ms, raw)
+    if re.fullmatch(r"[0-9a-f]{32}", fingerprint) is None:
+        raise ValueError(f"not a turn fingerprint: {fingerprint!r}")
+    return b"%d:%s:%s" % (held_ms, fingerprint.encode(), raw)
+
+
+def split_fingerprint(body: bytes) -> tuple[str | None, bytes]:
+    """A held turn's fingerprint (None if it has none) and its original bytes, from what follows the prefix."""
+    match = _HELD_FINGERPRINT.match(body)
+    if match is None:
+        return None, body
+    return match.group(1).decode(), body[match.end() :]
+
+
+def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
+    """Read a stored held turn; a value without the prefix (held before it existed) counts as held at 0."""
+    data = value.encode() if isinstance(value, str) else value
+    match = _HELD_PREFIX.match(data)
+    if match is None:
+        return HeldTurn(turn_seq, 0, data)
+    held, lease = match.groups()
+    fingerprint, raw = split_fingerprint(data[match.end() :])
+    return HeldTurn(turn_seq, int(held), raw, int(lease or 0), fingerprint)
 
 
 @dataclass(frozen=True, slots=True)
 class ExpiredTurn:
-    """A held turn that a sweep sent to the dead-letter topic."""
+    """A held turn a sweep claimed for the dead-letter topic, with the reason and its original bytes."""
 
     conversation_id: str
     turn_seq: int
-    waited_seconds: float
-    detail: str
+    error: BadEventError
+    raw: bytes
+    lease_ms: int
+    """The claim: the turn stays held under it until :meth:`GapIndex.release`."""
+
+    @property
+    def detail(self) -> str:
+        return self.error.detail
 
 
 def _ms(now: float | None) -> int:
@@ -129,13 +102,17 @@ def _ms(now: float | None) -> int:
 
 
 class GapIndex:
-    """Holds turns behind a gap, indexes the conversations that hold any, and expires them."""
+    """Holds turns behind a gap, indexes the conversations that hold any, and expires them.
+
+    The index lives outside the conversations' hash slots, so its writes are ordered
+    instead: a held turn always has an index entry; an entry without held turns is
+    harmless (the next sweep that reaches it drops it).
+    """
 
     def __init__(
         self,
         store: Store,
         timeout_seconds: float,
-        dead_letter: DeadLetterSink,
         *,
         lease_seconds: float = CLAIM_LEASE_SECONDS,
         batch: int = 100,
@@ -146,11 +123,13 @@ class GapIndex:
         self.timeout_ms = int(timeout_seconds * 1000)
         self.lease_ms = int(lease_seconds * 1000)
         self.batch = batch
-        self.dead_letter = dead_letter
         self.expired = 0
-        self._claim = self.redis.register_script(_CLAIM)
-        self._drop = self.redis.register_script(_DROP)
-        self._oldest = self.redis.register_script(_OLDEST)
+        self._claim = Script(self.redis, HELD_LUA, "gaps_claim.lua")
+        self._drop = Script(self.redis, HELD_LUA, "gaps_drop.lua")
+        self._oldest = Script(self.redis, HELD_LUA, "gaps_oldest.lua")
+
+    def _key(self, conversation_id: str) -> str:
+        return self.store.keys(conversation_id).pending
 
     async def hold(
         self,
@@ -161,53 +140,86 @@ class GapIndex:
         *,
         fingerprint: str | None = None,
     ) -> bool:
-        """Hold a turn until its gap fills or it times out; False if that seq was already held."""
+        """Hold a turn until its gap fills or it times out; False if that seq was already held.
+
+        The hold time (``now``) is kept with the bytes, so each held turn times out on its
+        own; a redelivery keeps the first hold time, and the first turn's bytes and fingerprint.
+        """
         at = _ms(now)
-        added = await self.store.buffer_pending(conversation_id, turn_seq, raw, at, fingerprint)
-        # After the hash, always (see the module docstring); LT keeps the oldest hold time.
+        key = self._key(conversation_id)
+        added = await self.redis.hsetnx(key, str(turn_seq), held_value(raw, at, fingerprint))
+        if self.store.retention_ms:
+            await self.redis.pexpire(key, self.store.retention_ms)
+        # After the hash, on every attempt (a crash between the two is repaired by the
+        # redelivery); LT keeps the oldest hold time.
         await self.redis.zadd(self.index, {conversation_id: at}, lt=True)
-        return added
+        return bool(added)
+
+    async def held_turn(self, conversation_id: str, turn_seq: int) -> HeldTurn | None:
+        """The held turn with this seq, with its hold time and fingerprint, if there is one."""
+        value = await self.redis.hget(self._key(conversation_id), str(turn_seq))
+        return None if value is None else parse_held(turn_seq, value)
+
+    async def held_turns(self, conversation_id: str) -> list[HeldTurn]:
+        """Every turn held behind a gap, by ascending seq."""
+        raw = await self.redis.hgetall(self._key(conversation_id))
+        return sorted((parse_held(int(seq), value) for seq, value in raw.items()), key=lambda h: h.turn_seq)
+
+    async def drop(self, conversation_id: str, turn_seq: int) -> None:
+        """Forget a held turn (the turn handler dead-lettered it on release)."""
+        await self.redis.hdel(self._key(conversation_id), str(turn_seq))
 
     async def reindex(self, conversation_id: str) -> None:
         """Score a conversation by its oldest held turn, or drop it from the index if none is held."""
-        pending = self.store.keys(conversation_id).pending
-        oldest = await self._oldest(keys=[pending])
+        pending = self._key(conversation_id)
+        oldest = await self._oldest([pending])
         if oldest is None:
             await self.redis.zrem(self.index, conversation_id)
             # A turn held between the read and the removal must not be left unindexed.
-            oldest = await self._oldest(keys=[pending])
+            oldest = await self._oldest([pending])
             if oldest is None:
                 return
         await self.redis.zadd(self.index, {conversation_id: int(oldest)})
 
     async def expire(self, now: float | None = None) -> list[ExpiredTurn]:
-        """Dead-letter every turn held longer than the timeout; returns what this call sent.
+        """Claim every turn held longer than the timeout; returns those to dead-letter.
 
-        Safe to run on every worker at once. A publish error propagates (the sweeper logs
-        it); the turns it left claimed are claimed again after their lease.
+        Each returned turn stays held, under a lease, until :meth:`release` after it is
+        published: a worker that dies or cannot publish first leaves it to be claimed again
+        when the lease runs out. Safe to run on every worker at once: each turn is claimed
+        by one sweep. A held copy of a turn stored meanwhile is dropped here, unreturned.
         """
         now_ms = _ms(now)
+        cutoff = now_ms - self.timeout_ms
+        due = await self.redis.zrangebyscore(self.index, "-inf", cutoff, start=0, num=self.batch)
         expired: list[ExpiredTurn] = []
-        for cid in await self._due(now_ms):
-            expired.extend(await self._expire(cid, now_ms))
-            await self.reindex(cid)
-        self.expired += len(expired)
+        for cid in (as_text(r) for r in due):
+            claimed = await self._expire(cid, now_ms)
+            if not claimed:
+                await self.reindex(cid)
+            expired.extend(claimed)
         return expired
+
+    async def release(self, turn: ExpiredTurn) -> None:
+        """Forget an expired turn once it is dead-lettered, unless it was claimed again meanwhile."""
+        cid = turn.conversation_id
+        self.expired += 1
+        if not await self._drop([self._key(cid)], seq=str(turn.turn_seq), lease_ms=str(turn.lease_ms)):
+            log.warning(
+                "turn %s of %s outlived its claim; another sweep may send it again", turn.turn_seq, cid
+            )
+        await self.reindex(cid)
 
     async def held_count(self) -> int:
         """How many conversations hold turns behind a gap (as far as the index knows)."""
         return int(await self.redis.zcard(self.index))
 
-    async def _due(self, now_ms: int) -> list[str]:
-        """Conversations whose oldest held turn has waited past the timeout, oldest first."""
-        cutoff = now_ms - self.timeout_ms
-        raw = await self.redis.zrangebyscore(self.index, "-inf", cutoff, start=0, num=self.batch)
-        return [as_text(r) for r in raw]
-
     async def _expire(self, cid: str, now_ms: int) -> list[ExpiredTurn]:
-        pending = self.store.keys(cid).pending
+        pending = self._key(cid)
         lease = now_ms + self.lease_ms
-        flat = await self._claim(keys=[pending], args=[now_ms - self.timeout_ms, now_ms, lease])
+        flat = await self._claim(
+            [pending], cutoff_ms=str(now_ms - self.timeout_ms), now_ms=str(now_ms), lease_ms=str(lease)
+        )
         if not flat:
             return []
         claimed = sorted((int(flat[i]), int(flat[i + 1]), bytes(flat[i + 2])) for i in range(0, len(flat), 3))
@@ -215,24 +227,21 @@ class GapIndex:
         expired: list[ExpiredTurn] = []
         for seq, held_ms, body in claimed:
             fingerprint, raw = split_fingerprint(body)
-            waited = (now_ms - held_ms) / 1000
-            bad: BadEventError | None = None
             if seq > last_seq:
+                waited = (now_ms - held_ms) / 1000
                 bad = BadEventError(DeadLetterReason.SEQUENCE_GAP, _detail(cid, seq, waited, last_seq), cid)
-            else:
-                # Held by a worker that lost a race with the append of this very seq (a
-                # rebalance overlap): it is stored, so this copy is a duplicate, unless its
-                # content differs (turns without a fingerprint are taken as duplicates).
-                stored = await self.store.fingerprint(cid, seq)
-                if fingerprint is not None and stored is not None and fingerprint != stored:
-                    bad = conflicting_duplicate(cid, seq, fingerprint, stored)
-                else:
-                    log.info("turn %s of %s was applied meanwhile; dropping its held copy", seq, cid)
-            if bad is not None:
-                await self.dead_letter(raw, cid, seq, bad)
-                expired.append(ExpiredTurn(cid, seq, waited, bad.detail))
-            if not await self._drop(keys=[pending], args=[seq, lease]):
-                log.warning("turn %s of %s outlived its claim; another sweep may send it again", seq, cid)
+                expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
+                continue
+            # Held by a worker that lost a race with the append of this very seq (a rebalance
+            # overlap): it is stored, so this copy is a duplicate, unless its content differs
+            # (turns without a fingerprint are taken as duplicates).
+            stored = await self.store.fingerprint(cid, seq)
+            if fingerprint is not None and stored is not None and fingerprint != stored:
+                bad = conflicting_duplicate(cid, seq, fingerprint, stored)
+                expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
+                continue
+            log.info("turn %s of %s was applied meanwhile; dropping its held copy", seq, cid)
+            await self._drop([pending], seq=str(seq), lease_ms=str(lease))
         return expired
 
     def __repr__(self) -> str:

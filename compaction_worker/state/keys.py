@@ -1,19 +1,15 @@
-"""Every Redis key and default topic name, in one place.
+"""The Redis keys of one conversation, all under its hash tag ``{<conversation_id>}``.
 
-All keys of one conversation share the hash tag ``{<conversation_id>}`` so that the
-atomic scripts that touch several of them also run on Redis Cluster.
+One hash tag keeps the atomic scripts that touch several of them on one Redis Cluster slot.
+Each key's format belongs to the module named beside it; the global indexes are their
+owners' (jobs.py, gaps.py, outbox.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-TURNS_TOPIC = "conversation.turn"
-STARTED_TOPIC = "compaction.started"
-COMPLETED_TOPIC = "compaction.completed"
-DLQ_TOPIC = "conversation.turn.dlq"
-
-DEFAULT_PREFIX = "cw"
+from compaction_worker.settings import DEFAULT_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,29 +17,29 @@ class ConversationKeys:
     """The Redis keys of one conversation."""
 
     meta: str
-    """Hash: last seq, message count, running token totals, model, version, status."""
+    """Hash: last seq, message count, running token totals, model, version, status (meta.py)."""
     transcript: str
-    """List: every message ever appended, as JSON records; never rewritten."""
+    """List: every message ever appended, as JSON records; never rewritten (store.py)."""
     chunks: str
-    """List: the effective history's summary chunks, oldest first."""
+    """List: the effective history's summary chunks, oldest first (store.py)."""
     entries: str
-    """List: the effective history's verbatim (or non-LLM-edited) messages."""
+    """List: the effective history's verbatim (or non-LLM-edited) messages (store.py)."""
     pending: str
-    """Hash: turns that arrived ahead of a gap, by seq, with when they were held (store.HeldTurn)."""
+    """Hash: turns that arrived ahead of a gap, by seq, with when they were held (gaps.py)."""
     lock: str
-    """String: the lock holder's token, with a TTL."""
+    """String: the lock holder's token, with a TTL (lock.py)."""
     fence: str
-    """String: the fencing counter, incremented on every lock acquisition."""
+    """String: the fencing counter, incremented on every lock acquisition (lock.py)."""
     job: str
-    """Hash: the pending compaction request, if any."""
+    """Hash: the pending compaction request, if any (jobs.py)."""
     compactions: str
-    """List: a record of every committed compaction, for audit and rewind."""
+    """List: a record of every committed compaction, for audit and rewind (store.py, restore.py)."""
     outbox: str
     """Hash: events written with a commit and not yet published, by compaction id (outbox.py)."""
     artifacts: str
     """Hash: every artifact ever extracted from a compacted span, by ledger item (archive.py)."""
     fingerprints: str
-    """Hash: each stored turn's content fingerprint, by seq (tells a redelivery from a conflict)."""
+    """Hash: each stored turn's content fingerprint, by seq (store.py; tells a redelivery from a conflict)."""
 
     def all(self) -> tuple[str, ...]:
         """All keys, for retention (EXPIRE) and deletion."""
@@ -80,23 +76,3 @@ def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> Con
         artifacts=f"{base}:artifacts",
         fingerprints=f"{base}:fingerprints",
     )
-
-
-def jobs_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of conversations with a pending compaction, scored by when to look next."""
-    return f"{prefix}:jobs"
-
-
-def gaps_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of conversations with turns held behind a gap, scored by the oldest one's hold time (ms)."""
-    return f"{prefix}:gaps"
-
-
-def conversations_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of known conversations, scored by last activity (for listing and retention)."""
-    return f"{prefix}:conversations"
-
-
-def outbox_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of conversations that may have unpublished events, scored by when to look (ms)."""
-    return f"{prefix}:outbox"

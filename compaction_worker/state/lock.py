@@ -1,8 +1,7 @@
-"""The per-conversation lock with a fencing token, renewed while a compaction runs.
+"""The per-conversation lock and its fence, renewed while a compaction runs.
 
-The lock keeps two workers from spending LLM calls on the same conversation; the fence
-is what makes commits correct: every acquisition increments it, and the commit script
-refuses a writer whose fence is no longer current or whose lock has expired.
+The lock saves LLM calls; the fence makes commits correct: every acquisition increments it,
+and the replace script (store.py) refuses a writer whose fence is stale or whose lock expired.
 """
 
 from __future__ import annotations
@@ -17,32 +16,9 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from compaction_worker.state.keys import ConversationKeys
+from compaction_worker.state.scripts import Script
 
 log = logging.getLogger(__name__)
-
-# KEYS: lock, fence. ARGV: token, ttl_ms. Returns the new fence, or nil if held.
-_ACQUIRE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-return nil
-"""
-
-# KEYS: lock. ARGV: token, ttl_ms. Extends the lock only for its holder.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# KEYS: lock. ARGV: token. Deletes the lock only for its holder.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 @dataclass(slots=True)
@@ -59,29 +35,34 @@ class Locks:
     """Acquires, renews and releases per-conversation locks."""
 
     def __init__(self, redis: Redis, ttl_seconds: float) -> None:
+        self.redis = redis
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
+        self._acquire = Script(redis, "lock_acquire.lua")
+        self._renew = Script(redis, "lock_renew.lua")
+        self._release = Script(redis, "lock_release.lua")
+
+    async def fence(self, keys: ConversationKeys) -> int:
+        """The conversation's current fencing token (0 before its first lock)."""
+        return int(await self.redis.get(keys.fence) or 0)
 
     async def acquire(self, conversation_id: str, keys: ConversationKeys) -> Lease | None:
         """Take the lock if it is free; None when another worker holds it."""
         token = secrets.token_hex(16)
-        fence = await self._acquire(keys=[keys.lock, keys.fence], args=[token, self.ttl_ms])
+        fence = await self._acquire([keys.lock, keys.fence], token=token, ttl_ms=str(self.ttl_ms))
         if fence is None:
             return None
         return Lease(conversation_id=conversation_id, token=token, fence=int(fence))
 
     async def renew(self, lease: Lease, keys: ConversationKeys) -> bool:
         """Extend the lock; False (and ``lease.lost`` set) when it is no longer ours."""
-        ok = bool(await self._renew(keys=[keys.lock], args=[lease.token, self.ttl_ms]))
+        ok = bool(await self._renew([keys.lock], token=lease.token, ttl_ms=str(self.ttl_ms)))
         if not ok:
             lease.lost.set()
         return ok
 
     async def release(self, lease: Lease, keys: ConversationKeys) -> None:
         """Give the lock back if it is still ours."""
-        await self._release(keys=[keys.lock], args=[lease.token])
+        await self._release([keys.lock], token=lease.token)
 
     @contextlib.asynccontextmanager
     async def held(self, conversation_id: str, keys: ConversationKeys) -> AsyncIterator[Lease | None]:

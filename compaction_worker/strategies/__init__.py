@@ -1,22 +1,23 @@
 """The compaction pipeline: plain functions over plain data, cheapest stage first.
 
-Each stage module holds one strategy; :func:`compact` (in ``pipeline``) runs them in cost
-order and stops as soon as the draft is under the target. The only I/O is the injected
-summarizer.
+Each stage module holds one strategy; :func:`compact` runs the enabled stages in cost order
+and stops as soon as the draft is under the target. The only I/O is the injected summarizer.
 """
 
 from compaction_worker.strategies.draft import (
     CompactionResult,
     Draft,
     Limits,
+    Stage,
     StageContext,
+    StageKind,
     StageOutcome,
     StageReport,
     draft_tokens,
     message_count,
     summary_overhead,
 )
-from compaction_worker.strategies.pipeline import compact, edited_ordinals
+from compaction_worker.strategies.pipeline import build_stages, compact, edited_ordinals
 from compaction_worker.strategies.repair import provider_problems, repair
 from compaction_worker.strategies.tail import partition, select_tail, split_points
 
@@ -24,9 +25,12 @@ __all__ = [
     "CompactionResult",
     "Draft",
     "Limits",
+    "Stage",
     "StageContext",
+    "StageKind",
     "StageOutcome",
     "StageReport",
+    "build_stages",
     "compact",
     "draft_tokens",
     "edited_ordinals",

@@ -1,37 +1,6 @@
-"""De-duplication: earlier reads of a file, and earlier identical tool outputs, point to the latest.
+"""The deduplicate stage: earlier reads of a file, and earlier identical tool outputs, point to the latest.
 
-Reference 004 (stage 2, "File Read Deduplication"), widened to identical outputs of any
-tool. No LLM call, and lossless: what an earlier result held is still in the history,
-in a later result. Rules:
-
-- Only tool results are rewritten (the reference also rewrites assistant messages that
-  mention a read, which would erase the assistant's own words).
-- A *file read* is a tool call whose verb is not a mutation (the ``command`` argument
-  when it is one word, as in ``{"command": "view", "path": ...}``, else the tool name;
-  ``write``, ``edit``, ``create`` ... are mutations) and that names a path: an argument
-  ``path``, ``file_path``, ``filename``, ``file`` ... or, failing that, reference 004's
-  regex (``read|cat|read_file ... <path>``) over the call's argument values or the first
-  line of the result. A later read of the same path by the same tool supersedes an
-  earlier one when it has no other arguments (a whole-file read) or exactly the same
-  other arguments (the same range); a regex-found read is superseded only by the same
-  call, since the text around the path (``| head``) may limit what was read.
-  The earlier one becomes ``[File <path> - refer to the latest read below]``.
-- An *identical output* is a result with the same tool and exactly the same content as a
-  later one; the earlier one becomes ``[Identical to a later <tool> output below]``.
-- The later copy must hold its content: a placeholder never counts as one, and a
-  head/tail-truncated read does not supersede a full one (it lacks the middle).
-- Pinned entries are never rewritten (they still count as later copies).
-- Each result is judged by its own call, paired by position (runtimes reuse ``call_0`` in
-  every turn): a pointer names the path its own call read, never another call's.
-
-Minimum saving: reference 004 applies a read-dedup only when it saves 30% of the
-characters of the messages it replaces, in aggregate. Here the 30% is per entry (see
-:data:`~compaction_worker.strategies.edits.MIN_ENTRY_SAVING`), so short outputs do not
-ride along with long ones. There is no minimum for the stage as a whole: unlike pruning
-it loses nothing, so any saving is worth having.
-
-Placeholders are strings, so an earlier result with images loses them too; that only
-happens when the later copy has the same images (identical content) or is a re-read.
+Lossless (the later copy holds the content) and judged per result by its own call.
 """
 
 from __future__ import annotations
@@ -44,11 +13,11 @@ from typing import Any
 
 from compaction_worker.contracts.history import Entry, text_of
 from compaction_worker.contracts.toolpairs import ToolCall
-from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
+from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, plural
 from compaction_worker.strategies.edits import (
     PLACEHOLDER_EDITS,
+    EditStage,
     outcome,
-    plural,
     rewrite,
     tool_calls,
     tool_name,
@@ -113,6 +82,10 @@ def deduplicate(draft: Draft, ctx: StageContext) -> StageOutcome:
     parts = [plural(reads, "earlier file read")] if reads else []
     parts += [plural(identical, "identical output")] if identical else []
     return outcome(draft, ctx, edited, STAGE, ", ".join(parts))
+
+
+DEDUPLICATE = EditStage(STAGE, deduplicate)
+"""The stage as the pipeline runs it."""
 
 
 def file_read(call: ToolCall | None, entry: Entry, tool: str) -> ReadKey | None:

@@ -1,9 +1,10 @@
-"""What every stage shares: the limits, the draft, stage reports and results, and measuring."""
+"""What every stage shares: the limits, the draft, the stage type, its outcome, and measuring."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
@@ -17,6 +18,7 @@ from compaction_worker.contracts.history import (
     summary_message_text,
 )
 from compaction_worker.settings import PipelineSettings
+from compaction_worker.summaries.contract import Summarizer
 
 CountText = Callable[[str], int]
 
@@ -78,6 +80,12 @@ class StageContext:
     counter: Counter
     overhead: int
     """Tokens the summary turn costs beyond its chunks (see :func:`summary_overhead`)."""
+    summarizers: Sequence[Summarizer] = ()
+    """Who the summary stage asks, in order: the primary, then the fallbacks."""
+    originals: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Transcript messages by ordinal: a summary reads these, not what the editing stages left."""
+    conversation_id: str = ""
+    conversation_model: str = ""
 
     def count(self, text: str) -> int:
         """Tokens of a text (a summary, a placeholder)."""
@@ -97,12 +105,62 @@ class StageContext:
 
 @dataclass(frozen=True, slots=True)
 class StageOutcome:
-    """A pure stage's result: the new draft, and its report when it changed anything."""
+    """A stage's result: the new draft, its report when it changed anything, and what it cost.
+
+    A stage that changed nothing returns its input draft and no report; it may still have
+    spent LLM calls and met errors, which the completion event reports.
+    """
 
     draft: Draft
     report: StageReport | None = None
     notes: tuple[str, ...] = ()
     """Human-readable remarks for the completion event (see ``CompactionResult.notes``)."""
+    stages: tuple[str, ...] = ()
+    """The names the completion event lists for it; the report's stage when empty."""
+    summary_tokens: int = 0
+    """Tokens of the chunks it wrote (a summary, or the sliding window's marker)."""
+    summarizer: str | None = None
+    """Who wrote those chunks; several names, comma-separated, when a fallback took over midway."""
+    usage: LlmUsage = field(default_factory=LlmUsage)
+    errors: tuple[str, ...] = ()
+    tried: int = 0
+    """How many summarizers it asked (0: none, or it found nothing to summarize)."""
+    failures: int = 0
+    """How many of them failed; the first one asked is the primary."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What the completion event's ``stages`` lists for this outcome (nothing without a report)."""
+        if self.report is None:
+            return ()
+        return self.stages or (self.report.stage,)
+
+
+class StageKind(Enum):
+    """How the pipeline treats a stage's outcome."""
+
+    EDIT = "edit"
+    """Rewrites messages in place: kept even when still over the target; the next stage goes on."""
+    REPLACE = "replace"
+    """Replaces older turns: reports only a draft that reaches the target, which ends the run."""
+    LAST_RESORT = "last_resort"
+    """A REPLACE stage that runs only when what the stages before it kept does not reach the target."""
+
+
+class Stage(Protocol):
+    """One step of the pipeline: prune, deduplicate, truncate_oversized, summarize, the window."""
+
+    @property
+    def name(self) -> str:
+        """The stage's name in the completion event."""
+        ...
+
+    @property
+    def kind(self) -> StageKind: ...
+
+    async def __call__(self, draft: Draft, ctx: StageContext) -> StageOutcome:
+        """Apply the stage to ``draft``; only the summary stage does I/O (its summarizers)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +186,18 @@ class CompactionResult:
     notes: tuple[str, ...] = ()
     """What a reader of the completion event should know: the tail could not start at a
     user turn, a span was summarized in pieces, earlier summaries were shortened."""
+
+
+def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:
+    """The sum of two usages (cost stays unknown only if both are)."""
+    cost = None if a.cost_usd is None and b.cost_usd is None else (a.cost_usd or 0.0) + (b.cost_usd or 0.0)
+    return LlmUsage(
+        calls=a.calls + b.calls,
+        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        completion_tokens=a.completion_tokens + b.completion_tokens,
+        total_tokens=a.total_tokens + b.total_tokens,
+        cost_usd=cost,
+    )
 
 
 def summary_overhead(counter: Counter) -> int:

@@ -1,20 +1,17 @@
 """What the content-editing stages (prune, deduplicate, truncate_oversized) share.
 
-Those stages never add, remove or reorder entries: they rewrite one entry's ``content``,
-mark it with an ``edit`` and re-count its tokens, so ordinals and tool call/result
-pairing stay exactly as they were. Each tool result is judged by its own call, found by
-position (:func:`tool_calls`).
+They rewrite an entry's content in place, never adding, removing or reordering entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
-from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, StageReport
+from compaction_worker.strategies.draft import Draft, StageContext, StageKind, StageOutcome, StageReport
 
 PLACEHOLDER_EDITS = frozenset({"pruned", "deduplicated"})
 """Edits that leave only a short placeholder: nothing left to clear, compare or cut."""
@@ -54,11 +51,6 @@ def image_count(content: object) -> int:
     return sum(1 for p in content if isinstance(p, Mapping) and p.get("type") in IMAGE_TYPES)
 
 
-def plural(count: int, noun: str) -> str:
-    """``1 image``, ``2 images``."""
-    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
-
-
 def rewrite(entry: Entry, content: str | Sequence[Any], edit: str, ctx: StageContext) -> Entry:
     """The entry with new content, marked ``edit``, its tokens re-counted exactly."""
     message = {**entry.message, "content": content if isinstance(content, str) else list(content)}
@@ -78,3 +70,16 @@ def outcome(
         return StageOutcome(draft)
     out = Draft(draft.chunks, tuple(edited.get(i, e) for i, e in enumerate(draft.entries)))
     return StageOutcome(out, StageReport(stage, ctx.tokens(draft) - ctx.tokens(out), detail))
+
+
+@dataclass(frozen=True, slots=True)
+class EditStage:
+    """A content-editing function as a pipeline stage: no I/O, so the call never waits."""
+
+    name: str
+    edit: Callable[[Draft, StageContext], StageOutcome]
+    kind: StageKind = StageKind.EDIT
+
+    async def __call__(self, draft: Draft, ctx: StageContext) -> StageOutcome:
+        """The edit applied to ``draft``."""
+        return self.edit(draft, ctx)

@@ -1,9 +1,6 @@
 """A chunk's verbatim ledger: what it keeps exactly of the span and chunks it replaces.
 
-The summary stage asks for a ledger twice: before the summary (``span_ledger``, sent to
-the summarizer so that it need not spend words on items kept anyway) and after it
-(``finalize_ledger``): then the ledger keeps what the summary text lost, so a weak
-summarizer loses prose, not facts.
+Planned before the summary, completed after it with what the summary text lost.
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
-"""Oversized single messages are cut to a head and a tail, so that no one message resists compaction.
+"""The truncate_oversized stage: huge single messages are cut to a head and a tail, no LLM call.
 
-Reference 000 ("Known limitations": compaction cuts at message boundaries, so one very
-large message, typically a massive tool result, resists eviction) and reference 004
-("Tool Output Limits": 50 KB / 2,000 lines). No LLM call. Rules:
-
-- A message is *huge* when its tokens exceed ``oversized_fraction * window``; its text is
-  cut until the whole message is at most ``oversized_keep_fraction * window`` tokens
-  (capped at the huge threshold).
-- A tool output is also cut when it exceeds ``max_tool_output_bytes`` (UTF-8) or
-  ``max_tool_output_lines``, whatever the window: reference 004 applies those limits to
-  every tool output, and this stage only runs when the history is over its budget.
-- The cut keeps equal halves of head and tail (tool output starts with what was run and
-  ends with the result or the error; a paste starts with what it is), snapped to line
-  breaks near the cut, with a notice between them:
-  ``[... 48,000 characters (1,200 lines) omitted; the full text is preserved in the
-  transcript ...]``.
-
-Which messages:
-
-- Tool outputs: always (both rules), including the newest: a massive result is exactly
-  the message reference 000 says cannot be evicted.
-- User messages: the huge rule, except the latest user message. That is the request the
-  model must answer; cutting it would silently change the question, whereas leaving it
-  whole gives an honest outcome (compaction without it, or a no-op the runtime can
-  surface). Earlier huge pastes have been answered and are cut like any other message.
-- Assistant messages: the huge rule on their text. Tool-call arguments are never cut:
-  they must stay valid JSON for providers that parse them.
-- System messages, pinned messages and summary chunks: never.
-
-List contents: each text part is cut in proportion to its share of the text; image parts
-are kept (a fixed, bounded cost that a text notice cannot stand in for).
+A message over ``oversized_fraction`` of the window, or a tool output over the byte or line
+limit, keeps its start and end around a notice; the latest user message, tool-call
+arguments, images, pinned and system messages are never cut.
 """
 
 from __future__ import annotations
@@ -39,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction_worker.contracts.history import Entry
-from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
-from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, TEXT_TYPES, outcome, plural, rewrite
+from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, plural
+from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, TEXT_TYPES, EditStage, outcome, rewrite
 
 EDIT = "truncated"
 STAGE = "truncate_oversized"
@@ -84,6 +57,10 @@ def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
         if caps != Caps(None, None, None) and (new := shrink(entry, caps, ctx)) is not None:
             edited[i] = new
     return outcome(draft, ctx, edited, STAGE, plural(len(edited), "message"))
+
+
+TRUNCATE_OVERSIZED = EditStage(STAGE, truncate_oversized)
+"""The stage as the pipeline runs it."""
 
 
 def shrink(entry: Entry, caps: Caps, ctx: StageContext) -> Entry | None:

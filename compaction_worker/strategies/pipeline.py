@@ -1,46 +1,48 @@
-"""The pipeline: cheap stages first, then the summary, then the sliding window; stop when under target."""
+"""The pipeline: the enabled stages in cost order, stopping once the history is under its target."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory
 from compaction_worker.settings import PipelineSettings
-from compaction_worker.strategies.dedup import deduplicate
+from compaction_worker.strategies.dedup import DEDUPLICATE
 from compaction_worker.strategies.draft import (
     CompactionResult,
     Counter,
     Draft,
     Limits,
+    Stage,
     StageContext,
+    StageKind,
     StageOutcome,
-    StageReport,
+    add_usage,
     message_count,
     summary_overhead,
 )
-from compaction_worker.strategies.oversized import truncate_oversized
-from compaction_worker.strategies.prune import prune_tool_outputs
-from compaction_worker.strategies.repair import repair
-from compaction_worker.strategies.summarize import SummaryOutcome, summarize
-from compaction_worker.strategies.truncate import TRUNCATION_MODEL, sliding_window
-from compaction_worker.summaries.llm import Summarizer
+from compaction_worker.strategies.oversized import TRUNCATE_OVERSIZED
+from compaction_worker.strategies.prune import PRUNE
+from compaction_worker.strategies.repair import reaches_target, repair
+from compaction_worker.strategies.summarize import SUMMARIZE
+from compaction_worker.strategies.truncate import SLIDING_WINDOW
+from compaction_worker.summaries.contract import Summarizer
 
-CheapStage = Callable[[Draft, StageContext], StageOutcome]
-"""A stage that needs no LLM: a pure function of the draft and the context."""
+NO_STAGE_REACHES = "no stage can reach the target (system prompt, tools and what must stay are too large)"
 
 
-def cheap_stages(settings: PipelineSettings) -> list[CheapStage]:
-    """The enabled no-LLM stages, cheapest first."""
-    stages: list[CheapStage] = []
-    if settings.prune:
-        stages.append(prune_tool_outputs)
-    if settings.deduplicate:
-        stages.append(deduplicate)
-    if settings.truncate_oversized:
-        stages.append(truncate_oversized)
-    return stages
+def build_stages(settings: PipelineSettings) -> list[Stage]:
+    """The enabled stages, cheapest first: what :func:`compact` runs."""
+    candidates: list[tuple[bool, Stage]] = [
+        (settings.prune, PRUNE),
+        (settings.deduplicate, DEDUPLICATE),
+        (settings.truncate_oversized, TRUNCATE_OVERSIZED),
+        (settings.summarize, SUMMARIZE),
+        (settings.sliding_window, SLIDING_WINDOW),
+    ]
+    return [stage for enabled, stage in candidates if enabled]
 
 
 async def compact(
@@ -61,103 +63,39 @@ async def compact(
     what they said, not their placeholders (see :func:`edited_ordinals`).
     """
     settings = settings or PipelineSettings()
-    ctx = StageContext(limits, settings, counter, summary_overhead(counter))
-    start = Draft(history.chunks, history.entries)
-    before = ctx.tokens(start)
-    placement = settings.summary_placement
-    messages_before = message_count(history, placement)
+    # What this run's editing stages change is still verbatim in ``history``; what earlier runs
+    # changed, in ``originals``.
+    verbatim = {e.n: e.message for e in history.entries if e.edit is None and not e.synthetic}
+    ctx = StageContext(
+        limits,
+        settings,
+        counter,
+        summary_overhead(counter),
+        summarizers=tuple(summarizers),
+        originals={**verbatim, **(originals or {})},
+        conversation_id=conversation_id,
+        conversation_model=conversation_model,
+    )
+    run = _Run(history, ctx)
+    if run.tokens_before <= limits.target and not limits.force:
+        return run.result(Outcome.NOOP, run.start, ["already under the target"])
 
-    def fits(draft: Draft) -> bool:
-        # Judged after repair: the synthetic messages it may add cost tokens too.
-        return ctx.fits(repair(draft, ctx).draft)
-
-    summary: SummaryOutcome | None = None  # the summary stage's, once it ran
-
-    def result(outcome: Outcome, draft: Draft, **kw: Any) -> CompactionResult:
-        if outcome is Outcome.COMPACTED:  # repair runs last on every committed draft
-            repaired = repair(draft, ctx)
-            draft = repaired.draft
-            if repaired.report is not None:
-                kw["stages"] = (*kw.get("stages", ()), repaired.report.stage)
-                kw["reports"] = (*kw.get("reports", ()), repaired.report)
-        return CompactionResult(
-            outcome=outcome,
-            draft=draft,
-            tokens_before=before,
-            tokens_after=ctx.tokens(draft),
-            messages_before=messages_before,
-            messages_after=message_count(history.with_parts(draft.chunks, draft.entries), placement),
-            summarizers_tried=summary.tried if summary else 0,
-            summarizer_failures=summary.failures if summary else 0,
-            **kw,
-        )
-
-    if before <= limits.target and not limits.force:
-        return result(Outcome.NOOP, start, error="already under the target")
-
-    draft = start
-    reports: list[StageReport] = []
-    for stage in cheap_stages(settings):
-        out = stage(draft, ctx)
-        if out.report is not None:
-            draft = out.draft
-            reports.append(out.report)
-            if fits(draft) and not limits.force:
-                return result(Outcome.COMPACTED, draft, stages=_names(reports), reports=tuple(reports))
-
-    errors: list[str] = []
-    usage = LlmUsage()
-    if settings.summarize:
-        # What this run's cheap stages edited is in ``history``; what earlier runs did, in ``originals``.
-        verbatim = {e.n: e.message for e in history.entries if e.edit is None and not e.synthetic}
-        summary = await summarize(
-            draft,
-            ctx,
-            summarizers,
-            originals={**verbatim, **(originals or {})},
-            conversation_id=conversation_id,
-            conversation_model=conversation_model,
-        )
-        usage = summary.usage
-        errors.extend(summary.errors)
-        if summary.draft is not None and summary.report is not None:
-            if fits(summary.draft):
-                reports.append(summary.report)
-                return result(
-                    Outcome.COMPACTED,
-                    summary.draft,
-                    stages=(*_names(reports[:-1]), *summary.stages),
-                    reports=tuple(reports),
-                    summary_tokens=summary.summary_tokens,
-                    summarizer=summary.summarizer,
-                    usage=usage,
-                    error="; ".join(errors) or None,
-                    notes=summary.notes,
-                )
-            errors.append(f"summary by {summary.summarizer} left the history over the target")
-
-    if reports and fits(draft):
-        # A manual compaction whose cheap stages did all there was to do.
-        return result(Outcome.COMPACTED, draft, stages=_names(reports), reports=tuple(reports), usage=usage)
-
-    if settings.sliding_window:
-        out = sliding_window(draft, ctx)
-        if out.report is not None and fits(out.draft):
-            reports.append(out.report)
-            marker = out.draft.chunks[0]
-            return result(
-                Outcome.COMPACTED,
-                out.draft,
-                stages=_names(reports),
-                reports=tuple(reports),
-                summary_tokens=marker.tokens,
-                summarizer=TRUNCATION_MODEL,
-                usage=usage,
-                error="; ".join(errors) or None,
-                notes=out.notes,
-            )
-    errors.append("no stage can reach the target (system prompt, tools and what must stay are too large)")
-    return result(Outcome.NOOP, start, usage=usage, error="; ".join(errors))
+    draft = run.start
+    for stage in build_stages(settings):
+        if stage.kind is StageKind.LAST_RESORT and run.settled(draft):
+            break
+        out = await stage(draft, ctx)
+        run.record(out)
+        if out.report is None:
+            continue
+        draft = out.draft
+        if stage.kind is not StageKind.EDIT or (reaches_target(draft, ctx) and not limits.force):
+            return run.commit(draft)
+    if run.settled(draft):
+        # A manual compaction whose editing stages did all there was to do; what the summary
+        # stage could not do is no error then.
+        return run.commit(draft, errors=())
+    return run.result(Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
 
 
 def edited_ordinals(history: EffectiveHistory) -> list[int]:
@@ -165,5 +103,63 @@ def edited_ordinals(history: EffectiveHistory) -> list[int]:
     return [e.n for e in history.entries if e.edit is not None and not e.synthetic]
 
 
-def _names(reports: Sequence[StageReport]) -> tuple[str, ...]:
-    return tuple(r.stage for r in reports)
+@dataclass(slots=True)
+class _Run:
+    """One pipeline run's bookkeeping: the stages applied, what every stage spent and met."""
+
+    history: EffectiveHistory
+    ctx: StageContext
+    start: Draft = field(init=False)
+    tokens_before: int = field(init=False)
+    messages_before: int = field(init=False)
+    applied: list[StageOutcome] = field(default_factory=list)
+    usage: LlmUsage = field(default_factory=LlmUsage)
+    errors: list[str] = field(default_factory=list)
+    tried: int = 0
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        self.start = Draft(self.history.chunks, self.history.entries)
+        self.tokens_before = self.ctx.tokens(self.start)
+        self.messages_before = message_count(self.history, self.ctx.settings.summary_placement)
+
+    def record(self, out: StageOutcome) -> None:
+        """Count what a stage spent and met; keep its outcome if it changed the draft."""
+        self.usage = add_usage(self.usage, out.usage)
+        self.errors.extend(out.errors)
+        self.tried += out.tried
+        self.failures += out.failures
+        if out.report is not None:
+            self.applied.append(out)
+
+    def settled(self, draft: Draft) -> bool:
+        """Whether the stages applied so far reached the target."""
+        return bool(self.applied) and reaches_target(draft, self.ctx)
+
+    def commit(self, draft: Draft, errors: Sequence[str] | None = None) -> CompactionResult:
+        """The compacted result: ``draft`` repaired (repair runs last on every committed draft)."""
+        repaired = repair(draft, self.ctx)
+        if repaired.report is not None:
+            self.applied.append(repaired)
+        return self.result(Outcome.COMPACTED, repaired.draft, self.errors if errors is None else errors)
+
+    def result(self, outcome: Outcome, draft: Draft, errors: Sequence[str]) -> CompactionResult:
+        applied = self.applied if outcome is Outcome.COMPACTED else []
+        after = self.history.with_parts(draft.chunks, draft.entries)
+        return CompactionResult(
+            outcome=outcome,
+            draft=draft,
+            tokens_before=self.tokens_before,
+            tokens_after=self.ctx.tokens(draft),
+            messages_before=self.messages_before,
+            messages_after=message_count(after, self.ctx.settings.summary_placement),
+            stages=tuple(name for out in applied for name in out.names),
+            reports=tuple(out.report for out in applied if out.report is not None),
+            summary_tokens=sum(out.summary_tokens for out in applied),
+            summarizer=next((out.summarizer for out in reversed(applied) if out.summarizer), None),
+            usage=self.usage,
+            error="; ".join(errors) or None,
+            summarizers_tried=self.tried,
+            summarizer_failures=self.failures,
+            notes=tuple(note for out in applied for note in out.notes),
+        )

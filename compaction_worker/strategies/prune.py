@@ -1,35 +1,7 @@
-"""Tool-output pruning: old tool results become a placeholder; the call/result pairing stays.
+"""The prune stage: old tool results become a placeholder that keeps their exact artifacts.
 
-Reference 002 (microcompact) and reference 004 (stage 1, "Tool Output Pruning"): the
-cheapest stage, no LLM call. Rules:
-
-- Tool results are walked newest first. They are protected while their tokens add up to
-  at most ``min(prune_protect_tokens, prune_protect_fraction * window)``; from the first
-  one that does not fit, every older one is cleared (recency, not size, decides).
-- The results of the agent's current step (those that answer the latest assistant message
-  with tool calls, paired by position, when no user message came after it) are always
-  protected, even over the budget: the model is acting on them now, and clearing them
-  makes an agent re-run the same calls. They still count toward the budget. Reference
-  002 protects recent turns the same way.
-- Results of ``protected_tools`` (named by their own call), pinned entries, and
-  results that already hold a placeholder are left alone and do not use the budget.
-- A result is cleared only when the placeholder saves at least 30% of its tokens (see
-  :data:`~compaction_worker.strategies.edits.MIN_ENTRY_SAVING`); short outputs stay.
-- The whole stage applies only when the saving reaches
-  ``min(prune_minimum_savings_tokens, prune_minimum_savings_fraction * window)``:
-  clearing outputs loses information (the originals stay in the transcript, not in the
-  history), which a small saving does not pay for. Otherwise the draft is unchanged.
-
-The cleared content, images included, becomes one string:
-``[Old tool result cleared: read_file, 1,234 tokens; the full output is preserved in the
-transcript]``. Images in an old tool result (screenshots) are part of the stale output and
-cost a fixed amount each, so they go too; the placeholder says how many there were.
-
-What must stay exact outlives the clearing: the output's error texts, commands, paths,
-URLs and ids (its artifact ledger, :mod:`compaction_worker.summaries.artifacts`) follow the
-placeholder, within ``prune_keep_artifact_tokens``. An agent that cleared a failing test
-log still knows the exact error; and a later summary's ledger, which reads the
-effective history, finds them there.
+Recent results (and the agent's current step) are protected; the stage applies only when
+its saving reaches the configured minimum. The call/result pairing stays.
 """
 
 from __future__ import annotations
@@ -37,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compaction_worker.contracts.history import Entry
-from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
+from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, plural
 from compaction_worker.strategies.edits import (
     PLACEHOLDER_EDITS,
+    EditStage,
     image_count,
     outcome,
-    plural,
     rewrite,
     tool_calls,
     tool_name,
@@ -102,6 +74,10 @@ def prune_tool_outputs(draft: Draft, ctx: StageContext) -> StageOutcome:
     if saved < max(1, minimum):
         return StageOutcome(draft)
     return outcome(draft, ctx, edited, STAGE, plural(len(edited), "tool output"))
+
+
+PRUNE = EditStage(STAGE, prune_tool_outputs)
+"""The stage as the pipeline runs it."""
 
 
 def _current_step(entries: tuple[Entry, ...]) -> int | None:

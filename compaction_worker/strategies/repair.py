@@ -1,16 +1,7 @@
-"""Provider validity, checked and fixed last: tool pairs and role order (invariant 4).
+"""Provider validity, checked and fixed last: tool pairs and role order (docs/design.md, invariant 4).
 
-:func:`repair` runs on every draft the pipeline commits. Earlier stages already avoid
-breaking pairs (the tail never splits a call from its result, pinned messages travel with
-their pairs), so on a well-formed conversation it changes nothing. It exists for what
-they cannot rule out: conversations that arrived malformed, pinned messages that meet
-at a junction the compaction created, histories that begin with the assistant. It never
-drops or edits a transcript message (invariant 1); it only adds clearly marked
-synthetic ones (reference 004, "Tool Pair Repair"), and moves an orphan tool result
-next to the synthetic call made for it. Results and calls are paired by position
-(:mod:`compaction_worker.contracts.toolpairs`): a result that reuses an id of another turn's call
-is an orphan, never an answer to that call. :func:`provider_problems` is the checker that
-tests hold every rendered history to.
+:func:`repair` only adds clearly marked synthetic messages; :func:`provider_problems` is
+the checker that tests hold every rendered history to.
 """
 
 from __future__ import annotations
@@ -92,6 +83,11 @@ def repair(draft: Draft, ctx: StageContext) -> StageOutcome:
         Draft(draft.chunks, tuple(fixed)),
         StageReport("repair", -sum(e.tokens for e in added), detail),
     )
+
+
+def reaches_target(draft: Draft, ctx: StageContext) -> bool:
+    """Whether the draft is at or under the target once repaired (synthetic messages cost tokens too)."""
+    return ctx.fits(repair(draft, ctx).draft)
 
 
 def _synthetic(message: dict[str, Any], seq: int, ctx: StageContext) -> Entry:
@@ -214,7 +210,7 @@ def provider_problems(
     *,
     unique_call_ids: bool = True,
 ) -> list[str]:
-    """Ways a rendered history would be rejected by some provider (invariant 4); empty if none.
+    """Ways a rendered history would be rejected by some provider (docs/design.md, invariant 4); empty if none.
 
     Checked: one system message, and only first; the first other message is the user's;
     every tool result answers a call of the assistant message right before its run of

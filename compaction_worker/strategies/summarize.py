@@ -1,37 +1,36 @@
 """The summary stage: older turns become additive chunks; chunks fold when over their budget.
 
-Reference 003: each span is summarized once and its chunk kept (additive); only when the
-chunks together would outgrow their budget are they folded, with the new span, into one
-(recursive). Every chunk carries a verbatim artifact ledger (exact paths, commands,
-errors, URLs and ids of what it covers, see :mod:`compaction_worker.summaries.artifacts`), because
-summaries paraphrase what must stay exact; a fold merges the ledgers of what it folds.
-
-Every message a chunk covers was read by the summarizer that wrote it: a span larger than
-the summarizer's input (:func:`~compaction_worker.summaries.llm.transcript_limit`) is split
-at message boundaries, a tool call with its results, into pieces that fit, and each piece
-becomes its own additive chunk. When a summarizer fails, the pieces it already wrote stay
-and the next summarizer takes the rest, split for its own limit.
+A span too large for the summarizer's input is split into pieces, each its own chunk;
+when a summarizer fails, the next one takes what is left.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.history import Entry, SummaryChunk, public_message
-from compaction_worker.errors import SummarizerError
-from compaction_worker.strategies.draft import CountText, Draft, StageContext, StageReport, plural
+from compaction_worker.strategies.chunks import chunk_frame, make_chunk
+from compaction_worker.strategies.draft import (
+    Draft,
+    StageContext,
+    StageKind,
+    StageOutcome,
+    StageReport,
+    add_usage,
+    plural,
+)
 from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
+from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import partition
-from compaction_worker.summaries.llm import (
+from compaction_worker.summaries.contract import (
     InputTooLargeError,
     Summarizer,
+    SummarizerError,
     SummaryRequest,
     SummaryResult,
     transcript_limit,
@@ -40,93 +39,9 @@ from compaction_worker.summaries.prompts import piece_boundaries, piece_end, tra
 
 log = logging.getLogger(__name__)
 
+STAGE = "summarize"
 MIN_SUMMARY_TOKENS = 32
 """Below this much room a summary is not worth an LLM call."""
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryOutcome:
-    """The summary stage's result; ``draft`` is None when no summary could be made."""
-
-    draft: Draft | None
-    report: StageReport | None = None
-    stages: tuple[str, ...] = ()
-    summarizer: str | None = None
-    """Who wrote the new chunks; several names, comma-separated, when a fallback took over midway."""
-    summary_tokens: int = 0
-    usage: LlmUsage = field(default_factory=LlmUsage)
-    errors: tuple[str, ...] = ()
-    tried: int = 0
-    """How many summarizers were asked (0: the stage found nothing to summarize)."""
-    failures: int = 0
-    """How many of them failed; the first one asked is the primary."""
-    notes: tuple[str, ...] = ()
-    """Remarks for the completion event: how the tail was cut, a span summarized in pieces."""
-
-
-def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:
-    """The sum of two usages (cost stays unknown only if both are)."""
-    cost = None if a.cost_usd is None and b.cost_usd is None else (a.cost_usd or 0.0) + (b.cost_usd or 0.0)
-    return LlmUsage(
-        calls=a.calls + b.calls,
-        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        completion_tokens=a.completion_tokens + b.completion_tokens,
-        total_tokens=a.total_tokens + b.total_tokens,
-        cost_usd=cost,
-    )
-
-
-def make_chunk(
-    text: str,
-    covered: Sequence[Entry],
-    folded: Sequence[SummaryChunk],
-    *,
-    model: str,
-    stages: Sequence[str],
-    count: CountText,
-    artifacts: Sequence[str] = (),
-    kept: Sequence[Entry] = (),
-) -> SummaryChunk:
-    """A summary chunk covering the folded chunks (if any) and the covered entries.
-
-    ``kept`` are entries inside that span that stay verbatim (pinned); the chunk does not
-    cover them, nor what the folded chunks had kept and it does not cover now. Its ``tokens``
-    are those of its rendering: span header, summary and ledger.
-    """
-    firsts = [(c.first_n, c.first_seq) for c in folded] + [(e.n, e.seq) for e in covered]
-    lasts = [(c.last_n, c.last_seq) for c in folded] + [(e.n, e.seq) for e in covered]
-    first_n, first_seq = min(firsts)
-    last_n, last_seq = max(lasts)
-    chunk = SummaryChunk(
-        id=uuid.uuid4().hex,
-        text=text,
-        first_seq=first_seq,
-        last_seq=last_seq,
-        first_n=first_n,
-        last_n=last_n,
-        tokens=0,
-        created_at=datetime.now(UTC).isoformat(),
-        model=model,
-        stages=tuple(stages),
-        level=(max(c.level for c in folded) + 1) if folded else 0,
-        artifacts=tuple(artifacts),
-        # What a folded chunk kept stays kept, unless it is covered now (no longer pinned).
-        kept=tuple(
-            sorted({e.n for e in kept} | ({n for c in folded for n in c.kept} - {e.n for e in covered}))
-        ),
-    )
-    return replace(chunk, tokens=count(chunk.render_text()))
-
-
-def _frame(
-    head: Sequence[Entry], folded: Sequence[SummaryChunk], ledger: Sequence[str], count: CountText
-) -> tuple[int, int]:
-    """Tokens of the rendered chunk around its summary: the span heading, and the ledger block."""
-    bare = make_chunk("", head, folded, model="", stages=(), count=count)
-    if not ledger:
-        return bare.tokens, 0
-    full = make_chunk("", head, folded, model="", stages=(), count=count, artifacts=ledger)
-    return bare.tokens, full.tokens - bare.tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +92,7 @@ class _Span:
         allowance = self.fold_allowance if folded else self.allowance
         cap = max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
         ledger_budget, ledger = plan_ledger(messages, folded, allowance=allowance, cap=cap, count=count)
-        heading, ledger_tokens = _frame(entries, folded, ledger, count)
+        heading, ledger_tokens = chunk_frame(entries, folded, ledger, count)
         if min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
             return f"no room for a summary: {space} tokens left under the target"
         request = SummaryRequest(
@@ -347,7 +262,7 @@ async def summarize(
     originals: Mapping[int, Mapping[str, Any]] | None = None,
     conversation_id: str = "",
     conversation_model: str = "",
-) -> SummaryOutcome:
+) -> StageOutcome:
     """Summarize what lies before the verbatim tail, folding earlier chunks if they are too big.
 
     ``originals`` are transcript messages by ordinal: the summary and its ledger read an
@@ -372,7 +287,7 @@ async def summarize(
     head, pinned, tail = parts.head, parts.pinned, parts.tail
     notes: tuple[str, ...] = (parts.note,) if parts.note else ()
     if not head and not fold:
-        return SummaryOutcome(None, errors=("nothing before the verbatim tail to compact",), notes=notes)
+        return StageOutcome(draft, errors=("nothing before the verbatim tail to compact",), notes=notes)
 
     tail_tokens = sum(e.tokens for e in pinned) + sum(e.tokens for e in tail)
     replaced = sum(e.tokens for e in head) + sum(c.tokens for c in folded)
@@ -397,8 +312,8 @@ async def summarize(
     tried, failures = len(attempts.asked), attempts.current
     if stopped is not None or attempts.current >= len(summarizers):
         errors = (*attempts.errors, stopped) if stopped else tuple(attempts.errors)
-        return SummaryOutcome(
-            None, usage=attempts.usage, errors=errors, tried=tried, failures=failures, notes=notes
+        return StageOutcome(
+            draft, usage=attempts.usage, errors=errors, tried=tried, failures=failures, notes=notes
         )
     chunks = tuple(span.chunks)
     if len(chunks) > 1:
@@ -408,10 +323,10 @@ async def summarize(
         )
     writers = ", ".join(dict.fromkeys(c.model for c in chunks))
     summary_tokens = sum(c.tokens for c in chunks)
-    return SummaryOutcome(
+    return StageOutcome(
         Draft((*kept_chunks, *chunks), (*pinned, *tail)),
-        StageReport("summarize", replaced - summary_tokens, writers),
-        stages=("summarize", "fold") if fold else ("summarize",),
+        StageReport(STAGE, replaced - summary_tokens, writers),
+        stages=(STAGE, "fold") if fold else (STAGE,),
         summarizer=writers,
         summary_tokens=summary_tokens,
         usage=attempts.usage,
@@ -420,3 +335,34 @@ async def summarize(
         failures=failures,
         notes=notes,
     )
+
+
+class SummaryStage:
+    """:func:`summarize` as a pipeline stage: its summary counts only when it reaches the target."""
+
+    name = STAGE
+    kind = StageKind.REPLACE
+
+    async def __call__(self, draft: Draft, ctx: StageContext) -> StageOutcome:
+        """The summarized draft, or the input draft with what the attempt cost and why it fell short."""
+        out = await summarize(
+            draft,
+            ctx,
+            ctx.summarizers,
+            originals=ctx.originals,
+            conversation_id=ctx.conversation_id,
+            conversation_model=ctx.conversation_model,
+        )
+        if out.report is None or reaches_target(out.draft, ctx):
+            return out
+        return StageOutcome(
+            draft,
+            usage=out.usage,
+            errors=(*out.errors, f"summary by {out.summarizer} left the history over the target"),
+            tried=out.tried,
+            failures=out.failures,
+        )
+
+
+SUMMARIZE = SummaryStage()
+"""The stage as the pipeline runs it."""

@@ -1,22 +1,7 @@
 """Where the verbatim tail starts, and what else stays verbatim: pinned messages.
 
-The tail is bounded by a message count and by tokens, whichever is tighter (reference
-000), snapped to a user-turn boundary, never splitting a tool call from its result (pairs
-found by position, :mod:`compaction_worker.contracts.toolpairs`). Only when the latest turn alone
-exceeds the bounds does the tail start inside it, at an assistant message, or degrade
-down to nothing (reference 003's degrading guard); the partition's ``note`` says so.
-Pinned messages (reference 003, "Alternative B") are never summarized: wherever they
-are, they stay as entries, with their tool calls and results.
-
-How pinned messages are budgeted: the token bound is a bound on everything that stays
-verbatim, so pinned messages before the tail count against it (the tail shrinks to make
-room for them, and degrades to nothing when they alone fill it). They do not count
-against the message bound, which is about recency: they are kept for what they say, not
-for when they were said. A pinned message inside the tail is simply part of it.
-
-One thing overrides the bounds: when the last assistant message's tool calls are still
-unanswered, the tail starts at it at the latest. Their results come with the runtime's
-next turn; summarized calls would leave those results orphaned.
+The tail is bounded by messages and tokens, snapped to a user turn, and never parts a
+tool call from its results; open tool calls at the end always stay in it.
 """
 
 from __future__ import annotations
@@ -26,7 +11,7 @@ from dataclasses import dataclass
 
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import tool_pairs
-from compaction_worker.strategies.edits import plural
+from compaction_worker.strategies.draft import plural
 from compaction_worker.strategies.repair import call_ids, open_call_index
 
 

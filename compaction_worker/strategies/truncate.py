@@ -1,13 +1,7 @@
-"""The last resort: a sliding window that drops the oldest turns behind a marker chunk.
+"""The sliding window, the last resort: the oldest turns go behind a marker chunk, no LLM call.
 
-Reference 004, stage 4: no LLM call; the first user-assistant exchange is always kept and
-a marker says that earlier history was truncated. Our effective history is summary
-chunks, then entries, so the first exchange cannot stay in place ahead of the marker:
-the marker chunk quotes it verbatim instead (trimmed, with a notice, when huge). When
-earlier chunks exist, the start of the conversation lies inside them: the marker keeps
-what fits of every one of them (and of their verbatim ledgers) instead, and says what it
-shortened and left out. The marker covers everything it replaced, earlier chunks
-included (invariant 1); pinned entries stay entries.
+The marker quotes the first exchange, or keeps what fits of the earlier summaries, and
+says what was left out; it covers everything it replaced (docs/design.md, invariant 1).
 """
 
 from __future__ import annotations
@@ -16,21 +10,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from compaction_worker.contracts.history import Entry, SummaryChunk
+from compaction_worker.strategies.chunks import make_chunk
 from compaction_worker.strategies.draft import (
     CountText,
     Draft,
     StageContext,
+    StageKind,
     StageOutcome,
     StageReport,
     plural,
 )
 from compaction_worker.strategies.ledger import merge_ledgers
-from compaction_worker.strategies.repair import repair
-from compaction_worker.strategies.summarize import make_chunk
+from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import partition
 from compaction_worker.summaries.prompts import render_content
 
+STAGE = "truncate"
 TRUNCATION_MODEL = "truncation"
+"""The marker chunk's ``model``: no summarizer wrote it."""
 MARKER_RESERVE = 96
 """Tokens set aside for the marker's own sentences when choosing the tail."""
 QUOTE_TOKENS = 256
@@ -250,10 +247,7 @@ def sliding_window(draft: Draft, ctx: StageContext) -> StageOutcome:
     budgets = (max(0, room // 4), max(0, room // 16)) if draft.chunks else (2 * quote,)
     for budget in dict.fromkeys(budgets):
         keeping = _window(draft, ctx, quote, budget)
-        # Judged as the pipeline judges it: after repair, whose synthetic messages cost tokens too.
-        if keeping.report is None or (
-            keeping.report.tokens_saved > 0 and ctx.fits(repair(keeping.draft, ctx).draft)
-        ):
+        if keeping.report is None or (keeping.report.tokens_saved > 0 and reaches_target(keeping.draft, ctx)):
             return keeping
     plain = _window(draft, ctx, 0, 0)
     # A marker larger than what it replaces (a forced compaction of a short history) is no saving.
@@ -292,11 +286,32 @@ def _window(draft: Draft, ctx: StageContext, quote_tokens: int, summary_tokens: 
     out = Draft((marker,), (*pinned, *tail))
     replaced = len(head) + sum(_covered_count(c) for c in draft.chunks)
     saved = ctx.tokens(draft) - ctx.tokens(out)
-    notes = (parts.note,) if parts.note else ()
-    return StageOutcome(out, StageReport("truncate", saved, f"{replaced} messages behind a marker"), notes)
+    return StageOutcome(
+        out,
+        StageReport(STAGE, saved, f"{replaced} messages behind a marker"),
+        notes=(parts.note,) if parts.note else (),
+        summary_tokens=marker.tokens,
+        summarizer=TRUNCATION_MODEL,
+    )
 
 
 def _covered_count(chunk: SummaryChunk) -> int:
     """How many transcript messages a chunk stands for (its span minus the pinned ones in it)."""
     inside = [n for n in chunk.kept if chunk.first_n <= n <= chunk.last_n]
     return chunk.last_n - chunk.first_n + 1 - len(inside)
+
+
+class SlidingWindowStage:
+    """:func:`sliding_window` as the pipeline's last resort: it counts only when it reaches the target."""
+
+    name = STAGE
+    kind = StageKind.LAST_RESORT
+
+    async def __call__(self, draft: Draft, ctx: StageContext) -> StageOutcome:
+        """The windowed draft when it reaches the target; else the input draft, unchanged."""
+        out = sliding_window(draft, ctx)
+        return out if out.report is not None and reaches_target(out.draft, ctx) else StageOutcome(draft)
+
+
+SLIDING_WINDOW = SlidingWindowStage()
+"""The stage as the pipeline runs it."""

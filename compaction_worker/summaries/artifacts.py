@@ -1,13 +1,7 @@
 """The verbatim artifact ledger: exact paths, commands, errors, URLs, ids, names and facts of a span.
 
-LLM summaries paraphrase: a public measurement found that only 9.8% of file paths and 0.2%
-of commands survived summarization verbatim. The ledger is extracted deterministically
-from the messages and stored next to the summary, so the exact strings outlive it. Log
-lines, tool calls and code blocks are read here; what people write in sentences (inline
-commands, errors mid-line, names, numbers the user states) by :mod:`compaction_worker.summaries.mentions`.
-
-Every pattern here is applied to one line (or one word) at a time, and lines are cut at
-``MAX_LINE_CHARS``, so extraction stays linear in the input whatever the input is.
+Extracted deterministically and stored next to a summary, because summaries paraphrase;
+linear in the input whatever the input is.
 """
 
 from __future__ import annotations

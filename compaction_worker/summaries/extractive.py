@@ -1,9 +1,7 @@
 """The extractive summary: the same seven sections as the LLM's, written without an LLM.
 
-It is the deterministic fallback when the LLM fails or none is configured (DESIGN,
-pipeline stage 4): lines are taken verbatim from the span (leads of the user's requests,
-the assistant's decisions, the artifact ledger, tool results, errors) and the least
-important go first when the budget is tight.
+The deterministic fallback when the LLM fails or none is configured: lines taken verbatim
+from the span, the least important dropped first when the budget is tight.
 """
 
 from __future__ import annotations
@@ -15,10 +13,10 @@ from typing import Any, Final
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.toolpairs import pair_results
-from compaction_worker.errors import SummarizerError
 from compaction_worker.summaries.artifacts import extract_artifacts
-from compaction_worker.summaries.llm import CountTokens, SummaryRequest, SummaryResult, validate_summary
+from compaction_worker.summaries.contract import CountTokens, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.prompts import SECTIONS, render_content
+from compaction_worker.summaries.validation import validate_summary
 
 __all__ = ["ExtractiveSummarizer"]
 

@@ -1,13 +1,8 @@
-"""Summaries of conversation spans: the only module that calls an LLM.
+"""The LiteLLM summarizer: the only module that calls an LLM.
 
-:class:`LiteLLMSummarizer` asks any LiteLLM model for a structured summary (the prompt is
-built in :mod:`compaction_worker.summaries.prompts`), with its own retries and fallback models.
-It never leaves a message out to fit its own window: it says how much transcript a
-request may carry (:func:`transcript_limit`), and a span over that is split by the
-summary stage into pieces, each summarized on its own.
-:class:`~compaction_worker.summaries.extractive.ExtractiveSummarizer` writes the same sections
-without an LLM. Both return summaries that passed :func:`validate_summary`: an empty,
-error-text, cut-off or oversized summary never leaves them (DESIGN invariant 6).
+It asks any LiteLLM model for a structured summary (prompt from
+:mod:`compaction_worker.summaries.prompts`), with its own retries and fallback models, and
+returns only summaries that pass :func:`~compaction_worker.summaries.validation.validate_summary`.
 """
 
 from __future__ import annotations
@@ -18,136 +13,32 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final
 
 from compaction_worker._litellm import litellm
 from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
 from compaction_worker.contracts.events import LlmUsage
-from compaction_worker.errors import SummarizerError
 from compaction_worker.settings import SummarizerSettings
+from compaction_worker.summaries.contract import (
+    CountTokens,
+    InputTooLargeError,
+    SummarizerError,
+    SummaryRequest,
+    SummaryResult,
+)
 from compaction_worker.summaries.prompts import (
     clamp_tool_output,
     compose_prompt,
     default_instructions,
     transcript_blocks,
 )
-from compaction_worker.summaries.validation import (
-    ERROR_TEXT_PATTERNS,
-    looks_like_error_text,
-    summary_problem,
-    validate_summary,
-)
+from compaction_worker.summaries.validation import summary_problem
 
-__all__ = [
-    "ERROR_TEXT_PATTERNS",
-    "CountTokens",
-    "InputLimited",
-    "InputTooLargeError",
-    "LiteLLMSummarizer",
-    "Summarizer",
-    "SummaryRequest",
-    "SummaryResult",
-    "is_retryable",
-    "looks_like_error_text",
-    "make_summarizer",
-    "transcript_limit",
-    "validate_summary",
-]
+__all__ = ["LiteLLMSummarizer", "is_retryable"]
 
 log = logging.getLogger(__name__)
 
-CountTokens = Callable[[str], int]
 Sleep = Callable[[float], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryRequest:
-    """A span of a conversation to summarize, and the limits its summary must meet."""
-
-    conversation_id: str
-    messages: Sequence[Mapping[str, Any]]
-    """The span: OpenAI-style message dicts, in order."""
-    previous_summaries: Sequence[str] = ()
-    """Earlier summaries folded into this one (recursive fold), oldest first."""
-    max_summary_tokens: int = 2048
-    replaced_tokens: int = 0
-    """Tokens of what the summary replaces; a valid summary is strictly smaller."""
-    conversation_model: str = ""
-    ledger: Sequence[str] = ()
-    """Artifact ledger items stored verbatim next to the summary (``"<kind>: <text>"``).
-
-    A summary need not spend its budget repeating them; the LLM prompt does not show them
-    (its instructions still ask for exact identifiers), the extractive summary skips them.
-    """
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryResult:
-    """A validated summary, who wrote it, its size, and what the LLM calls cost."""
-
-    text: str
-    model: str
-    tokens: int
-    usage: LlmUsage
-
-
-class Summarizer(Protocol):
-    """Turns a :class:`SummaryRequest` into a valid summary, or raises SummarizerError.
-
-    One whose input is bounded also implements :class:`InputLimited`; that part is optional,
-    so a summarizer without a bound (the extractive one, a test's fake) needs nothing more.
-    """
-
-    name: str
-    """Shown in events and the CLI: a model string or ``extractive``."""
-
-    async def summarize(self, request: SummaryRequest) -> SummaryResult:
-        """Summarize the request's span; raises SummarizerError when no valid summary results."""
-        ...
-
-
-@runtime_checkable
-class InputLimited(Protocol):
-    """A summarizer whose input is bounded: it says how much transcript one request may carry."""
-
-    def transcript_limit(self, request: SummaryRequest) -> int | None:
-        """Tokens of transcript that fit around the request's frame; None when unbounded.
-
-        Counted as :func:`compaction_worker.summaries.prompts.transcript_costs` counts them, with the
-        summarizer's own counter; the request's messages are ignored, its earlier
-        summaries and summary budget are not (they take room too).
-        """
-        ...
-
-
-def transcript_limit(summarizer: Summarizer, request: SummaryRequest) -> int | None:
-    """How much transcript ``summarizer`` takes in one request; None when it declares no bound."""
-    return summarizer.transcript_limit(request) if isinstance(summarizer, InputLimited) else None
-
-
-class InputTooLargeError(SummarizerError):
-    """The span does not fit the summarizer's input, even with long tool outputs cut.
-
-    ``transcript_limit`` is what the summarizer now knows it takes (for instance from the
-    provider's overflow error), None when it cannot tell: split the span and ask again.
-    """
-
-    def __init__(self, message: str, *, transcript_limit: int | None, usage: LlmUsage | None = None) -> None:
-        super().__init__(message, usage=usage)
-        self.transcript_limit = transcript_limit
-
-
-def make_summarizer(settings: SummarizerSettings, count_tokens: CountTokens) -> Summarizer:
-    """The configured summarizer: LiteLLM with a model, the extractive one without."""
-    if settings.model and settings.model.strip():
-        return LiteLLMSummarizer(settings, count_tokens)
-    # The extractive summarizer builds on this module's request and validation.
-    from compaction_worker.summaries.extractive import ExtractiveSummarizer  # noqa: PLC0415  # a cycle at import time
-
-    return ExtractiveSummarizer(count_tokens)
-
-
-# --- the LLM summarizer -------------------------------------------------------------------
 
 # Status codes worth asking again: the request was fine, the service was not.
 _RETRYABLE_TYPES: Final = (

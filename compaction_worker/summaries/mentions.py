@@ -1,15 +1,7 @@
 """Artifacts written in prose: inline commands, errors mid-line, host:port, names, stated facts.
 
-People and assistants name what they touched in sentences ("ran `kubectl rollout restart
-deployment/svc-12 -n prod`", "saw error: ECONNREFUSED 10.0.3.7:5012", "the bucket
-acme-logs-archive"), not in log lines. These patterns find them; :mod:`compaction_worker.summaries.artifacts`
-applies them line by line next to its log-shaped ones. Every pattern is bounded (no
-nested or unbounded repetition over the same characters), so a line costs linear time.
-
-Each item also has a *core*: the shortest verbatim part that still says what it is (the
-errno and its address, the exception and its message, a stated number with its unit).
-A ledger short of room keeps cores, and an item whose core a summary already carries
-needs no room at all.
+:mod:`compaction_worker.summaries.artifacts` applies these bounded, line-at-a-time patterns
+next to its log-shaped ones; each item also has a *core* a short ledger keeps.
 """
 
 from __future__ import annotations

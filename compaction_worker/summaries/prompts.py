@@ -1,12 +1,7 @@
 """The summary prompt: instructions with sections, and the transcript rendered and fenced as data.
 
-A transcript is untrusted: any message in it may try to give orders. It is rendered as
-numbered blocks inside one ``<transcript>`` fence (earlier summaries in their own), every
-spelling of our delimiters inside content is neutralised, and the user message says the
-fenced text is data. The helpers at the end serve a transcript too large for the
-summarizer's own input: what each message costs in the prompt, where a span may be split
-into pieces without parting a tool call from its results, and a long tool output cut to
-its head and tail. No message is ever left out of a prompt to make it fit.
+Also what a transcript costs, where a span may be split into pieces, and a long tool
+output cut to head and tail; no message is ever left out of a prompt.
 """
 
 from __future__ import annotations
@@ -14,12 +9,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from compaction_worker.contracts.toolpairs import pair_results
-
-if TYPE_CHECKING:  # the request type lives with the summarizers, which import this module
-    from compaction_worker.summaries.llm import SummaryRequest
+from compaction_worker.summaries.contract import SummaryRequest
 
 __all__ = [
     "SECTIONS",

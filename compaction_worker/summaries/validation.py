@@ -1,4 +1,4 @@
-"""What a summary must be before it replaces anything (DESIGN invariant 6).
+"""What a summary must be before it replaces anything (docs/design.md, invariant 6).
 
 Not empty, not an LLM's or a proxy's error text returned as content, within its token
 budget, and smaller than what it replaces. Every summarizer checks its result here.
@@ -7,12 +7,9 @@ budget, and smaller than what it replaces. Every summarizer checks its result he
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from compaction_worker.errors import SummarizerError
-
-if TYPE_CHECKING:  # the request type lives with the summarizers, which import this module
-    from compaction_worker.summaries.llm import SummaryRequest
+from compaction_worker.summaries.contract import SummarizerError, SummaryRequest
 
 __all__ = ["ERROR_TEXT_PATTERNS", "looks_like_error_text", "summary_problem", "validate_summary"]
 

@@ -19,12 +19,10 @@ from compaction_worker.contracts.history import (
     SummaryChunk,
     text_of,
 )
-from compaction_worker.runtime.compactor import Compactor
-from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.store import Meta, Snapshot, Store
-from tests.orchestration import Published, raw, user
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Snapshot, Store
+from tests.orchestration import Parts, Published, raw, user
 from tests.runtime.test_compactor import compact_mentions
 
 HISTORY = EffectiveHistory(
@@ -70,13 +68,12 @@ FILES = {"notes.md": "short notes", "report.txt": "a line of the quarterly repor
 
 
 @pytest.mark.integration
-async def test_fit_files_to_the_conversation_budget(
-    parts: tuple[TurnHandler, Compactor, Store, JobQueue], settings: Settings
-) -> None:
+async def test_fit_files_to_the_conversation_budget(parts: Parts, settings: Settings) -> None:
     """Reference 004 (file token budget): files get 60% of what the window has left, counted for its model."""
-    turns, _, store, _ = parts
-    await turns.handle(raw("c", 1, user("hello " * 200), context_window=8_192, max_output_tokens=1_024), b"c")
-    client = Client(settings, store, None)
+    await parts.turns.handle(
+        raw("c", 1, user("hello " * 200), context_window=8_192, max_output_tokens=1_024), b"c"
+    )
+    client = Client(settings, parts.store, None)
     stats = await client.context_stats("c")
     budget = math.floor((8_192 - stats.tokens - 1_024) * 0.6)
     counter = counter_for("gpt-4o-mini", settings.budget)
@@ -91,14 +88,11 @@ async def test_fit_files_to_the_conversation_budget(
 
 
 @pytest.mark.integration
-async def test_fit_files_in_calibrated_tokens(
-    parts: tuple[TurnHandler, Compactor, Store, JobQueue], settings: Settings
-) -> None:
+async def test_fit_files_in_calibrated_tokens(parts: Parts, settings: Settings) -> None:
     """Where the provider counts twice our estimate, files get half as many estimated tokens."""
-    turns, _, store, _ = parts
-    await turns.handle(raw("c", 1, user("hello"), context_window=8_192, max_output_tokens=1_024), b"c")
-    await store.set_meta("c", calibration=2.0)
-    client = Client(settings, store, None)
+    await parts.turns.handle(raw("c", 1, user("hello"), context_window=8_192, max_output_tokens=1_024), b"c")
+    await parts.store.set_meta("c", calibration=2.0)
+    client = Client(settings, parts.store, None)
     stats = await client.context_stats("c")
     budget = file_budget(stats.window, stats.tokens, 1_024)
     counter = counter_for("gpt-4o-mini", settings.budget)
@@ -114,7 +108,8 @@ async def test_artifacts_are_listed_with_whether_the_history_carries_them(
     redis_client: redis.asyncio.Redis, settings: Settings, published: Published
 ) -> None:
     """Issue 9: `Client.artifacts()` lists every archived artifact, first seen first, and what the history lost."""
-    done, store, _ = await compact_mentions(redis_client, settings, published)
+    done, parts = await compact_mentions(redis_client, settings, published)
+    store = parts.store
     found = await Client(settings, store, None).artifacts("a")
     assert [a.seq for a in found] == sorted(a.seq for a in found)
     assert {a.kind for a in found} == {"cmd", "error", "host", "id"}

@@ -139,7 +139,7 @@ class TestTag:
 
 class TestSystemMessages:
     def test_hoisted_into_one_leading_message(self) -> None:
-        """References 001 and 003 (the system prompt stays first, always sent): system prompt and system entries become one system message; none mid-history (invariant 4)."""
+        """References 001 and 003 (the system prompt stays first, always sent): system prompt and system entries become one system message; none mid-history (docs/design.md, invariant 4)."""
         h = history(
             entry(3, "user", "hi"),
             entry(4, "system", "Be brief."),

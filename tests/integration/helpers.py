@@ -18,7 +18,7 @@ from compaction_worker.contracts.events import CompactionCompleted, CompactionSt
 from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
-from compaction_worker.state.keys import jobs_index_key
+from compaction_worker.state.jobs import jobs_index_key
 from compaction_worker.strategies import provider_problems
 
 
@@ -212,7 +212,7 @@ def compaction_events(
 
 
 def coverage_problems(history: EffectiveHistory, message_count: int) -> list[str]:
-    """Ways the effective history fails to account for every message exactly once (invariant 1)."""
+    """Ways the effective history fails to account for every message exactly once (docs/design.md, invariant 1)."""
     seen: list[int] = []
     for chunk in history.chunks:
         seen.extend(n for n in range(chunk.first_n, chunk.last_n + 1) if chunk.covers(n))

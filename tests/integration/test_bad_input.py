@@ -26,10 +26,11 @@ import redis.asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from compaction_worker.contracts.events import DeadLetter
+from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
-from compaction_worker.runtime.worker import build_worker, ensure_topics
+from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
-from tests.orchestration import Published
+from tests.orchestration import Parts, Published
 
 from .helpers import worker_settings
 
@@ -302,13 +303,12 @@ def settings() -> Settings:
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c.name for c in CORPUS])
 async def test_handler_dead_letters(
-    case: Case, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+    case: Case, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
 ) -> None:
     """Each case alone: one DLQ record with its reason and bytes, nothing stored, no exception."""
-    turns, *_ = parts
-    outcome = await turns.handle(case.payload, case.key, 0, 7)
+    outcome = await parts.turns.handle(case.payload, case.key, 0, 7)
     assert outcome.status is TurnStatus.DEAD_LETTERED
-    (letter,) = letters_of([p for t, p, _ in published.events if t == turns.settings.topics.dlq])
+    (letter,) = letters_of([p for t, p, _ in published.events if t == parts.turns.settings.topics.dlq])
     assert_lettered(case, letter)
     assert (letter.partition, letter.offset) == (0, 7)
     assert await redis_client.keys("*") == []
@@ -440,7 +440,7 @@ async def test_corpus_through_the_broker_and_a_running_worker(
                 assert [r["m"]["content"] for r in transcript] == [f"{cid} turn {s}" for s in range(1, 7)]
             # The gap's conversation kept its first turn and nothing else; nothing is held.
             assert [r["seq"] for r in await worker.store.transcript(GAP)] == [1]
-            assert await worker.store.pending_seqs(GAP) == []
+            assert await worker.turns.gaps.held_turns(GAP) == []
             assert await worker.turns.gaps.held_count() == 0
             # No bad conversation owns a key; no global index names one.
             keys = cast("list[bytes]", await redis_client.keys(f"{prefix}:*"))  # the client does not decode

@@ -1,4 +1,4 @@
-"""Fencing against real Redis: a worker whose lock expired during its LLM call cannot commit (invariant 3).
+"""Fencing against real Redis: a worker whose lock expired during its LLM call cannot commit (docs/design.md, invariant 3).
 
 Worker A's event loop freezes inside its summarizer call (a blocking call: what a GC
 pause, a CPU-bound step or a stopped VM does to a process), so its lock renewal cannot
@@ -21,13 +21,12 @@ import redis.asyncio
 
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, LlmUsage, Outcome
 from compaction_worker.runtime.compactor import Compactor
-from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.store import Store
-from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
-from tests.orchestration import Published, conversation
+from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
+from tests.orchestration import Published, conversation, make_parts
 
 from .helpers import coverage_problems
 
@@ -61,34 +60,28 @@ class Scripted:
 
 
 def settings() -> Settings:
-    # Jobs busy elsewhere are postponed by half the TTL: short, so B retries promptly.
-    return Settings(worker={"lock_ttl_seconds": LOCK_TTL})
+    # Jobs busy elsewhere are postponed by half the TTL: short, so B retries promptly. The
+    # job lease (twice the TTL) is the shortest there is: one second.
+    return Settings(
+        redis={"key_prefix": PREFIX, "retention_seconds": None}, worker={"lock_ttl_seconds": LOCK_TTL}
+    )
 
 
 def compactor(
     client: redis.asyncio.Redis, published: Published, summarizer: Callable[[Callable[[str], int]], Scripted]
 ) -> tuple[Compactor, Store, JobQueue]:
     """A worker's compaction side over ``client``, with the production lock, job queue and store."""
-    config = settings()
-    store = Store(client, PREFIX, None)
-    jobs = JobQueue(store, lease_seconds=0)  # the shortest lease there is (one second)
-    locks = Locks(client, config.worker.lock_ttl_seconds)
-    return (
-        Compactor(config, store, locks, jobs, published, summarizers=lambda _m, c: [summarizer(c.text)]),
-        store,
-        jobs,
-    )
+    parts = make_parts(client, settings(), published, lambda _m, c: [summarizer(c.text)])
+    return parts.compactor, parts.store, parts.jobs
 
 
 async def over_threshold(client: redis.asyncio.Redis) -> Store:
     """The conversation, stored through the turn path, with its threshold job scheduled."""
-    config = settings()
-    store = Store(client, PREFIX, None)
-    turns = TurnHandler(config, store, JobQueue(store, 0), Published())
+    parts = make_parts(client, settings(), Published())
     for event in conversation(TURNS):
-        await turns.handle(event, CID.encode())
-    assert await store.job(CID) is not None
-    return store
+        await parts.turns.handle(event, CID.encode())
+    assert await parts.jobs.job(CID) is not None
+    return parts.store
 
 
 def completed_events(published: Published) -> list[CompactionCompleted]:
@@ -150,7 +143,7 @@ async def test_worker_whose_lock_expired_cannot_commit_over_the_new_holder(
     # B compacted and committed the next version, with the next fence.
     assert (done_b.outcome, done_b.version) == (Outcome.COMPACTED, 1), done_b.error
     assert done_b.summarizer_model == "summarizer-B"
-    assert await store.fence(CID) == 2  # A's acquisition was 1
+    assert await Locks(redis_client, LOCK_TTL).fence(store.keys(CID)) == 2  # A's acquisition was 1
     # A got its summary but the commit was refused, and A's completion event says so.
     assert a_in_call.is_set()
     assert done_a is not None
@@ -197,7 +190,7 @@ async def test_worker_whose_lock_expired_cannot_commit_even_if_nobody_took_it(
     assert "lock_lost" in done.error, done.error
     assert completed_events(published) == [done]
     # The fence did not move (nobody acquired since), so the lock check alone refused it.
-    assert await store.fence(CID) == 1
+    assert await Locks(redis_client, LOCK_TTL).fence(store.keys(CID)) == 1
     after = await store.snapshot(CID)
     assert after.meta.version == 0
     assert (after.history.chunks, after.history.entries) == (before.history.chunks, before.history.entries)

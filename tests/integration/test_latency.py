@@ -1,4 +1,4 @@
-"""No head-of-line blocking (invariant 7): a slow LLM call never holds up other turns on its partition.
+"""No head-of-line blocking (docs/design.md, invariant 7): a slow LLM call never holds up other turns on its partition.
 
 A real worker (one consumer) reads a one-partition turns topic from the real broker. While
 conversation X's compaction waits on an LLM that takes 5 s per call, turns of

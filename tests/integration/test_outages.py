@@ -25,7 +25,8 @@ from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, TurnEvent
 from compaction_worker.errors import ConfigError
 from compaction_worker.local.demo import synthetic_turns
-from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis, create_topics
+from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
+from compaction_worker.runtime.topics import create_topics
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings

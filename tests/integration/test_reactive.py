@@ -25,7 +25,8 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.runtime.worker import Worker, build_worker, ensure_topics
+from compaction_worker.runtime.topics import ensure_topics
+from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, provider_overflow_error
 
@@ -196,7 +197,7 @@ async def test_overflow_turn_compacts_to_the_reactive_target(
     await settle([worker], handled + seq)
     grown = await client.meta(cid)
     assert grown.total_tokens < budget.target < budget.threshold  # nothing would compact it
-    assert (grown.version, await client.store.job(cid)) == (0, None)
+    assert (grown.version, await client.job(cid)) == (0, None)
 
     estimate = grown.total_tokens
     actual = int(estimate * RATIO)

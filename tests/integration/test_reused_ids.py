@@ -23,7 +23,8 @@ from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import ChatMessage, CompactionCompleted, Outcome, TurnEvent
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
-from compaction_worker.runtime.worker import build_worker, ensure_topics
+from compaction_worker.runtime.topics import ensure_topics
+from compaction_worker.runtime.worker import build_worker
 
 from .helpers import coverage_problems, read_topic, settle, worker_settings
 

@@ -9,7 +9,8 @@ import pytest
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import Outcome
 from compaction_worker.local.demo import synthetic_turns
-from compaction_worker.runtime.worker import build_worker, ensure_topics
+from compaction_worker.runtime.topics import ensure_topics
+from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import RedisSettings
 from compaction_worker.testing import FakeLLMServer
 

@@ -29,9 +29,9 @@ from compaction_worker.local.embedded import (
     EmbeddedKafka,
     EmbeddedRedis,
     EmbeddedStartError,
-    create_topics,
     free_port,
 )
+from compaction_worker.runtime.topics import create_topics
 
 if TYPE_CHECKING:
     from tests.conftest import MakeTopics
@@ -147,23 +147,6 @@ class TestEmbeddedKafka:
             assert values == sorted(values)
         assert [tp.partition for tp in partitions] == [0, 1, 2, 3]
         assert sum(offset or 0 for offset in committed.values()) == 20
-
-    async def test_create_topics_is_idempotent(self, kafka: EmbeddedKafka) -> None:
-        """Existing topics are skipped; only the new ones are created and returned."""
-        a, b = (f"idem-{n}.{uuid.uuid4().hex[:8]}" for n in "ab")
-
-        first = await create_topics(kafka.bootstrap_servers, [a], partitions=3)
-        again = await create_topics(kafka.bootstrap_servers, [a, a], partitions=3)
-        more = await create_topics(kafka.bootstrap_servers, [a, b], partitions=3)
-
-        assert (first, again, more) == ([a], [], [b])
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
-        await admin.start()
-        try:
-            described = await admin.describe_topics([a])
-        finally:
-            await admin.close()
-        assert len(described[0]["partitions"]) == 3
 
     async def test_restart_keeps_the_port_and_loses_the_memory_storage(self) -> None:
         """After restart() the broker answers on the same port, without the old topics."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import redis.asyncio
 
@@ -20,7 +18,7 @@ from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
 from compaction_worker.state.lock import Locks
 from compaction_worker.strategies import provider_problems
-from tests.orchestration import Published, compact_now, conversation
+from tests.orchestration import Parts, Published, compact_now, conversation
 from tests.runtime.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
@@ -28,9 +26,8 @@ pytestmark = pytest.mark.integration
 
 class TestRewinder:
     @pytest.fixture
-    def rewinder(self, parts: Any, settings: Settings, published: Published) -> Rewinder:
-        _, compactor, store, _ = parts
-        return Rewinder(settings, store, compactor.locks, published)
+    def rewinder(self, parts: Parts) -> Rewinder:
+        return parts.rewinder
 
     async def _until_scheduled(self, turns: TurnHandler, events: list[bytes]) -> int:
         """Hand turns in until one schedules a compaction; returns how many were handed in."""
@@ -40,25 +37,24 @@ class TestRewinder:
         raise AssertionError("no turn crossed the threshold")
 
     async def test_undoing_the_second_compaction_gives_the_first_plus_later_turns(
-        self, parts: Any, rewinder: Rewinder, published: Published
+        self, parts: Parts, rewinder: Rewinder, published: Published
     ) -> None:
         """Reference 004 (rewind): compact twice, rewind the second: the first's history plus every turn appended since."""
-        turns, compactor, store, jobs = parts
         events = conversation(80)
-        handed = await self._until_scheduled(turns, events)
-        assert (await compact_now(jobs, compactor)).version == 1
-        first = await store.snapshot("c")
-        handed += await self._until_scheduled(turns, events[handed:])
-        assert (await compact_now(jobs, compactor)).version == 2
+        handed = await self._until_scheduled(parts.turns, events)
+        assert (await compact_now(parts.jobs, parts.compactor)).version == 1
+        first = await parts.store.snapshot("c")
+        handed += await self._until_scheduled(parts.turns, events[handed:])
+        assert (await compact_now(parts.jobs, parts.compactor)).version == 2
         for event in events[handed : handed + 2]:  # appended after the second compaction
-            await turns.handle(event, b"c")
+            await parts.turns.handle(event, b"c")
         handed += 2
-        since = [r for r in await store.transcript("c") if r["n"] > first.meta.msg_count]
+        since = [r for r in await parts.store.transcript("c") if r["n"] > first.meta.msg_count]
         assert len(since) > 2
 
         rewound = await rewinder.rewind("c")
 
-        after = await store.snapshot("c")
+        after = await parts.store.snapshot("c")
         assert render(after.history) == render(first.history) + [public_message(r["m"]) for r in since]
         assert after.history.chunks == first.history.chunks
         assert after.meta.history_tokens == first.meta.history_tokens + sum(r["t"] for r in since)
@@ -75,46 +71,46 @@ class TestRewinder:
         assert done.tokens_after == after.meta.total_tokens > done.tokens_before
         assert done.messages_after == len(render(after.history))
 
-    async def test_repeated_rewinds_walk_back_to_the_transcript(self, parts: Any, rewinder: Rewinder) -> None:
+    async def test_repeated_rewinds_walk_back_to_the_transcript(
+        self, parts: Parts, rewinder: Rewinder
+    ) -> None:
         """Undo, undo again: the whole transcript verbatim; a third undo has nothing left."""
-        turns, compactor, store, jobs = parts
         events = conversation(80)
-        handed = await self._until_scheduled(turns, events)
-        await compact_now(jobs, compactor)
-        handed += await self._until_scheduled(turns, events[handed:])
-        await compact_now(jobs, compactor)
+        handed = await self._until_scheduled(parts.turns, events)
+        await compact_now(parts.jobs, parts.compactor)
+        handed += await self._until_scheduled(parts.turns, events[handed:])
+        await compact_now(parts.jobs, parts.compactor)
         assert (await rewinder.rewind("c")).rewound_version == 2
         assert (await rewinder.rewind("c")).rewound_version == 1
-        after = await store.snapshot("c")
-        transcript = await store.transcript("c")
+        after = await parts.store.snapshot("c")
+        transcript = await parts.store.transcript("c")
         assert after.history.chunks == ()
         assert [e.message for e in after.history.entries] == [r["m"] for r in transcript]
         assert after.meta.context_status.value == "full"
         with pytest.raises(RewindError, match="nothing to undo"):
             await rewinder.rewind("c")
-        assert (await store.meta("c")).version == 4
+        assert (await parts.store.meta("c")).version == 4
 
     async def test_busy_lock_refuses_and_changes_nothing(
-        self, parts: Any, rewinder: Rewinder, redis_client: redis.asyncio.Redis, published: Published
+        self, parts: Parts, rewinder: Rewinder, redis_client: redis.asyncio.Redis, published: Published
     ) -> None:
         """While a compaction holds the lock, a rewind is refused and publishes nothing."""
-        turns, compactor, store, jobs = parts
-        await self._until_scheduled(turns, conversation(80))
-        await compact_now(jobs, compactor)
+        await self._until_scheduled(parts.turns, conversation(80))
+        await compact_now(parts.jobs, parts.compactor)
         before = len(published.events)
-        assert await Locks(redis_client, 30).acquire("c", store.keys("c")) is not None
+        assert await Locks(redis_client, 30).acquire("c", parts.store.keys("c")) is not None
         with pytest.raises(LockNotAcquiredError):
             await rewinder.rewind("c")
-        assert (await store.meta("c")).version == 1
+        assert (await parts.store.meta("c")).version == 1
         assert len(published.events) == before
 
     async def test_a_rewind_brings_the_dropped_artifacts_back(
         self, redis_client: redis.asyncio.Redis, settings: Settings, published: Published
     ) -> None:
         """Issue 9: compaction.completed counts the artifacts the history lacks; after a rewind it lacks none."""
-        done, store, compactor = await compact_mentions(redis_client, settings, published)
+        done, parts = await compact_mentions(redis_client, settings, published)
         assert done.artifacts_dropped > 0
-        rewound = await Rewinder(settings, store, compactor.locks, published).rewind("a")
+        rewound = await parts.rewinder.rewind("a")
         assert rewound.completed.artifacts_dropped == 0
         assert (
             CompactionCompleted.model_validate(published.on("compaction.completed")[-1]).artifacts_dropped

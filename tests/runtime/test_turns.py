@@ -18,7 +18,7 @@ from compaction_worker.contracts.events import (
 )
 from compaction_worker.runtime.turns import TurnStatus, turn_fingerprint
 from compaction_worker.settings import Settings
-from tests.orchestration import Published, assistant, raw, user
+from tests.orchestration import Parts, Published, assistant, raw, user
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +48,15 @@ BAD_INPUTS = [
 class TestTurns:
     @pytest.mark.parametrize(("payload", "reason"), BAD_INPUTS)
     async def test_bad_input_is_dead_lettered_with_original_bytes(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis, payload: bytes, reason: str
+        self,
+        parts: Parts,
+        published: Published,
+        redis_client: redis.asyncio.Redis,
+        payload: bytes,
+        reason: str,
     ) -> None:
         """Bad input becomes a DLQ record with its reason and original bytes; nothing is stored."""
-        turns, *_ = parts
-        outcome = await turns.handle(payload, b"c", 3, 42)
+        outcome = await parts.turns.handle(payload, b"c", 3, 42)
         assert outcome.status is TurnStatus.DEAD_LETTERED
         (record,) = published.on("conversation.turn.dlq")
         letter = DeadLetter.model_validate(record)
@@ -60,30 +64,27 @@ class TestTurns:
         assert base64.b64decode(letter.original_b64) == payload
         assert await redis_client.keys("*") == []
 
-    async def test_key_must_be_the_conversation_id(self, parts: Any, published: Published) -> None:
+    async def test_key_must_be_the_conversation_id(self, parts: Parts, published: Published) -> None:
         """An event keyed by something else would lose its ordering; it is dead-lettered."""
-        turns, *_ = parts
-        outcome = await turns.handle(raw("c", 1, user("hi")), b"other")
+        outcome = await parts.turns.handle(raw("c", 1, user("hi")), b"other")
         assert outcome.reason == "key_mismatch"
 
-    async def test_duplicate_changes_nothing(self, parts: Any) -> None:
-        """A redelivered turn is recognised and stores nothing (invariant 2)."""
-        turns, _, store, _ = parts
-        assert (await turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.APPENDED
-        before = await store.meta("c")
-        assert (await turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.DUPLICATE
-        assert await store.meta("c") == before
+    async def test_duplicate_changes_nothing(self, parts: Parts) -> None:
+        """A redelivered turn is recognised and stores nothing (docs/design.md, invariant 2)."""
+        assert (await parts.turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.APPENDED
+        before = await parts.store.meta("c")
+        assert (await parts.turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.DUPLICATE
+        assert await parts.store.meta("c") == before
 
     async def test_republished_under_a_new_event_id_is_a_duplicate(
-        self, parts: Any, published: Published
+        self, parts: Parts, published: Published
     ) -> None:
         """A runtime publishing a turn again (new event_id and timestamp, same content) sends nothing to the DLQ."""
-        turns, *_ = parts
         first = raw("c", 1, user("hi"), system_prompt="be brief", event_id=str(uuid.uuid4()))
         again = raw("c", 1, user("hi"), system_prompt="be brief", event_id=str(uuid.uuid4()))
         assert first != again
-        await turns.handle(first, b"c")
-        assert (await turns.handle(again, b"c")).status is TurnStatus.DUPLICATE
+        await parts.turns.handle(first, b"c")
+        assert (await parts.turns.handle(again, b"c")).status is TurnStatus.DUPLICATE
         assert published.on("conversation.turn.dlq") == []
 
     @pytest.mark.parametrize(
@@ -99,17 +100,16 @@ class TestTurns:
         ids=["messages", "model", "system_prompt", "tools", "context_window", "compaction"],
     )
     async def test_conflicting_duplicate_is_dead_lettered_and_the_stored_turn_kept(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis, changes: dict[str, Any]
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis, changes: dict[str, Any]
     ) -> None:
         """A stored seq reused with other content goes to the DLQ (conflicting_duplicate, naming the seq); nothing stored moves."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("hi"), system_prompt="be brief"), b"c")
-        await turns.handle(raw("c", 2, assistant("hello")), b"c")
+        await parts.turns.handle(raw("c", 1, user("hi"), system_prompt="be brief"), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("hello")), b"c")
         before = {k: await redis_client.dump(k) for k in sorted(await redis_client.keys("*"))}
         fields: dict[str, Any] = {"system_prompt": "be brief", "messages": [user("hi")], **changes}
         payload = raw("c", 1, *fields.pop("messages"), **fields)
 
-        outcome = await turns.handle(payload, b"c", 0, 9)
+        outcome = await parts.turns.handle(payload, b"c", 0, 9)
 
         assert (outcome.status, outcome.reason) == (TurnStatus.DEAD_LETTERED, "conflicting_duplicate")
         (record,) = published.on("conversation.turn.dlq")
@@ -123,186 +123,188 @@ class TestTurns:
         assert base64.b64decode(letter.original_b64) == payload
         assert "turn_seq 1 of c" in letter.detail
         assert {k: await redis_client.dump(k) for k in sorted(await redis_client.keys("*"))} == before
-        assert [r["m"]["content"] for r in await store.transcript("c")] == ["hi", "hello"]
+        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["hi", "hello"]
 
     async def test_turns_stored_without_a_fingerprint_take_redeliveries_as_duplicates(
-        self, parts: Any, published: Published
+        self, parts: Parts, published: Published
     ) -> None:
         """A conversation stored before fingerprints were kept keeps working: any redelivery is a duplicate."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("hi")), b"c")
-        await store.redis.delete(store.keys("c").fingerprints)
-        assert (await turns.handle(raw("c", 1, user("bye")), b"c")).status is TurnStatus.DUPLICATE
+        await parts.turns.handle(raw("c", 1, user("hi")), b"c")
+        await parts.store.redis.delete(parts.store.keys("c").fingerprints)
+        assert (await parts.turns.handle(raw("c", 1, user("bye")), b"c")).status is TurnStatus.DUPLICATE
         assert published.on("conversation.turn.dlq") == []
-        assert (await turns.handle(raw("c", 2, assistant("ok")), b"c")).status is TurnStatus.APPENDED
+        assert (await parts.turns.handle(raw("c", 2, assistant("ok")), b"c")).status is TurnStatus.APPENDED
 
-    async def test_gap_is_held_until_filled_then_applied_in_order(self, parts: Any) -> None:
+    async def test_gap_is_held_until_filled_then_applied_in_order(self, parts: Parts) -> None:
         """Turns ahead of a gap wait; the missing turn releases them in order."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        assert (await turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
-        assert (await turns.handle(raw("c", 4, assistant("four")), b"c")).status is TurnStatus.BUFFERED
-        assert (await store.meta("c")).last_seq == 1
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
-        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two", "three", "four"]
-        assert await store.pending_seqs("c") == []
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
+        assert (await parts.turns.handle(raw("c", 4, assistant("four")), b"c")).status is TurnStatus.BUFFERED
+        assert (await parts.store.meta("c")).last_seq == 1
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == [
+            "one",
+            "two",
+            "three",
+            "four",
+        ]
+        assert await parts.gaps.held_turns("c") == []
 
     async def test_a_conflicting_turn_while_the_original_is_held_is_dead_lettered(
-        self, parts: Any, published: Published
+        self, parts: Parts, published: Published
     ) -> None:
         """Turn 3 held behind a gap, then another turn 3: that one goes to the DLQ; the held one applies later."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three")), b"c")
-        assert (await turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three")), b"c")
+        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
         other = raw("c", 3, user("not three"))
 
-        outcome = await turns.handle(other, b"c")
+        outcome = await parts.turns.handle(other, b"c")
 
         assert (outcome.status, outcome.reason) == (TurnStatus.DEAD_LETTERED, "conflicting_duplicate")
         (letter,) = [DeadLetter.model_validate(r) for r in published.on("conversation.turn.dlq")]
         assert (letter.turn_seq, base64.b64decode(letter.original_b64)) == (3, other)
         assert "held behind a gap" in letter.detail
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
-        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two", "three"]
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two", "three"]
 
     async def test_a_released_held_turn_redelivered_with_other_content_is_dead_lettered(
-        self, parts: Any, published: Published
+        self, parts: Parts, published: Published
     ) -> None:
         """A turn applied from behind a gap has its fingerprint stored like any other."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three")), b"c")
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
-        assert (await turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.DUPLICATE
-        outcome = await turns.handle(raw("c", 3, user("three, again")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three")), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.DUPLICATE
+        outcome = await parts.turns.handle(raw("c", 3, user("three, again")), b"c")
         assert outcome.reason == "conflicting_duplicate"
-        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two", "three"]
+        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two", "three"]
 
     async def test_a_turn_meeting_a_different_held_copy_of_its_seq_is_refused(
-        self, parts: Any, published: Published
+        self, parts: Parts, published: Published
     ) -> None:
         """A rebalance overlap: another worker held turn 2 before turn 1 was seen; a different turn 2 does not replace it."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
         held = raw("c", 2, assistant("two"))
         held_fp = turn_fingerprint(TurnEvent.model_validate_json(held))
-        await turns.gaps.hold("c", 2, held, fingerprint=held_fp)
+        await parts.turns.gaps.hold("c", 2, held, fingerprint=held_fp)
 
-        outcome = await turns.handle(raw("c", 2, assistant("other two")), b"c")
+        outcome = await parts.turns.handle(raw("c", 2, assistant("other two")), b"c")
 
         assert outcome.reason == "conflicting_duplicate"
-        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two"]
-        assert await store.fingerprint("c", 2) == held_fp
-        assert await store.pending_seqs("c") == []
+        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two"]
+        assert await parts.store.fingerprint("c", 2) == held_fp
+        assert await parts.gaps.held_turns("c") == []
 
-    async def test_threshold_schedules_a_job(self, parts: Any) -> None:
+    async def test_threshold_schedules_a_job(self, parts: Parts) -> None:
         """References 000-004 (the automatic trigger): crossing the hard threshold records a threshold job."""
-        turns, _, store, jobs = parts
-        outcome = await turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
+        outcome = await parts.turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
         assert outcome.scheduled is Trigger.THRESHOLD
-        assert (await store.job("c")).trigger is Trigger.THRESHOLD
-        assert await jobs.due(5) == ["c"]
+        job = await parts.jobs.job("c")
+        assert job is not None
+        assert job.trigger is Trigger.THRESHOLD
+        assert await parts.jobs.due(5) == ["c"]
 
-    async def test_soft_threshold(self, parts: Any, settings: Settings) -> None:
+    async def test_soft_threshold(self, parts: Parts, settings: Settings) -> None:
         """DESIGN "Budget", instead of references 000 (waiting) and 004 (warnings): between the soft and hard thresholds a background (soft) job is recorded."""
-        turns, *_ = parts
         settings.budget.soft_trigger_fraction = 0.3
-        outcome = await turns.handle(raw("c", 1, user("word " * 700), context_window=2048), b"c")
+        outcome = await parts.turns.handle(raw("c", 1, user("word " * 700), context_window=2048), b"c")
         assert outcome.scheduled is Trigger.SOFT_THRESHOLD
 
-    async def test_manual_and_reactive_requests(self, parts: Any) -> None:
+    async def test_manual_and_reactive_requests(self, parts: Parts) -> None:
         """References 000 and 002 (manual /compact, reactive compaction): a turn's compaction request is recorded with the turn, reactive with its error."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("hi"), compaction={"mode": "force"}), b"c")
-        assert (await store.job("c")).trigger is Trigger.MANUAL
+        await parts.turns.handle(raw("c", 1, user("hi"), compaction={"mode": "force"}), b"c")
+        job = await parts.jobs.job("c")
+        assert job is not None
+        assert job.trigger is Trigger.MANUAL
         err = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
-        await turns.handle(raw("c", 2, compaction={"mode": "overflow", "error": err}), b"c")
-        job = await store.job("c")
+        await parts.turns.handle(raw("c", 2, compaction={"mode": "overflow", "error": err}), b"c")
+        job = await parts.jobs.job("c")
+        assert job is not None
         assert (job.trigger, job.error) == (Trigger.REACTIVE, err)
 
-    async def test_automatic_compaction_can_be_switched_off(self, parts: Any, settings: Settings) -> None:
+    async def test_automatic_compaction_can_be_switched_off(self, parts: Parts, settings: Settings) -> None:
         """Reference 004 (``enabled``, the master switch): off, a crossed threshold schedules nothing; a manual request still does."""
-        turns, _, store, _ = parts
         settings.budget.auto_compact = False
-        outcome = await turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
+        outcome = await parts.turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
         assert outcome.scheduled is None
-        assert await store.job("c") is None
-        await turns.handle(
+        assert await parts.jobs.job("c") is None
+        await parts.turns.handle(
             raw("c", 2, assistant("ok"), compaction={"mode": "force"}, context_window=1024), b"c"
         )
-        assert (await store.job("c")).trigger is Trigger.MANUAL
+        job = await parts.jobs.job("c")
+        assert job is not None
+        assert job.trigger is Trigger.MANUAL
 
-    async def test_the_request_framing_counts_once(self, parts: Any, settings: Settings) -> None:
+    async def test_the_request_framing_counts_once(self, parts: Parts, settings: Settings) -> None:
         """Reference 004 (TOKENS_PER_CONVERSATION, 24): a conversation-level overhead is part of the fixed tokens."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("hi")), b"c")
-        meta = await store.meta("c")
+        await parts.turns.handle(raw("c", 1, user("hi")), b"c")
+        meta = await parts.store.meta("c")
         assert meta.overhead_tokens == settings.budget.conversation_overhead_tokens == 24
         assert meta.total_tokens == meta.history_tokens + meta.system_tokens + meta.tools_tokens + 24
 
-    async def test_a_stated_maximum_below_the_window_becomes_the_window(self, parts: Any) -> None:
+    async def test_a_stated_maximum_below_the_window_becomes_the_window(self, parts: Parts) -> None:
         """Reference 004 (reactive): the provider's stated maximum caps the window for every later budget check."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("hi"), context_window=128_000), b"c")
-        before = await store.meta("c")
+        await parts.turns.handle(raw("c", 1, user("hi"), context_window=128_000), b"c")
+        before = await parts.store.meta("c")
         assert (before.window, before.observed_window) == (128_000, None)
         err = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
-        await turns.handle(
+        await parts.turns.handle(
             raw("c", 2, compaction={"mode": "overflow", "error": err}, context_window=128_000), b"c"
         )
-        after = await store.meta("c")
+        after = await parts.store.meta("c")
         assert (after.window, after.observed_window) == (8192, 8192)
         assert after.threshold < before.threshold
         # Later turns, even ones that still claim the larger window, keep the provider's word.
-        await turns.handle(raw("c", 3, assistant("ok"), context_window=128_000), b"c")
-        assert (await store.meta("c")).window == 8192
+        await parts.turns.handle(raw("c", 3, assistant("ok"), context_window=128_000), b"c")
+        assert (await parts.store.meta("c")).window == 8192
         # A larger stated maximum does not raise it again; an error without numbers changes nothing.
         big = err.replace("8192", "16384")
-        await turns.handle(raw("c", 4, compaction={"mode": "overflow", "error": big}), b"c")
-        await turns.handle(raw("c", 5, compaction={"mode": "overflow", "error": "prompt is too long"}), b"c")
-        assert (await store.meta("c")).window == 8192
+        await parts.turns.handle(raw("c", 4, compaction={"mode": "overflow", "error": big}), b"c")
+        await parts.turns.handle(
+            raw("c", 5, compaction={"mode": "overflow", "error": "prompt is too long"}), b"c"
+        )
+        assert (await parts.store.meta("c")).window == 8192
 
-    async def test_calibration_follows_reported_usage(self, parts: Any) -> None:
+    async def test_calibration_follows_reported_usage(self, parts: Parts) -> None:
         """Reference 003 (estimates close to the provider's count): provider-reported prompt tokens move the calibration factor."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("hello " * 100)), b"c")
-        estimate = (await store.meta("c")).total_tokens
-        await turns.handle(raw("c", 2, assistant("ok"), usage={"prompt_tokens": estimate * 2}), b"c")
-        assert (await store.meta("c")).calibration > 1.2
+        await parts.turns.handle(raw("c", 1, user("hello " * 100)), b"c")
+        estimate = (await parts.store.meta("c")).total_tokens
+        await parts.turns.handle(raw("c", 2, assistant("ok"), usage={"prompt_tokens": estimate * 2}), b"c")
+        assert (await parts.store.meta("c")).calibration > 1.2
 
-    async def test_system_prompt_and_tool_schemas_count_toward_the_threshold(self, parts: Any) -> None:
+    async def test_system_prompt_and_tool_schemas_count_toward_the_threshold(self, parts: Parts) -> None:
         """References 000 (context meter), 001 and 004 (budget checker): the system prompt and tool schemas count toward the threshold."""
-        turns, _, store, _ = parts
         message = user("word " * 300)  # well under the 768-token threshold of a 1,024-token window
         schema = {"type": "function", "function": {"name": "search", "description": "word " * 600}}
-        alone = await turns.handle(raw("alone", 1, message, context_window=1024), b"alone")
-        tools = await turns.handle(raw("tools", 1, message, tools=[schema], context_window=1024), b"tools")
-        prompt = await turns.handle(
+        alone = await parts.turns.handle(raw("alone", 1, message, context_window=1024), b"alone")
+        tools = await parts.turns.handle(
+            raw("tools", 1, message, tools=[schema], context_window=1024), b"tools"
+        )
+        prompt = await parts.turns.handle(
             raw("prompt", 1, message, system_prompt="rule " * 600, context_window=1024), b"prompt"
         )
         assert alone.scheduled is None
         assert tools.scheduled is prompt.scheduled is Trigger.THRESHOLD
-        meta = await store.meta("tools")
+        meta = await parts.store.meta("tools")
         assert meta.total_tokens == meta.history_tokens + meta.tools_tokens + meta.overhead_tokens
         assert meta.history_tokens < meta.threshold < meta.total_tokens
 
 
 class TestUnknownModelWarning:
     async def test_once_per_conversation_and_model_change(
-        self, parts: Any, caplog: pytest.LogCaptureFixture
+        self, parts: Parts, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Issue 9: a model resolved to the fallback window is named at WARNING on each conversation's first turn and when its model changes, not on every turn."""
-        turns, *_ = parts
         model, other = f"acme/unknown-{uuid.uuid4().hex}", f"acme/unknown-{uuid.uuid4().hex}"
         with caplog.at_level(logging.WARNING, logger="compaction_worker.runtime.turns"):
             for seq in range(1, 4):
-                await turns.handle(raw("a", seq, user(f"a{seq}"), model=model), b"a")
-                await turns.handle(raw("b", seq, user(f"b{seq}"), model=model), b"b")
-            await turns.handle(raw("a", 4, user("a4"), model=other), b"a")
-            await turns.handle(raw("a", 5, user("a5"), model=other), b"a")
-            await turns.handle(raw("c", 1, user("c1"), model="gpt-4o"), b"c")
-            await turns.handle(raw("d", 1, user("d1"), model=model, context_window=8192), b"d")
+                await parts.turns.handle(raw("a", seq, user(f"a{seq}"), model=model), b"a")
+                await parts.turns.handle(raw("b", seq, user(f"b{seq}"), model=model), b"b")
+            await parts.turns.handle(raw("a", 4, user("a4"), model=other), b"a")
+            await parts.turns.handle(raw("a", 5, user("a5"), model=other), b"a")
+            await parts.turns.handle(raw("c", 1, user("c1"), model="gpt-4o"), b"c")
+            await parts.turns.handle(raw("d", 1, user("d1"), model=model, context_window=8192), b"d")
 
         warned = [
             (r.getMessage().split(":", 1)[0], model in r.getMessage(), other in r.getMessage())

@@ -14,11 +14,16 @@ import redis.asyncio
 from compaction_worker.contracts.events import DeadLetter, TurnEvent
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus, turn_fingerprint
 from compaction_worker.settings import Settings
-from compaction_worker.state.gaps import CLAIM_LEASE_SECONDS, GapIndex
-from compaction_worker.state.keys import gaps_index_key
-from compaction_worker.state.store import HeldTurn, Store, held_value, parse_held
+from compaction_worker.state.gaps import (
+    CLAIM_LEASE_SECONDS,
+    GapIndex,
+    HeldTurn,
+    gaps_index_key,
+    held_value,
+    parse_held,
+)
 from tests import orchestration
-from tests.orchestration import Published, assistant, raw, user
+from tests.orchestration import Parts, Published, assistant, raw, user
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +35,15 @@ def letters(published: Published) -> list[DeadLetter]:
     return [DeadLetter.model_validate(r) for r in published.on(DLQ)]
 
 
-async def held_ms(store: Store, cid: str, seq: int) -> int:
+async def held_ms(gaps: GapIndex, cid: str, seq: int) -> int:
     """When a turn was held, in epoch ms (from the stored prefix)."""
-    (turn,) = [h for h in await store.held_turns(cid) if h.turn_seq == seq]
+    turn = await gaps.held_turn(cid, seq)
+    assert turn is not None
     return turn.held_ms
+
+
+async def held_seqs(gaps: GapIndex, cid: str) -> list[int]:
+    return [h.turn_seq for h in await gaps.held_turns(cid)]
 
 
 async def index_score(redis_client: redis.asyncio.Redis, cid: str) -> float | None:
@@ -49,17 +59,16 @@ async def stored_state(redis_client: redis.asyncio.Redis, cid: str) -> dict[byte
 
 class TestExpiry:
     async def test_held_turn_expires_to_the_dlq_with_its_original_bytes(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """After the timeout a held turn is a sequence_gap letter with its bytes and a detail; it leaves the hash."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
         third = raw("c", 3, user("three"))
-        assert (await turns.handle(third, b"c")).status is TurnStatus.BUFFERED
-        since_ms = await held_ms(store, "c", 3)
+        assert (await parts.turns.handle(third, b"c")).status is TurnStatus.BUFFERED
+        since_ms = await held_ms(parts.gaps, "c", 3)
         assert await index_score(redis_client, "c") == since_ms
 
-        expired = await turns.gaps.expire(now=since_ms / 1000 + TIMEOUT + 1)
+        expired = await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
 
         assert [(e.conversation_id, e.turn_seq) for e in expired] == [("c", 3)]
         (letter,) = letters(published)
@@ -69,89 +78,114 @@ class TestExpiry:
         assert base64.b64decode(letter.key_b64 or "") == b"c"
         assert re.fullmatch(r"turn 3 of c waited 30[01] s for turn 2", letter.detail), letter.detail
         assert [(t, k) for t, _, k in published.events] == [(DLQ, b"c")]
-        assert await store.pending_seqs("c") == []
+        assert await held_seqs(parts.gaps, "c") == []
+        assert await index_score(redis_client, "c") is None
+
+    async def test_an_expired_turn_stays_held_until_it_is_released(
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """Expiry claims and returns the turn; only its release, once it is dead-lettered, forgets it."""
+        third = raw("c", 3, user("three"))
+        await parts.gaps.hold("c", 3, third, now=1000.0)
+
+        (turn,) = await parts.gaps.expire(now=1000.0 + TIMEOUT + 1)
+
+        assert (turn.turn_seq, turn.error.reason.value, turn.raw) == (3, "sequence_gap", third)
+        assert published.events == []
+        assert await held_seqs(parts.gaps, "c") == [3]
+        assert await parts.gaps.expire(now=1000.0 + TIMEOUT + 2) == []  # claimed
+        await parts.gaps.release(turn)
+        assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
 
     async def test_turn_not_yet_expired_stays_held(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Only turns past the timeout expire; the index then points at the oldest turn still held."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three")), b"c")
-        since_ms = await held_ms(store, "c", 3)
-        await turns.gaps.hold("c", 4, raw("c", 4, assistant("four")), now=since_ms / 1000 + 200)
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three")), b"c")
+        since_ms = await held_ms(parts.gaps, "c", 3)
+        await parts.gaps.hold("c", 4, raw("c", 4, assistant("four")), now=since_ms / 1000 + 200)
 
-        assert await turns.gaps.expire(now=since_ms / 1000 + TIMEOUT - 1) == []
+        assert await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT - 1) == []
         assert published.events == []
-        assert await store.pending_seqs("c") == [3, 4]
+        assert await held_seqs(parts.gaps, "c") == [3, 4]
 
-        assert [e.turn_seq for e in await turns.gaps.expire(now=since_ms / 1000 + TIMEOUT + 1)] == [3]
-        assert await store.pending_seqs("c") == [4]
+        assert [
+            e.turn_seq
+            for e in await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
+        ] == [3]
+        assert await held_seqs(parts.gaps, "c") == [4]
         assert await index_score(redis_client, "c") == pytest.approx(since_ms + 200_000, abs=1)
 
-        assert [e.turn_seq for e in await turns.gaps.expire(now=since_ms / 1000 + 200 + TIMEOUT + 1)] == [4]
+        assert [
+            e.turn_seq
+            for e in await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + 200 + TIMEOUT + 1)
+        ] == [4]
         assert [letter.turn_seq for letter in letters(published)] == [3, 4]
         assert await index_score(redis_client, "c") is None
 
     async def test_gap_filled_in_time_leaves_the_index_and_letters_nothing(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """The missing turn releases the held ones; the conversation leaves the index; a late sweep sends nothing."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three")), b"c")
-        await turns.handle(raw("c", 4, assistant("four")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three")), b"c")
+        await parts.turns.handle(raw("c", 4, assistant("four")), b"c")
         assert await index_score(redis_client, "c") is not None
 
-        assert (await turns.handle(raw("c", 2, assistant("two")), b"c")).status is TurnStatus.APPENDED
+        assert (await parts.turns.handle(raw("c", 2, assistant("two")), b"c")).status is TurnStatus.APPENDED
 
-        assert [r["seq"] for r in await store.transcript("c")] == [1, 2, 3, 4]
+        assert [r["seq"] for r in await parts.store.transcript("c")] == [1, 2, 3, 4]
         assert await index_score(redis_client, "c") is None
-        assert await turns.gaps.expire(now=time.time() + 10 * TIMEOUT) == []
+        assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + 10 * TIMEOUT) == []
         assert published.events == []
 
     async def test_partly_filled_gap_keeps_the_rest_indexed(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Filling the first of two gaps releases what it can; what waits on the second stays indexed."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three")), b"c")
-        await turns.handle(raw("c", 5, user("five")), b"c")
-        since_ms = await held_ms(store, "c", 5)
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three")), b"c")
+        await parts.turns.handle(raw("c", 5, user("five")), b"c")
+        since_ms = await held_ms(parts.gaps, "c", 5)
 
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
 
-        assert (await store.meta("c")).last_seq == 3
-        assert await store.pending_seqs("c") == [5]
+        assert (await parts.store.meta("c")).last_seq == 3
+        assert await held_seqs(parts.gaps, "c") == [5]
         assert await index_score(redis_client, "c") == since_ms
-        (expired,) = await turns.gaps.expire(now=since_ms / 1000 + TIMEOUT + 1)
+        (expired,) = await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
         assert expired.detail.endswith("for turn 4")
 
     async def test_expiry_changes_no_stored_state_and_the_gap_still_waits(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Expiry touches only the held turns; later turns are held (and expire) again; the missing turn still fits."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one"), system_prompt="Be brief."), b"c")
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
-        await turns.handle(raw("c", 4, assistant("four")), b"c")
-        await turns.handle(raw("c", 5, user("five")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one"), system_prompt="Be brief."), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(raw("c", 4, assistant("four")), b"c")
+        await parts.turns.handle(raw("c", 5, user("five")), b"c")
         before = await stored_state(redis_client, "c")
-        meta, snapshot = await store.meta("c"), await store.snapshot("c")
-        since_ms = await held_ms(store, "c", 4)
+        meta, snapshot = await parts.store.meta("c"), await parts.store.snapshot("c")
+        since_ms = await held_ms(parts.gaps, "c", 4)
 
-        assert [e.turn_seq for e in await turns.gaps.expire(now=since_ms / 1000 + TIMEOUT + 1)] == [4, 5]
+        assert [
+            e.turn_seq
+            for e in await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
+        ] == [
+            4,
+            5,
+        ]
 
         assert await stored_state(redis_client, "c") == before
-        assert await store.meta("c") == meta
-        assert await store.snapshot("c") == snapshot
-        assert (await turns.handle(raw("c", 6, assistant("six")), b"c")).status is TurnStatus.BUFFERED
-        again = await turns.gaps.expire(now=time.time() + TIMEOUT + 1)
+        assert await parts.store.meta("c") == meta
+        assert await parts.store.snapshot("c") == snapshot
+        assert (await parts.turns.handle(raw("c", 6, assistant("six")), b"c")).status is TurnStatus.BUFFERED
+        again = await parts.dead_letters.expire_held(parts.gaps, now=time.time() + TIMEOUT + 1)
         assert [(e.turn_seq, e.detail.endswith("for turn 3")) for e in again] == [(6, True)]
-        assert (await turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.APPENDED
-        assert [r["seq"] for r in await store.transcript("c")] == [1, 2, 3]
+        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.APPENDED
+        assert [r["seq"] for r in await parts.store.transcript("c")] == [1, 2, 3]
         assert [letter.turn_seq for letter in letters(published)] == [4, 5, 6]
 
 
@@ -179,14 +213,14 @@ class ReholdingPublisher(Published):
     """While the first letter is being published, the turn is expired by another sweep and held again
     with other bytes (the other sweep's lease ran out, then a conflicting redelivery came)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, redis_client: redis.asyncio.Redis) -> None:
         super().__init__()
-        self.store = store
+        self.redis = redis_client
 
     async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None:
         if not self.events:
-            await self.store.redis.hdel("t:{c}:pending", "3")
-            await self.store.buffer_pending("c", 3, b'{"other": "bytes"}', held_ms=2_000_000)
+            await self.redis.hdel("t:{c}:pending", "3")
+            await self.redis.hset("t:{c}:pending", "3", held_value(b'{"other": "bytes"}', 2_000_000))
         await super().__call__(topic, payload, key)
 
 
@@ -196,16 +230,18 @@ class TestConcurrency:
     ) -> None:
         """Two workers (own connections) sweeping at once send each expired turn exactly once."""
         published = SlowPublisher()
-        first, *_ = orchestration.make_parts(redis_client, settings, published)
+        first = orchestration.make_parts(redis_client, settings, published)
         other_client = redis.asyncio.Redis.from_url(redis_url)
         try:
-            second, *_ = orchestration.make_parts(other_client, settings, published)
+            second = orchestration.make_parts(other_client, settings, published)
             held = {(cid, seq) for cid in ("a", "b", "c") for seq in range(3, 13)}
             for cid, seq in sorted(held):
                 await first.gaps.hold(cid, seq, raw(cid, seq, user(f"{cid}{seq}")), now=1000.0 + seq)
             now = 1000.0 + 12 + TIMEOUT + 1
 
-            results = await asyncio.gather(*(t.gaps.expire(now=now) for t in (first, second, first, second)))
+            results = await asyncio.gather(
+                *(p.dead_letters.expire_held(p.gaps, now=now) for p in (first, second, first, second))
+            )
 
             sent = [(letter.conversation_id, letter.turn_seq) for letter in letters(published)]
             assert sorted(sent) == sorted(held)  # each once: no duplicates, none missing
@@ -220,103 +256,101 @@ class TestConcurrency:
     ) -> None:
         """A claim whose publish fails keeps the turn; no one takes it before the lease ends; then it is sent once."""
         published = FailingOnce()
-        turns, _, store, _ = orchestration.make_parts(redis_client, settings, published)
-        await turns.gaps.hold("c", 3, raw("c", 3, user("three")), now=1000.0)
+        parts = orchestration.make_parts(redis_client, settings, published)
+        gaps, dead_letters = parts.gaps, parts.dead_letters
+        await gaps.hold("c", 3, raw("c", 3, user("three")), now=1000.0)
         now = 1000.0 + TIMEOUT + 1
 
         with pytest.raises(ConnectionError):
-            await turns.gaps.expire(now=now)
-        assert await store.pending_seqs("c") == [3]
-        assert await turns.gaps.expire(now=now + 1) == []  # the lease stands
+            await dead_letters.expire_held(gaps, now=now)
+        assert await held_seqs(gaps, "c") == [3]
+        assert await dead_letters.expire_held(gaps, now=now + 1) == []  # the lease stands
 
-        (expired,) = await turns.gaps.expire(now=now + CLAIM_LEASE_SECONDS + 1)
+        (expired,) = await dead_letters.expire_held(gaps, now=now + CLAIM_LEASE_SECONDS + 1)
         assert expired.turn_seq == 3
         assert [letter.turn_seq for letter in letters(published)] == [3]
-        assert await store.pending_seqs("c") == []
+        assert await held_seqs(gaps, "c") == []
 
     async def test_a_sweep_deletes_only_the_copy_it_claimed(
         self, redis_client: redis.asyncio.Redis, settings: Settings
     ) -> None:
         """A turn held again (other bytes) while a sweep published the old copy is not deleted by that sweep."""
-        store = Store(redis_client, "t", None)
-        turns, *_ = orchestration.make_parts(redis_client, settings, ReholdingPublisher(store))
-        await turns.gaps.hold("c", 3, raw("c", 3, user("three")), now=1000.0)
+        parts = orchestration.make_parts(redis_client, settings, ReholdingPublisher(redis_client))
+        await parts.gaps.hold("c", 3, raw("c", 3, user("three")), now=1000.0)
 
-        assert [e.turn_seq for e in await turns.gaps.expire(now=1000.0 + TIMEOUT + 1)] == [3]
+        assert [
+            e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
+        ] == [3]
 
-        assert await store.pending_turn("c", 3) == b'{"other": "bytes"}'
+        assert await parts.gaps.held_turn("c", 3) == HeldTurn(3, 2_000_000, b'{"other": "bytes"}')
         assert await index_score(redis_client, "c") == 2_000_000
 
     async def test_index_keeps_the_oldest_hold_time(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A turn held earlier than the one that indexed its conversation (clocks differ) moves the score back."""
-        turns, *_ = parts
-        await turns.gaps.hold("c", 5, raw("c", 5, user("five")), now=2000.0)
-        await turns.gaps.hold("c", 4, raw("c", 4, user("four")), now=1000.0)
+        await parts.gaps.hold("c", 5, raw("c", 5, user("five")), now=2000.0)
+        await parts.gaps.hold("c", 4, raw("c", 4, user("four")), now=1000.0)
         assert await index_score(redis_client, "c") == 1_000_000
-        assert [e.turn_seq for e in await turns.gaps.expire(now=1000.0 + TIMEOUT + 1)] == [4]
+        assert [
+            e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
+        ] == [4]
 
     async def test_a_held_copy_of_a_stored_turn_is_dropped_without_a_letter(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A turn held by a worker that lost a race with its append is a duplicate: dropped, not dead-lettered."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
-        await turns.gaps.hold("c", 2, raw("c", 2, assistant("two")), now=1000.0)
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.gaps.hold("c", 2, raw("c", 2, assistant("two")), now=1000.0)
 
-        assert await turns.gaps.expire(now=1000.0 + TIMEOUT + 1) == []
+        assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
 
         assert published.events == []
-        assert await store.pending_seqs("c") == []
+        assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
 
     async def test_a_held_copy_of_a_stored_seq_with_other_content_is_a_conflicting_duplicate(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A held copy whose seq was stored with other content is a conflicting_duplicate letter, not a silent drop."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
         same, other = raw("c", 2, assistant("two")), raw("c", 2, assistant("two, but other"))
-        await turns.gaps.hold("c", 2, same, now=1000.0, fingerprint=await store.fingerprint("c", 2))
-        assert await turns.gaps.expire(now=1000.0 + TIMEOUT + 1) == []
+        await parts.gaps.hold("c", 2, same, now=1000.0, fingerprint=await parts.store.fingerprint("c", 2))
+        assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
         other_fp = turn_fingerprint(TurnEvent.model_validate_json(other))
-        await turns.gaps.hold("c", 2, other, now=1000.0, fingerprint=other_fp)
+        await parts.gaps.hold("c", 2, other, now=1000.0, fingerprint=other_fp)
 
-        (sent,) = await turns.gaps.expire(now=1000.0 + TIMEOUT + 1)
+        (sent,) = await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
 
         (letter,) = letters(published)
         assert (letter.reason.value, letter.turn_seq, sent.turn_seq) == ("conflicting_duplicate", 2, 2)
         assert base64.b64decode(letter.original_b64) == other
         assert letter.detail == sent.detail
         assert other_fp in letter.detail
-        assert await store.pending_seqs("c") == []
-        assert [r["m"]["content"] for r in await store.transcript("c")] == ["one", "two"]
+        assert await held_seqs(parts.gaps, "c") == []
+        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two"]
 
     async def test_index_entry_without_held_turns_is_dropped(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """An index entry left by a crash (or by retention) is dropped by the sweep, sending nothing."""
-        turns, *_ = parts
         await redis_client.zadd(gaps_index_key("t"), {"gone": 1})
-        assert await turns.gaps.expire() == []
+        assert await parts.dead_letters.expire_held(parts.gaps) == []
         assert await redis_client.zcard(gaps_index_key("t")) == 0
         assert published.events == []
 
     async def test_a_turn_held_during_reindex_stays_indexed(
-        self, parts: Any, redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+        self, parts: Parts, redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Reindexing finds nothing held, then a turn is held before it drops the entry: the entry survives."""
-        turns, _, store, _ = parts
-        gaps: GapIndex = turns.gaps
+        gaps = parts.gaps
         await redis_client.zadd(gaps_index_key("t"), {"c": 1})
         real_zrem = redis_client.zrem
 
         async def zrem_after_a_hold(*args: Any) -> Any:
-            await store.buffer_pending("c", 3, raw("c", 3, user("three")), held_ms=5000)
-            await redis_client.zadd(gaps_index_key("t"), {"c": 5000}, lt=True)
+            await gaps.hold("c", 3, raw("c", 3, user("three")), now=5.0)
             return await real_zrem(*args)
 
         monkeypatch.setattr(redis_client, "zrem", zrem_after_a_hold)
@@ -325,57 +359,64 @@ class TestConcurrency:
 
 
 class TestHeldTurns:
-    async def test_a_redelivered_duplicate_releases_the_turn_held_behind_it(self, parts: Any) -> None:
+    async def test_a_redelivered_duplicate_releases_the_turn_held_behind_it(self, parts: Parts) -> None:
         """A crash between an append and its drain: the redelivery of the appended turn releases the next."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three")), b"c")
         second = raw("c", 2, assistant("two"))
-        await turns.handle_held(second, "c", 2)  # applied, but not drained: the "crash"
-        assert await store.pending_seqs("c") == [3]
+        await parts.turns.handle_held(second, "c", 2)  # applied, but not drained: the "crash"
+        assert await held_seqs(parts.gaps, "c") == [3]
 
-        assert (await turns.handle(second, b"c")).status is TurnStatus.DUPLICATE
+        assert (await parts.turns.handle(second, b"c")).status is TurnStatus.DUPLICATE
 
-        assert [r["seq"] for r in await store.transcript("c")] == [1, 2, 3]
-        assert await store.pending_seqs("c") == []
+        assert [r["seq"] for r in await parts.store.transcript("c")] == [1, 2, 3]
+        assert await held_seqs(parts.gaps, "c") == []
 
     async def test_held_turn_invalid_on_release_is_dead_lettered_once_and_dropped(
-        self, parts: Any, published: Published, settings: Settings, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, settings: Settings, redis_client: redis.asyncio.Redis
     ) -> None:
         """A held turn that the settings now reject goes to the DLQ at release and no longer blocks or expires."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
-        await turns.handle(raw("c", 3, user("three"), model="mystery-model-x"), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 3, user("three"), model="mystery-model-x"), b"c")
         settings.budget.fallback_window = None  # unknown models are now refused
 
-        await turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
 
         assert [(letter.reason.value, letter.turn_seq) for letter in letters(published)] == [
             ("unknown_model", 3)
         ]
-        assert await store.pending_seqs("c") == []
+        assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
-        assert await turns.gaps.expire(now=time.time() + 10 * TIMEOUT) == []
+        assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + 10 * TIMEOUT) == []
         assert len(letters(published)) == 1
 
     async def test_a_value_held_before_hold_times_were_stored_reads_as_held_long_ago(
-        self, parts: Any, published: Published, redis_client: redis.asyncio.Redis
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A held turn without the time prefix drains as it is and expires on the first sweep that reaches it."""
-        turns, _, store, _ = parts
-        await turns.handle(raw("c", 1, user("one")), b"c")
+        await parts.turns.handle(raw("c", 1, user("one")), b"c")
         third, fourth = raw("c", 3, user("three")), raw("c", 4, user("four"))
         await redis_client.hset("t:{c}:pending", "3", third)
-        await turns.gaps.hold("c", 4, fourth)
-        assert await store.pending_turn("c", 3) == third
-        oldest, _ = await store.held_turns("c")
+        await parts.gaps.hold("c", 4, fourth)
+        oldest, _ = await parts.gaps.held_turns("c")
+        assert oldest.raw == third
         assert (oldest.turn_seq, oldest.held_ms) == (3, 0)
 
-        await turns.gaps.reindex("c")
-        (expired,) = await turns.gaps.expire()
+        await parts.gaps.reindex("c")
+        (expired,) = await parts.dead_letters.expire_held(parts.gaps)
         assert expired.turn_seq == 3
         assert base64.b64decode(letters(published)[0].original_b64) == third
-        assert await store.pending_seqs("c") == [4]
+        assert await held_seqs(parts.gaps, "c") == [4]
+
+    def test_held_form_carries_the_fingerprint(self) -> None:
+        """The fingerprint follows the hold time; values without it still read; a malformed one is refused."""
+        body = b'  {"x": "ab:cd"}'
+        fp_a, fp_b = "a" * 32, "0123456789abcdef" * 2
+        assert parse_held(2, held_value(body, 5, fp_a)) == HeldTurn(2, 5, body, fingerprint=fp_a)
+        assert parse_held(2, b"5/7:" + fp_b.encode() + b":" + body) == HeldTurn(2, 5, body, 7, fp_b)
+        assert parse_held(2, held_value(body, 5)) == HeldTurn(2, 5, body)
+        with pytest.raises(ValueError, match="fingerprint"):
+            held_value(body, 5, "not-hex")
 
     def test_stored_form_keeps_the_bytes_exactly(self) -> None:
         """The prefix is split off exactly, whatever bytes follow (digits and colons included)."""
@@ -407,6 +448,6 @@ class TestSetting:
 async def test_turn_handler_uses_the_configured_timeout(redis_client: redis.asyncio.Redis) -> None:
     """The handler's gap index takes its timeout from worker.gap_timeout_seconds."""
     settings = Settings(redis={"key_prefix": "t"}, worker={"gap_timeout_seconds": 7})
-    turns, *_ = orchestration.make_parts(redis_client, settings, Published())
+    turns = orchestration.make_parts(redis_client, settings, Published()).turns
     assert isinstance(turns, TurnHandler)
     assert turns.gaps.timeout_ms == 7000

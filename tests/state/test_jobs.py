@@ -1,4 +1,4 @@
-"""The job index: due jobs, exclusive leases, expiry hand-over, and finishing."""
+"""Pending compactions: the job hash's priorities, due jobs, exclusive leases, expiry hand-over, finishing."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import Trigger
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.store import Store
+from compaction_worker.state.jobs import JobQueue, JobRequest
+from compaction_worker.state.store import NewMessage, Store
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def queue(redis_client: redis.asyncio.Redis) -> JobQueue:
-    return JobQueue(Store(redis_client, "t", None), lease_seconds=1)
+    return JobQueue(redis_client, "t", lease_seconds=1)
 
 
 async def test_schedule_claim_finish(queue: JobQueue) -> None:
@@ -32,7 +32,7 @@ async def test_schedule_claim_finish(queue: JobQueue) -> None:
     assert job.trigger is Trigger.THRESHOLD
     await queue.finish(claim, job)
     assert await queue.pending_count() == 0
-    assert await queue.store.job("c") is None
+    assert await queue.job("c") is None
 
 
 async def test_lease_expiry_lets_another_worker_claim(queue: JobQueue) -> None:
@@ -52,7 +52,7 @@ async def test_newer_request_survives_finish(queue: JobQueue) -> None:
     job = await queue.load(claim)
     await queue.schedule("c", Trigger.MANUAL)  # arrives mid-run
     await queue.finish(claim, job)
-    pending = await queue.store.job("c")
+    pending = await queue.job("c")
     assert pending is not None
     assert pending.trigger is Trigger.MANUAL
     assert await queue.due(10) == ["c"]
@@ -65,4 +65,35 @@ async def test_index_entry_without_job_is_cleaned(queue: JobQueue) -> None:
     assert claim is not None
     assert await queue.load(claim) is None
     await queue.finish(claim, None)
+    assert await queue.pending_count() == 0
+
+
+async def test_weaker_request_does_not_replace_stronger(queue: JobQueue) -> None:
+    """A threshold request leaves a pending manual request in place; a reactive one replaces it."""
+    assert await queue.schedule("c", Trigger.MANUAL)
+    assert not await queue.schedule("c", Trigger.THRESHOLD)
+    assert await queue.schedule("c", Trigger.REACTIVE, "x")
+    job = await queue.job("c")
+    assert job is not None
+    assert (job.trigger, job.error) == (Trigger.REACTIVE, "x")
+
+
+async def test_request_is_recorded_with_the_turn(queue: JobQueue) -> None:
+    """A compaction request rides in the append script, so it cannot be lost alone; the caller indexes it."""
+    store = Store(queue.redis, "t", None)
+    request = JobRequest(Trigger.REACTIVE, "too long", estimate=1234)
+    await store.append_turn(
+        "c", 1, [NewMessage({"role": "user", "content": "a"}, 1)], {}, expected_count=0, request=request
+    )
+    job = await queue.job("c")
+    assert job is not None
+    assert (job.trigger, job.error, job.estimate) == (Trigger.REACTIVE, "too long", 1234)
+    assert await queue.due(10) == []
+    assert await queue.ensure_due("c")
+    assert await queue.due(10) == ["c"]
+
+
+async def test_ensure_due_without_a_job_indexes_nothing(queue: JobQueue) -> None:
+    """Only a conversation with a pending job is made due."""
+    assert not await queue.ensure_due("c")
     assert await queue.pending_count() == 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import pytest
 import redis.asyncio
@@ -13,7 +12,7 @@ from compaction_worker.contracts.events import CompactionCompleted, Outcome
 from compaction_worker.settings import Settings
 from compaction_worker.state.outbox import Outbox, pack, unpack
 from compaction_worker.state.store import Store
-from tests.orchestration import Published, compact_now, conversation, make_parts
+from tests.orchestration import Parts, Published, compact_now, conversation, make_parts
 
 pytestmark = pytest.mark.integration
 
@@ -41,19 +40,18 @@ def test_pack_round_trips() -> None:
 
 
 async def test_a_commit_publishes_its_event_and_leaves_nothing_behind(
-    parts: Any, published: Published, redis_client: redis.asyncio.Redis
+    parts: Parts, published: Published, redis_client: redis.asyncio.Redis
 ) -> None:
     """The live path: the event is written with the commit, published, then removed with its index entry."""
-    turns, compactor, store, jobs = parts
     for turn in conversation(24):
-        await turns.handle(turn, b"c")
-    done = await compact_now(jobs, compactor)
+        await parts.turns.handle(turn, b"c")
+    done = await compact_now(parts.jobs, parts.compactor)
     assert done.outcome is Outcome.COMPACTED
     (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
     assert event == done
-    assert await redis_client.hlen(store.keys("c").outbox) == 0
-    assert await redis_client.zcard(compactor.outbox.index) == 0
-    (record,) = await store.compactions("c")
+    assert await redis_client.hlen(parts.store.keys("c").outbox) == 0
+    assert await redis_client.zcard(parts.compactor.outbox.index.key) == 0
+    (record,) = await parts.store.compactions("c")
     assert record["compaction_id"] == str(done.compaction_id)
 
 
@@ -62,13 +60,14 @@ async def test_an_event_left_by_a_dead_worker_is_relayed_once(
 ) -> None:
     """Killed after the commit: the state is committed, the event is in the outbox, a sweeper publishes it once."""
     settings.worker.lock_ttl_seconds = 1  # the grace before a sweeper may step in
-    turns, dying, store, jobs = make_parts(redis_client, settings, Dying(published))
+    dying = make_parts(redis_client, settings, Dying(published))
+    store = dying.store
     for turn in conversation(24):
-        await turns.handle(turn, b"c")
-    claim = await jobs.claim("c")
+        await dying.turns.handle(turn, b"c")
+    claim = await dying.jobs.claim("c")
     assert claim is not None
     with pytest.raises(DiesAfterCommit):
-        await dying.run(claim)
+        await dying.compactor.run(claim)
     assert (await store.meta("c")).version == 1  # committed
     assert published.on("compaction.completed") == []
     assert await redis_client.hlen(store.keys("c").outbox) == 1
@@ -81,23 +80,23 @@ async def test_an_event_left_by_a_dead_worker_is_relayed_once(
     (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
     assert (event.outcome, event.version) == (Outcome.COMPACTED, 1)
     assert await redis_client.hlen(store.keys("c").outbox) == 0
-    assert await redis_client.zcard(sweepers[0].index) == 0
+    assert await redis_client.zcard(sweepers[0].index.key) == 0
 
 
 async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
-    redis_client: redis.asyncio.Redis, published: Published
+    redis_client: redis.asyncio.Redis, published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweeper that finds an empty outbox removes the index entry only if no new compaction re-armed it."""
     store = Store(redis_client, "t", None)
     outbox = Outbox(store, published, 1)
-    await redis_client.zadd(outbox.index, {"c": 0})  # due, empty outbox
-    original_claim = outbox._claim
+    await redis_client.zadd(outbox.index.key, {"c": 0})  # due, empty outbox
+    original_claim = outbox.index.claim
 
-    async def claim_then_rearm(**kw: Any) -> Any:
-        lease = await original_claim(**kw)
+    async def claim_then_rearm(conversation_id: str, now: int, lease_ms: float) -> bool:
+        claimed = await original_claim(conversation_id, now, lease_ms)
         await outbox.expect("c")  # a new compaction arms the entry between claim and unindex
-        return lease
+        return claimed
 
-    outbox._claim = claim_then_rearm  # type: ignore[assignment]
+    monkeypatch.setattr(outbox.index, "claim", claim_then_rearm)
     assert await outbox.relay() == 0
-    assert await redis_client.zscore(outbox.index, "c") is not None
+    assert await redis_client.zscore(outbox.index.key, "c") is not None

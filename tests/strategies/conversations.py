@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.contracts.toolpairs import unanswered_calls
-from compaction_worker.settings import PipelineSettings
-from compaction_worker.strategies.draft import Counter, Draft, Limits, StageContext, summary_overhead
+from compaction_worker.strategies.draft import Counter, Draft, Limits, StageContext
 from compaction_worker.strategies.repair import repair
+from compaction_worker.testing import Chat, summary_chunk
+
+from .helpers import GENEROUS, context
 
 TOOLS = ("read_file", "run_command", "search", "skill")
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
@@ -257,29 +259,18 @@ def _open_unit(built: _Builder) -> set[int]:
 
 
 def stage_context(counter: Counter, limits: Limits | None = None, **settings: Any) -> StageContext:
-    """A stage context for ``counter`` (generous limits unless given)."""
-    limits = limits or Limits(
-        target=10**9,
-        fixed_tokens=0,
-        window=10**9,
-        tail_max_messages=10,
-        tail_max_tokens=10**9,
-        max_summary_tokens=2048,
-        chunk_budget=10**9,
-    )
-    return StageContext(limits, PipelineSettings(**settings), counter, summary_overhead(counter))
+    """A stage context for ``counter`` (limits no stage has to work for, unless given)."""
+    return context(counter=counter, limits=limits or GENEROUS, **settings)
 
 
 def _chunk(first: int, last: int, seqs: Sequence[int], kept: Sequence[int], counter: Counter) -> SummaryChunk:
-    chunk = SummaryChunk(
+    chunk = summary_chunk(
+        first,
+        last,
+        f"## Current state\n- Messages {first} to {last} were about the repository layout.",
         id=f"earlier-{first}-{last}",
-        text=f"## Current state\n- Messages {first} to {last} were about the repository layout.",
         first_seq=seqs[first - 1],
         last_seq=seqs[last - 1],
-        first_n=first,
-        last_n=last,
-        tokens=0,
-        created_at="2024-01-01T00:00:00+00:00",
         model="earlier",
         kept=tuple(n for n in kept if first <= n <= last),
     )
@@ -305,10 +296,10 @@ def conversations(
         )
     )
     # Appended conversations continue the turn numbers too (a turn adds at least one message).
-    entries = [
-        Entry(n=start + i, seq=start - 1 + s, message=m, tokens=counter.message(m))
-        for i, (m, s) in enumerate(zip(built.messages, built.seqs, strict=True))
-    ]
+    chat = Chat(start, counter)
+    for m, s in zip(built.messages, built.seqs, strict=True):
+        chat.add(m, seq=start - 1 + s)
+    entries = chat.entries
     pinned_units = {u for u, m in zip(built.units, built.messages, strict=True) if m.get("pinned")}
     must_keep = {i for i, u in enumerate(built.units) if u in pinned_units} | _open_unit(built)
     chunks: list[SummaryChunk] = []

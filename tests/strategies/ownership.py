@@ -1,4 +1,4 @@
-"""Invariant 8 as a check: every tool result stays under its own call, with what is its own."""
+"""docs/design.md, invariant 8, as a check: every tool result stays under its own call, with what is its own."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ IDENTICAL = "[Identical to a later {tool} output below]"
 def ownership_problems(conversation: Conversation, entries: Sequence[Entry]) -> list[str]:
     """Ways a compacted history puts a tool result, or what stands for it, under a call not its own.
 
-    Invariant 8: every tool result of ``entries`` answers, by position, the very call it
+    docs/design.md, invariant 8: every tool result of ``entries`` answers, by position, the very call it
     answered in the conversation (or a synthetic call, when its own is gone), and holds
     its own original content or a placeholder about its own call: a prune placeholder
     naming its own tool, a pointer to the file its own call read with a later read of

@@ -10,8 +10,9 @@ from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.strategies import provider_problems
 from compaction_worker.strategies.dedup import deduplicate
 from compaction_worker.strategies.draft import Draft
+from compaction_worker.testing import Chat
 
-from .helpers import COUNTER, IMAGE, Chat, by_n, chunk, context, words
+from .helpers import COUNTER, IMAGE, by_n, chunk, context, words
 
 EDITOR = "str_replace_based_edit_tool"
 

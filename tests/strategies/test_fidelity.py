@@ -15,7 +15,7 @@ import pytest
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.settings import PipelineSettings
-from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
 
 
 def _benchmark() -> ModuleType:

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from compaction_worker.contracts.history import Entry
 from compaction_worker.strategies.draft import Draft
 from compaction_worker.strategies.oversized import cut_text, truncate_oversized
+from compaction_worker.testing import Chat
 
-from .helpers import COUNTER, IMAGE, Chat, by_n, chunk, context, lines, words
+from .helpers import COUNTER, IMAGE, by_n, chunk, context, lines, words
 
 # A 10k window: over 2,500 tokens a message is huge, and it is cut to at most 1,000.
 WINDOW = 10_000

@@ -6,47 +6,31 @@ checks in ``tests/strategies/test_repair.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render
-from compaction_worker.errors import SummarizerError
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies import (
     Limits,
     compact,
     provider_problems,
 )
-from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
+from compaction_worker.testing import Chat, WordCounter
 
-
-def count(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-class FakeCounter:
-    """Four characters a token, four tokens a message."""
-
-    def text(self, text: str) -> int:
-        return count(text)
-
-    def message(self, message: Mapping[str, Any]) -> int:
-        return count(str(message.get("content") or "")) + 4
-
-
-COUNTER = FakeCounter()
+COUNTER = WordCounter()
 
 
 def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
-    out = []
+    """Entries of messages (10 tokens each) or of ``(role, tokens)`` pairs."""
+    chat = Chat(start, COUNTER)
     for i, spec in enumerate(specs, start=start):
         message = spec if isinstance(spec, dict) else {"role": spec[0], "content": f"{spec[0]} {i}"}
-        tokens = 10 if isinstance(spec, dict) else spec[1]
-        out.append(Entry(n=i, seq=i, message=message, tokens=tokens))
-    return tuple(out)
+        chat.add(message, tokens=10 if isinstance(spec, dict) else spec[1])
+    return tuple(chat.entries)
 
 
 def call(call_id: str) -> dict[str, Any]:
@@ -74,7 +58,7 @@ class FakeSummarizer:
         self.requests.append(request)
         if self.fail:
             raise SummarizerError("down")
-        return SummaryResult(self.text, self.name, count(self.text), LlmUsage(calls=1, total_tokens=7))
+        return SummaryResult(self.text, self.name, COUNTER.text(self.text), LlmUsage(calls=1, total_tokens=7))
 
 
 def limits(target: int, **kw: Any) -> Limits:
@@ -158,7 +142,7 @@ class TestCompact:
         assert out.draft.chunks[0].last_n == 3
 
     async def test_noop_when_the_target_is_unreachable(self) -> None:
-        """Reference 003 (the system prompt is compaction-proof): when system prompt and tools alone exceed the target, nothing is committed (invariant 5)."""
+        """Reference 003 (the system prompt is compaction-proof): when system prompt and tools alone exceed the target, nothing is committed (docs/design.md, invariant 5)."""
         es = entries(*[(r, 40) for r in ["user", "assistant"] * 3])
         out = await compact(
             EffectiveHistory((), es), limits(100, fixed_tokens=150), [FakeSummarizer()], COUNTER

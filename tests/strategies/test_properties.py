@@ -1,4 +1,4 @@
-"""Properties of the whole pipeline over generated conversations (DESIGN invariants 1, 4, 5, 6, 8).
+"""Properties of the whole pipeline over generated conversations (docs/design.md, invariants 1, 4, 5, 6, 8).
 
 Every run draws a valid conversation (``conversations.py``: all roles, parallel tool calls,
 images, tiny to huge tool outputs, earlier summary chunks, pinned messages, an open call at
@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, SummaryPlacement, render
-from compaction_worker.errors import SummarizerError
 from compaction_worker.settings import BudgetSettings, PipelineSettings
 from compaction_worker.strategies import CompactionResult, Limits, compact, provider_problems
 from compaction_worker.strategies.dedup import deduplicate
@@ -30,14 +29,9 @@ from compaction_worker.strategies.oversized import truncate_oversized
 from compaction_worker.strategies.prune import prune_tool_outputs
 from compaction_worker.strategies.repair import SYNTHETIC_GAP, repair
 from compaction_worker.strategies.truncate import MARKER_RESERVE, QUOTE_TOKENS, TRUNCATION_MODEL
+from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.summaries.llm import (
-    Summarizer,
-    SummaryRequest,
-    SummaryResult,
-    looks_like_error_text,
-    validate_summary,
-)
+from compaction_worker.summaries.validation import looks_like_error_text, validate_summary
 
 from .conversations import (
     CALL_IDS,
@@ -165,7 +159,7 @@ def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counte
     assert result.messages_before == len(render(c.history, case.placement))
 
     if result.outcome is Outcome.NOOP:
-        # Invariant 5: nothing is committed, so the draft is exactly the input ...
+        # docs/design.md, invariant 5: nothing is committed, so the draft is exactly the input ...
         assert result.draft.chunks == c.chunks
         assert result.draft.entries == c.entries
         # ... and a noop is only allowed when no stage could reach the target.
@@ -174,21 +168,21 @@ def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counte
         return
 
     draft = result.draft
-    # Invariant 5: under the target, by the same measure as before.
+    # docs/design.md, invariant 5: under the target, by the same measure as before.
     assert result.tokens_after == ctx.tokens(draft)
     assert result.tokens_after <= limits.target
     for entry in draft.entries:
         assert entry.tokens == counter.message(entry.message), f"stale token count on {entry.n}"
-    # Invariant 4, in both placements (the last assistant's calls may stay open).
+    # docs/design.md, invariant 4, in both placements (the last assistant's calls may stay open).
     after = EffectiveHistory(chunks=draft.chunks, entries=draft.entries)
     for placement in PLACEMENTS:
         assert provider_problems(render(after, placement), unique_call_ids=unique) == [], placement
     assert result.messages_after == len(render(after, case.placement))
-    # Invariant 1: every original message is an entry or covered by a chunk, once.
+    # docs/design.md, invariant 1: every original message is an entry or covered by a chunk, once.
     assert coverage_problems(c, draft.chunks, draft.entries) == []
-    # Invariant 8: every result still answers its own call and holds what is its own.
+    # docs/design.md, invariant 8: every result still answers its own call and holds what is its own.
     assert ownership_problems(c, draft.entries) == []
-    # Invariant 6: every new chunk is a validated summary within its cap, or the marker.
+    # docs/design.md, invariant 6: every new chunk is a validated summary within its cap, or the marker.
     old = {chunk.id for chunk in c.chunks}
     answered = [pair for r in used for pair in r.answered]
     for chunk in draft.chunks:
@@ -209,7 +203,7 @@ def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counte
 @settings(CHECKS, max_examples=1500)
 @given(case=cases())
 def test_with_a_summarizer_that_succeeds(case: Case) -> None:
-    """Invariants 1, 4, 5 and 6 hold when the LLM summary works."""
+    """docs/design.md, invariants 1, 4, 5 and 6: they hold when the LLM summary works."""
     result, used = run(case, "succeeds")
     check(case, result, used, COUNTER)
 
@@ -217,7 +211,7 @@ def test_with_a_summarizer_that_succeeds(case: Case) -> None:
 @settings(CHECKS, max_examples=1500)
 @given(case=cases())
 def test_with_a_summarizer_that_fails(case: Case) -> None:
-    """Reference 004 (stage 4 keeps role alternation): invariants 1, 4, 5 and 6 hold when only the sliding window is left."""
+    """Reference 004 (stage 4 keeps role alternation): docs/design.md, invariants 1, 4, 5 and 6 hold when only the sliding window is left."""
     result, used = run(case, "fails")
     check(case, result, used, COUNTER)
 
@@ -225,7 +219,7 @@ def test_with_a_summarizer_that_fails(case: Case) -> None:
 @settings(CHECKS, max_examples=800)
 @given(case=cases())
 def test_with_the_extractive_fallback(case: Case) -> None:
-    """Invariants 1, 4, 5 and 6 hold when the LLM fails and the extractive summary takes over."""
+    """docs/design.md, invariants 1, 4, 5 and 6: they hold when the LLM fails and the extractive summary takes over."""
     result, used = run(case, "extractive")
     check(case, result, used, COUNTER)
 
@@ -274,7 +268,7 @@ STAGES: dict[str, Callable[[Draft, StageContext], StageOutcome]] = {
 def test_no_stage_attaches_content_to_another_call(
     conversation: Conversation, stages: list[str], protect: int, window: int
 ) -> None:
-    """Invariant 8, stage by stage and chained: after pruning, de-duplication, truncation and
+    """docs/design.md, invariant 8, stage by stage and chained: after pruning, de-duplication, truncation and
     repair, every tool result still follows the call that issued it, holding its own content or
     a placeholder about its own call (its tool, the file it read), whatever the ids."""
     limits = Limits(

@@ -8,12 +8,13 @@ import pytest
 
 from compaction_worker.contracts.events import Outcome
 from compaction_worker.contracts.history import EffectiveHistory, render
-from compaction_worker.strategies import provider_problems
-from compaction_worker.strategies.pipeline import cheap_stages, compact
+from compaction_worker.strategies import StageKind, provider_problems
+from compaction_worker.strategies.pipeline import build_stages, compact
 from compaction_worker.strategies.prune import prune_tool_outputs
-from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
+from compaction_worker.testing import Chat
 
-from .helpers import COUNTER, IMAGE, Chat, by_n, chunk, context, words
+from .helpers import COUNTER, IMAGE, by_n, chunk, context, words
 
 # Four 300-word reads (304 tokens each) at n=3, 5, 7, 9, then a user message at n=10.
 READS = (3, 5, 7, 9)
@@ -300,19 +301,22 @@ class FailingSummarizer:
 
 
 class TestPipeline:
-    def test_cheap_stages_in_order_and_switchable(self) -> None:
-        """References 002 and 004 (stages in cost order, each switchable): the enabled no-LLM stages run prune, deduplicate, truncate_oversized, in that order."""
+    def test_stages_in_cost_order_and_switchable(self) -> None:
+        """References 002 and 004 (stages in cost order, each switchable): the enabled no-LLM stages run prune, deduplicate, truncate_oversized, in that order, before the summary and the window."""
         ctx = context()
-        assert [s.__name__ for s in cheap_stages(ctx.settings)] == [
-            "prune_tool_outputs",
+        assert [s.name for s in build_stages(ctx.settings)] == [
+            "prune",
             "deduplicate",
             "truncate_oversized",
+            "summarize",
+            "truncate",
         ]
-        off = context(prune=False, truncate_oversized=False).settings
-        assert [s.__name__ for s in cheap_stages(off)] == ["deduplicate"]
+        assert [s.kind for s in build_stages(ctx.settings)][:3] == [StageKind.EDIT] * 3
+        off = context(prune=False, truncate_oversized=False, summarize=False, sliding_window=False).settings
+        assert [s.name for s in build_stages(off)] == ["deduplicate"]
 
     async def test_stops_after_pruning_when_that_reaches_the_target(self) -> None:
-        """Reference 004 and DESIGN (cheapest first, stop when the target is met): pruning alone suffices, so no LLM call."""
+        """Reference 004 and docs/design.md (cheapest first, stop when the target is met): pruning alone suffices, so no LLM call."""
         draft = four_reads().draft()
         before = context().tokens(draft)
         ctx = context(target=before - 2 * SAVED_PER_READ, **settings())

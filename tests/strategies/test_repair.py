@@ -1,4 +1,4 @@
-"""Repair (tool pairs and role order, fixed last) and the provider checker it answers to (invariant 4)."""
+"""Repair (tool pairs and role order, fixed last) and the provider checker it answers to (docs/design.md, invariant 4)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from compaction_worker.strategies.repair import (
     SYNTHETIC_START,
     open_call_index,
 )
-from compaction_worker.summaries.llm import SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
+from compaction_worker.testing import Chat
 
 from .conversations import stage_context
 from .helpers import COUNTER
@@ -60,8 +61,10 @@ def say(role: str, text: str | None = None, **extra: Any) -> dict[str, Any]:
 
 
 def draft(*messages: Mapping[str, Any], chunks: tuple[SummaryChunk, ...] = (), start: int = 2) -> Draft:
-    es = tuple(Entry(n=i, seq=i, message=m, tokens=COUNTER.message(m)) for i, m in enumerate(messages, start))
-    return Draft(chunks, es)
+    chat = Chat(start, COUNTER)
+    for m in messages:
+        chat.add(dict(m))
+    return chat.draft(chunks)
 
 
 def shape(d: Draft) -> list[str]:
@@ -235,7 +238,7 @@ class TestRepair:
 
 
 class TestReusedIds:
-    """Pairs judged by position (invariant 8): ids reused across turns and within one message."""
+    """Pairs judged by position (docs/design.md, invariant 8): ids reused across turns and within one message."""
 
     def test_parallel_calls_sharing_an_id_are_both_answered(self) -> None:
         """Two calls named x answered by two results in order: nothing to repair (the second
@@ -344,7 +347,7 @@ def messy_drafts(draw: st.DrawFn, unique_ids: bool = True) -> Draft:
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(d=messy_drafts())
 def test_repair_makes_any_draft_valid(d: Draft) -> None:
-    """Whatever the draft, the repaired one renders valid in both placements (invariant 4), keeps
+    """Whatever the draft, the repaired one renders valid in both placements (docs/design.md, invariant 4), keeps
     every original entry exactly once, adds only marked synthetic entries, and is a fixed point."""
     out = repair(d, CTX).draft
     if d.chunks or any(e.role != "system" for e in d.entries):

@@ -15,9 +15,10 @@ from compaction_worker.strategies.truncate import (
     trim_to_tokens,
     truncation_chunk,
 )
+from compaction_worker.testing import Chat
 
-from .helpers import COUNTER, Chat, context, words
-from .test_summarize import Scripted
+from .helpers import COUNTER, context, words
+from .summarizers import Scripted
 
 FIRST_USER = "Set up CI for repo acme/shop: run `make test` on every push to main, Python 3.12 only."
 FIRST_REPLY = "I will add .github/workflows/ci.yml with one job; it runs make test on 3.12."
@@ -42,7 +43,7 @@ def window(draft: Draft, target: int = 500) -> tuple[Draft, StageContext, Summar
 
 
 def coverage_problems(before: Draft, after: Draft) -> list[str]:
-    """Invariant 1: every message is an entry or covered by a chunk, never both, never neither."""
+    """docs/design.md, invariant 1: every message is an entry or covered by a chunk, never both, never neither."""
     ordinals = {e.n for e in before.entries} | {
         n for c in before.chunks for n in range(c.first_n, c.last_n + 1) if c.covers(n)
     }
@@ -269,7 +270,7 @@ class TestMarker:
 
 
 class TestCoverage:
-    """Invariant 1: whatever the window drops, the marker covers."""
+    """docs/design.md, invariant 1: whatever the window drops, the marker covers."""
 
     def test_marker_covers_everything_it_replaced(self) -> None:
         """Reference 002 (only the API-facing view collapses): every message before the tail is covered; the tail is not."""

@@ -1,18 +1,22 @@
-"""Shared inputs for the summarizer tests: a deterministic counter and a short coding session."""
+"""Shared by the summarizer tests: the test counter, a short coding session, a LiteLLM summarizer on the fake server."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from compaction_worker.summaries.llm import SummaryRequest
+from pydantic import SecretStr
 
-_PIECES = re.compile(r"\w+|[^\w\s]")
+from compaction_worker.settings import SummarizerSettings
+from compaction_worker.summaries.contract import SummaryRequest
+from compaction_worker.summaries.llm import LiteLLMSummarizer
+from compaction_worker.summaries.prompts import SECTIONS
+from compaction_worker.testing import FakeLLMServer, WordCounter
 
+count = WordCounter().text
+"""The shared test counter's count of a text: its words."""
 
-def count(text: str) -> int:
-    """A simple deterministic token counter: words and punctuation marks."""
-    return len(_PIECES.findall(text))
+GOOD_SUMMARY = "\n".join(f"## {s}\n- noted" for s in SECTIONS)
+"""A valid summary: every section, each with one line."""
 
 
 def request(messages: list[dict[str, Any]] | None = None, **fields: Any) -> SummaryRequest:
@@ -41,3 +45,38 @@ SESSION: list[dict[str, Any]] = [
     {"role": "assistant", "content": "The test fails with 404 because the route is missing. I added it."},
     {"role": "user", "content": "Now also document it in docs/api.md please."},
 ]
+
+
+def llm_settings(server: FakeLLMServer, **fields: Any) -> SummarizerSettings:
+    """Settings that point the summarizer at the fake server."""
+    values: dict[str, Any] = {
+        "model": "openai/fake-summarizer",
+        "api_base": server.url,
+        "api_key": SecretStr("fake"),
+        "timeout_seconds": 5,
+        "max_retries": 2,
+    }
+    return SummarizerSettings(**(values | fields))
+
+
+class Sleeps:
+    """An injectable sleep that records the delays instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def summarizer(server: FakeLLMServer, sleeps: Sleeps | None = None, **fields: Any) -> LiteLLMSummarizer:
+    """A LiteLLMSummarizer against the fake server, with recorded sleeps and a fixed jitter."""
+    return LiteLLMSummarizer(
+        llm_settings(server, **fields), count, sleep=sleeps or Sleeps(), jitter=lambda: 0.5
+    )
+
+
+def user_text(body: dict[str, Any]) -> str:
+    """The user message of a request the fake server received."""
+    content: str = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    return content

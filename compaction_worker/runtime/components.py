@@ -1,0 +1,107 @@
+"""The wiring: every component of a worker, built from settings, a Redis client and a publisher.
+
+The worker, the CLI and the tests build their parts here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from compaction_worker.budget.tokens import TokenCounter
+from compaction_worker.runtime.compactor import Compactor, Summarizers
+from compaction_worker.runtime.deadletters import DeadLetters
+from compaction_worker.runtime.pool import CompactionPool
+from compaction_worker.runtime.publisher import Publisher
+from compaction_worker.runtime.rewind import Rewinder
+from compaction_worker.runtime.turns import TurnHandler
+from compaction_worker.settings import Settings, SummarizerSettings
+from compaction_worker.state.archive import Archive
+from compaction_worker.state.gaps import GapIndex
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.outbox import Outbox
+from compaction_worker.state.store import Store
+from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.summaries.factory import make_summarizer
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    """A worker's parts over one Redis client and one publisher, wired together."""
+
+    settings: Settings
+    store: Store
+    jobs: JobQueue
+    locks: Locks
+    gaps: GapIndex
+    outbox: Outbox
+    archive: Archive
+    dead_letters: DeadLetters
+    turns: TurnHandler
+    compactor: Compactor
+    rewinder: Rewinder
+    pool: CompactionPool
+
+
+def configured_summarizers(settings: SummarizerSettings) -> Summarizers:
+    """The configured summarizer, then the deterministic extractive one as its fallback."""
+
+    def summarizers(_model: str, counter: TokenCounter) -> Sequence[Summarizer]:
+        primary = make_summarizer(settings, counter.text)
+        if isinstance(primary, ExtractiveSummarizer):
+            return (primary,)
+        return (primary, ExtractiveSummarizer(counter.text))
+
+    return summarizers
+
+
+def build_components(
+    settings: Settings, redis: Redis, publish: Publisher, *, summarizers: Summarizers | None = None
+) -> Components:
+    """Build the components; ``summarizers`` replaces the configured ones (tests, the demo)."""
+    worker = settings.worker
+    store = Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds)
+    jobs = JobQueue(redis, store.prefix, worker.job_lease_seconds)
+    locks = Locks(redis, worker.lock_ttl_seconds)
+    outbox = Outbox(store, publish, worker.outbox_grace_seconds)
+    archive = Archive(redis, store.prefix, settings.redis.retention_seconds)
+    dead_letters = DeadLetters(settings.topics, publish)
+    gaps = GapIndex(store, worker.gap_timeout_seconds)
+    compactor = Compactor(
+        settings,
+        store,
+        locks=locks,
+        jobs=jobs,
+        outbox=outbox,
+        archive=archive,
+        publish=publish,
+        summarizers=summarizers or configured_summarizers(settings.summarizer),
+    )
+    pool = CompactionPool(
+        compactor,
+        jobs,
+        size=worker.max_concurrent_compactions,
+        sweep_interval=worker.sweep_interval_seconds,
+        chores=(functools.partial(dead_letters.expire_held, gaps), outbox.relay),
+    )
+    turns = TurnHandler(settings, store, jobs, gaps, dead_letters, on_scheduled=pool.submit)
+    rewinder = Rewinder(settings, store, locks=locks, archive=archive, publish=publish)
+    return Components(
+        settings=settings,
+        store=store,
+        jobs=jobs,
+        locks=locks,
+        gaps=gaps,
+        outbox=outbox,
+        archive=archive,
+        dead_letters=dead_letters,
+        turns=turns,
+        compactor=compactor,
+        rewinder=rewinder,
+        pool=pool,
+    )

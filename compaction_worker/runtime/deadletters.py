@@ -1,0 +1,87 @@
+"""The dead-letter topic: bad events go there with their original bytes and a reason."""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+from compaction_worker.contracts.events import BadEventError, DeadLetter
+from compaction_worker.runtime.publisher import Publisher, encode
+from compaction_worker.settings import TopicSettings
+from compaction_worker.state.gaps import ExpiredTurn, GapIndex
+
+log = logging.getLogger(__name__)
+
+DLQ_RECORD_LIMIT = 1_000_000
+"""Bytes one dead-letter record (key and value) stays under: Kafka's default limit for a record
+is 1 MiB (producer max.request.size, broker message.max.bytes), less room for headers. The
+original travels as base64 (4/3 of its size), so a bad event over ~745 KB would not fit whole;
+a record that cannot be published would send its event back forever and stall the partition."""
+
+
+class DeadLetters:
+    """Publishes dead-letter records for the turn handler and the gap index."""
+
+    def __init__(self, topics: TopicSettings, publish: Publisher) -> None:
+        self.topics = topics
+        self.publish = publish
+
+    async def send(
+        self,
+        raw: bytes,
+        key: bytes | None,
+        partition: int | None,
+        offset: int | None,
+        *,
+        bad: BadEventError,
+        turn_seq: int | None = None,
+    ) -> None:
+        """Publish the original bytes and the reason to the dead-letter topic."""
+        record = DeadLetter(
+            reason=bad.reason,
+            detail=bad.detail[:4000],
+            conversation_id=bad.conversation_id,
+            turn_seq=turn_seq,
+            source_topic=self.topics.turns,
+            partition=partition,
+            offset=offset,
+            key_b64=base64.b64encode(key).decode() if key is not None else None,
+            original_b64=base64.b64encode(raw).decode(),
+            original_size=len(raw),
+        )
+        payload = encode(record)
+        if len(payload) + len(key or b"") > DLQ_RECORD_LIMIT:
+            payload = encode(_cut_original(record, raw, key))
+        log.warning("dead-lettered an event: %s", bad)
+        await self.publish(self.topics.dlq, payload, key)
+
+    async def held(self, raw: bytes, conversation_id: str, turn_seq: int, bad: BadEventError) -> None:
+        """Dead-letter a turn that was held behind a gap, keyed by its conversation."""
+        # Held turns were keyed by their conversation (or not keyed: parse allows that); the
+        # record is keyed by it either way, so it lands beside the conversation's other letters.
+        await self.send(raw, conversation_id.encode(), None, None, bad=bad, turn_seq=turn_seq)
+
+    async def expire_held(self, gaps: GapIndex, now: float | None = None) -> list[ExpiredTurn]:
+        """Dead-letter the turns held behind a gap past its timeout; returns them.
+
+        Each is forgotten only once published: a publish error propagates (the sweeper logs
+        it) and leaves the turns claimed until their lease ends, then they are claimed again.
+        """
+        expired = await gaps.expire(now)
+        for turn in expired:
+            await self.held(turn.raw, turn.conversation_id, turn.turn_seq, turn.error)
+            await gaps.release(turn)
+        return expired
+
+
+def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:
+    """The record with as much of the original as fits in one Kafka record, saying how much."""
+    bare = len(encode(record.model_copy(update={"original_b64": ""})))
+    room = DLQ_RECORD_LIMIT - bare - len(key or b"") - 200  # 200: the note below
+    keep = max(0, room) // 4 * 3
+    note = (
+        f" (the record keeps the first {keep} of {len(raw)} bytes; the whole would not fit in a Kafka record)"
+    )
+    return record.model_copy(
+        update={"original_b64": base64.b64encode(raw[:keep]).decode(), "detail": record.detail + note}
+    )

@@ -1,0 +1,9 @@
+-- Library (store.py): pushes a list in batches, since unpack() has a C-stack limit.
+local function push(key, items)
+  local i, last = 1, #items
+  while i <= last do
+    local j = math.min(i + 499, last)
+    redis.call('RPUSH', key, unpack(items, i, j))
+    i = j + 1
+  end
+end

@@ -1,0 +1,37 @@
+-- Replaces a conversation's effective history for a fenced writer: a compaction's commit
+-- (store.py) or a rewind (restore.py). Refuses a stale writer, then replaces all chunks
+-- and the first `consumed` entries, keeping the entries appended since the writer's
+-- snapshot (the suffix) after the new ones.
+-- KEYS: meta, chunks, entries, compactions, lock, fence, outbox.
+-- Header: {fence, lock_token, expected_version, consumed, tokens, recount, status, now};
+--   lists: chunks, entries, record (the log record), outbox (field and event, or empty).
+--   Without `recount`, `tokens` is the change in history tokens (a compaction knows exactly
+--   what it replaced); with it, the tokens of the new chunks and entries, and the total is
+--   recomputed from them and the suffix (a rewind repairs any drift).
+local meta, chunks, entries, log, lock, fence, outbox = unpack(KEYS)
+local h = arguments()
+if redis.call('GET', fence) ~= h.fence then return {'stale_fence'} end
+if redis.call('GET', lock) ~= h.lock_token then return {'lock_lost'} end
+local version = tonumber(redis.call('HGET', meta, 'version') or '0')
+if version ~= h.expected_version then return {'stale_version', version} end
+local len = redis.call('LLEN', entries)
+if len < h.consumed then return {'corrupt', len} end
+local suffix = {}
+if len > h.consumed then suffix = redis.call('LRANGE', entries, h.consumed, -1) end
+redis.call('DEL', chunks, entries)
+push(chunks, h.chunks)
+push(entries, h.entries)
+push(entries, suffix)
+local history
+if h.recount then
+  history = tonumber(h.tokens)
+  for i = 1, #suffix do history = history + tonumber(cjson.decode(suffix[i]).t) end
+  redis.call('HSET', meta, 'history_tokens', history)
+else
+  history = redis.call('HINCRBY', meta, 'history_tokens', h.tokens)
+end
+redis.call('HSET', meta, 'version', version + 1, 'context_status', h.status,
+  'updated_at', h.now, 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
+push(log, h.record)
+if h.outbox[1] then redis.call('HSET', outbox, h.outbox[1], h.outbox[2]) end
+return {'committed', version + 1, history, #suffix}

@@ -1,0 +1,100 @@
+"""A conversation's metadata hash: sequence, counts, running token totals, budget, status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from compaction_worker.contracts.events import ContextStatus
+from compaction_worker.state.scripts import as_text
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Per-conversation metadata, as stored.
+
+    The append and replace scripts (store.py) write the sequence, counts, totals and
+    version; ``Store.set_meta`` writes the fields no script owns (budget, calibration,
+    breaker, failures).
+    """
+
+    last_seq: int = 0
+    msg_count: int = 0
+    model: str = ""
+    history_tokens: int = 0
+    system_tokens: int = 0
+    tools_tokens: int = 0
+    overhead_tokens: int = 0
+    """The request's own framing, counted once (``budget.conversation_overhead_tokens``)."""
+    version: int = 0
+    context_status: ContextStatus = ContextStatus.FULL
+    calibration: float = 1.0
+    noop_tokens: int = 0
+    failures: int = 0
+    retry_after: float = 0.0
+    llm_failures: int = 0
+    """Failed LLM summarizer runs in a row (the circuit breaker's count)."""
+    breaker_until: float = 0.0
+    """Until when (epoch seconds) the LLM summarizer is skipped for this conversation."""
+    window: int = 0
+    threshold: int = 0
+    system_prompt: str | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    max_output_tokens: int | None = None
+    context_window: int | None = None
+    observed_window: int | None = None
+    """The maximum a provider's overflow error stated, when below the window we knew."""
+    updated_at: float = 0.0
+
+    @property
+    def fixed_tokens(self) -> int:
+        """Tokens of what every request repeats: the system prompt, the tool schemas, the request's framing."""
+        return self.system_tokens + self.tools_tokens + self.overhead_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Estimated prompt tokens of the effective history, before calibration."""
+        return self.history_tokens + self.fixed_tokens
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> Meta:
+        """Read the stored hash (every field optional: an unknown conversation is all zero)."""
+        data = {as_text(k): as_text(v) for k, v in raw.items()}
+
+        def i(name: str) -> int:
+            return int(float(data.get(name) or 0))
+
+        def f(name: str, default: float = 0.0) -> float:
+            return float(data[name]) if data.get(name) else default
+
+        def opt_int(name: str) -> int | None:
+            return int(data[name]) if data.get(name) else None
+
+        tools = data.get("tools")
+        return cls(
+            last_seq=i("last_seq"),
+            msg_count=i("msg_count"),
+            model=data.get("model", ""),
+            history_tokens=i("history_tokens"),
+            system_tokens=i("system_tokens"),
+            tools_tokens=i("tools_tokens"),
+            overhead_tokens=i("overhead_tokens"),
+            version=i("version"),
+            context_status=ContextStatus(data.get("context_status") or "full"),
+            calibration=f("calibration", 1.0),
+            noop_tokens=i("noop_tokens"),
+            failures=i("failures"),
+            retry_after=f("retry_after"),
+            llm_failures=i("llm_failures"),
+            breaker_until=f("breaker_until"),
+            window=i("window"),
+            threshold=i("threshold"),
+            system_prompt=data.get("system_prompt") or None,
+            tools=tuple(json.loads(tools)) if tools else None,
+            max_output_tokens=opt_int("max_output_tokens"),
+            context_window=opt_int("context_window"),
+            observed_window=opt_int("observed_window"),
+            updated_at=f("updated_at"),
+        )

@@ -1,0 +1,184 @@
+"""Rewind: restore the effective history from before one compaction, as a new version.
+
+The history comes back from the preserved transcript and that compaction's log record, and
+is written by the same fenced replace script as a commit (store.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction_worker.contracts.events import ContextStatus, Trigger
+from compaction_worker.contracts.history import Entry, SummaryChunk
+from compaction_worker.errors import RewindError
+from compaction_worker.state.scripts import encode
+from compaction_worker.state.store import Snapshot, Store, snapshot_of
+
+Repair = Callable[[tuple[SummaryChunk, ...], tuple[Entry, ...]], tuple[Entry, ...]]
+"""Makes restored entries valid for every provider (see :func:`rewind`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RewindResult:
+    """A committed rewind: which compaction it undid, and the history before and after."""
+
+    version: int
+    """The new version (the one before it plus one; versions never go back)."""
+    rewound: int
+    """The version of the compaction whose prior history was restored."""
+    before: Snapshot
+    """The conversation as the rewind read it."""
+    chunks: tuple[SummaryChunk, ...]
+    entries: tuple[Entry, ...]
+    """The restored entries, repaired (without those appended while the rewind ran)."""
+    history_tokens: int
+    """The recomputed total of the history after the rewind, appended entries included."""
+    context_status: ContextStatus
+    appended_during: int
+
+
+async def rewind(
+    store: Store,
+    conversation_id: str,
+    *,
+    fence: int,
+    lock_token: str,
+    version: int | None,
+    count: Callable[[Mapping[str, Any]], int],
+    overhead: int,
+    repair: Repair | None = None,
+) -> RewindResult:
+    """Restore the effective history from before compaction ``version`` (default: the latest in effect).
+
+    The history becomes that compaction's ``chunks_before`` and, verbatim, every transcript
+    message they do not cover, including messages appended since; it is committed as a new
+    version with a ``rewind`` record in the log. ``count`` counts a transcript message that
+    has no stored count; ``overhead`` is what the summary turn costs beyond its chunks (as
+    the compaction that wrote them counted it); ``repair``, when given, makes the restored
+    entries valid for every provider (verbatim messages next to old chunks can need a
+    synthetic turn between them). Raises RewindError when there is nothing to rewind, and
+    StaleFenceError, writing nothing, when the fence moved, the lock expired or the history
+    changed version meanwhile.
+    """
+    keys = store.keys(conversation_id)
+    # One transaction, so the transcript and the entries agree on what was appended.
+    async with store.redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.meta)
+        pipe.lrange(keys.chunks, 0, -1)
+        pipe.lrange(keys.entries, 0, -1)
+        pipe.lrange(keys.transcript, 0, -1)
+        pipe.lrange(keys.compactions, 0, -1)
+        raw_meta, raw_chunks, raw_entries, raw_transcript, raw_log = await pipe.execute()
+    before = snapshot_of(raw_meta, raw_chunks, raw_entries)
+    target = rewind_target([json.loads(r) for r in raw_log], version)
+    if "chunks_before" not in target:
+        raise RewindError(
+            f"the log record of version {target['version']} cannot be rewound (no chunks_before)"
+        )
+    chunks = tuple(SummaryChunk.from_json(c) for c in target["chunks_before"])
+    entries = restore_entries(chunks, [json.loads(r) for r in raw_transcript], count)
+    if repair is not None:
+        entries = repair(chunks, entries)
+    restored_tokens = sum(e.tokens for e in entries) + (
+        sum(c.tokens for c in chunks) + overhead if chunks else 0
+    )
+    status = ContextStatus.SUMMARIZED if chunks else ContextStatus.FULL
+    meta = before.meta
+    record = {
+        "version": meta.version + 1,
+        "trigger": Trigger.REWIND.value,
+        "at": time.time(),
+        "rewound_version": int(target["version"]),
+        "stages": [],
+        "tokens_before": meta.total_tokens,
+        "tokens_after": restored_tokens + meta.fixed_tokens,
+        "chunks_before": [c.to_json() for c in before.history.chunks],
+        "covered_through_n": max((c.last_n for c in chunks), default=0),
+    }
+    result = await store.replace(
+        conversation_id,
+        writer="rewind",
+        fence=fence,
+        lock_token=lock_token,
+        expected_version=meta.version,
+        consumed=before.entry_count,
+        chunks=chunks,
+        entries=entries,
+        tokens=restored_tokens,
+        recount=True,
+        status=status,
+        record=encode(record),
+        # No outbox event: the rewind publishes its own.
+    )
+    return RewindResult(
+        version=result.version,
+        rewound=int(target["version"]),
+        before=before,
+        chunks=chunks,
+        entries=entries,
+        history_tokens=result.history_tokens,
+        context_status=status,
+        appended_during=result.appended_during,
+    )
+
+
+def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapping[str, Any]:
+    """The compaction record a rewind undoes: ``version``'s, or the latest one still in effect.
+
+    Restoring the history from before compaction V also restores which compactions are in
+    effect: those that were just before V. So after "compact v1, compact v2, rewind", the
+    next default rewind undoes v1, like a repeated undo. Raises RewindError when there is
+    nothing to undo, no such version, or the version is itself a rewind.
+    """
+    in_effect: list[Mapping[str, Any]] = []
+    before: dict[int, list[Mapping[str, Any]]] = {}
+    for record in log:
+        if "version" not in record:
+            continue  # not a record this module wrote
+        if record.get("trigger") == Trigger.REWIND.value:
+            in_effect = list(before.get(int(record["rewound_version"]), []))
+        else:
+            before[int(record["version"])] = list(in_effect)
+            in_effect.append(record)
+    if version is None:
+        if not in_effect:
+            raise RewindError("nothing to undo: no committed compaction is in effect")
+        return in_effect[-1]
+    for record in log:
+        if record.get("version") == version:
+            if record.get("trigger") == Trigger.REWIND.value:
+                raise RewindError(
+                    f"version {version} is a rewind, not a compaction; rewind the compaction "
+                    f"it undid (version {record['rewound_version']}) or one before it"
+                )
+            return record
+    versions = ", ".join(
+        str(r["version"]) for r in log if "version" in r and r.get("trigger") != Trigger.REWIND.value
+    )
+    raise RewindError(
+        f"no compaction version {version}" + (f" (compactions: {versions})" if versions else " (none yet)")
+    )
+
+
+def restore_entries(
+    chunks: Sequence[SummaryChunk],
+    records: Sequence[Mapping[str, Any]],
+    count: Callable[[Mapping[str, Any]], int],
+) -> tuple[Entry, ...]:
+    """Every transcript record no chunk covers, as a verbatim entry (any non-LLM edit undone).
+
+    Token counts come from the record, where the append stored the count it used; records
+    written before counts were stored are counted again with ``count``.
+    """
+    entries = []
+    for r in records:
+        n = int(r["n"])
+        if any(c.covers(n) for c in chunks):
+            continue
+        tokens = int(r["t"]) if "t" in r else count(r["m"])
+        entries.append(Entry(n=n, seq=int(r["seq"]), message=r["m"], tokens=tokens))
+    return tuple(entries)

@@ -1,0 +1,204 @@
+"""What :class:`~compaction_worker.testing.FakeLLMServer` answers: summaries and providers' errors.
+
+:func:`default_summary` is a deterministic stand-in for an LLM's summary of a
+chat-completions request; :func:`provider_overflow_error` is the context-overflow error
+each provider really sends, for testing reactive compaction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["OVERFLOW_PROVIDERS", "default_summary", "provider_overflow_error", "text_of"]
+
+# --- provider errors -----------------------------------------------------------------
+
+
+def _openai_overflow(actual: int, maximum: int) -> tuple[int, dict[str, Any]]:
+    return 400, {
+        "error": {
+            "message": (
+                f"This model's maximum context length is {maximum} tokens. However, your "
+                f"messages resulted in {actual} tokens. Please reduce the length of the messages."
+            ),
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
+def _anthropic_overflow(actual: int, maximum: int) -> tuple[int, dict[str, Any]]:
+    return 400, {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"prompt is too long: {actual} tokens > {maximum} maximum",
+        },
+    }
+
+
+def _gemini_overflow(actual: int, maximum: int) -> tuple[int, dict[str, Any]]:
+    return 400, {
+        "error": {
+            "code": 400,
+            "message": (
+                f"The input token count ({actual}) exceeds the maximum number of tokens allowed ({maximum})."
+            ),
+            "status": "INVALID_ARGUMENT",
+        }
+    }
+
+
+OVERFLOW_PROVIDERS: dict[str, Callable[[int, int], tuple[int, dict[str, Any]]]] = {
+    "openai": _openai_overflow,
+    "azure": _openai_overflow,  # Azure OpenAI sends OpenAI's body unchanged
+    "anthropic": _anthropic_overflow,
+    "gemini": _gemini_overflow,
+}
+"""Context-overflow errors as each provider sends them: ``(actual, maximum) -> (status, body)``."""
+
+
+def provider_overflow_error(
+    provider: str = "openai", actual: int = 9000, maximum: int = 8192
+) -> tuple[int, dict[str, Any]]:
+    """Return the HTTP status and JSON body of ``provider``'s context-overflow error."""
+    try:
+        build = OVERFLOW_PROVIDERS[provider]
+    except KeyError:
+        known = ", ".join(sorted(OVERFLOW_PROVIDERS))
+        raise ValueError(f"unknown provider {provider!r}; known: {known}") from None
+    return build(actual, maximum)
+
+
+# --- the default reply ---------------------------------------------------------------
+
+_SNIPPET_WORDS = 12
+_MIN_SNIPPET_WORDS = 4
+_MIN_BUDGET_WORDS = 32
+_SUMMARY_WORDS = 300
+_ROLE_HEADER = re.compile(
+    r"^[\s\-*#>\[(<\d.:]*(?:message\s+role\s*=\s*[\"']?)?\**"
+    r"(?P<role>system|user|assistant|tool|function)\b"
+    r"(?:[^\n:]{0,40}?[:\]>)]+|\s*$)[ \t]*",
+    re.IGNORECASE,
+)
+_FENCED_TAG = re.compile(r"<(?P<tag>[A-Za-z_][\w-]*)[^>]*>(?P<body>.*?)</(?P=tag)>", re.DOTALL)
+_FENCED_TICKS = re.compile(r"```[^\n]*\n(?P<body>.*?)```", re.DOTALL)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def text_of(content: Any) -> str:
+    """The text of a message content: a string or the text parts of a list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _transcript_of(body: dict[str, Any]) -> str:
+    """The transcript a summarizer sent: the last user message, inside its fence if it has one."""
+    messages = body.get("messages") or []
+    text = next(
+        (
+            text_of(m.get("content"))
+            for m in reversed(messages)
+            if isinstance(m, dict) and m.get("role") == "user"
+        ),
+        "",
+    )
+    # Summarizers fence the transcript as untrusted data; the instructions around it are
+    # not part of what is summarized.
+    fenced = [m.group("body") for m in _FENCED_TAG.finditer(text)]
+    fenced += [m.group("body") for m in _FENCED_TICKS.finditer(text)]
+    return max(fenced, key=len) if fenced else text
+
+
+def _entries(transcript: str) -> list[tuple[str | None, str]]:
+    """Split a transcript into ``(role, text)`` entries by JSON, role headers or paragraphs."""
+    stripped = transcript.strip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(stripped)
+        except ValueError:
+            data = None
+        if isinstance(data, list) and all(isinstance(m, dict) for m in data):
+            return [(m.get("role"), text_of(m.get("content"))) for m in data]
+    entries: list[tuple[str | None, str]] = []
+    role: str | None = None
+    lines: list[str] = []
+    found_header = False
+    for line in stripped.splitlines():
+        header = _ROLE_HEADER.match(line)
+        if header:
+            if found_header or any(s.strip() for s in lines):
+                entries.append((role, "\n".join(lines)))
+            found_header = True
+            role, lines = header.group("role").lower(), [line[header.end() :]]
+        else:
+            lines.append(line)
+    entries.append((role, "\n".join(lines)))
+    if not found_header:
+        paragraphs = [p for p in re.split(r"\n\s*\n", stripped) if p.strip()]
+        if len(paragraphs) <= 1:
+            paragraphs = stripped.splitlines()
+        entries = [(None, p) for p in paragraphs]
+    return [(r, t) for r, t in entries if t.strip()]
+
+
+def _snippet(text: str) -> str:
+    """The first sentence of ``text`` (longer if that is under 4 words), at most 12 words."""
+    words: list[str] = []
+    for sentence in _SENTENCE_END.split(" ".join(text.split())):
+        words += sentence.split()
+        if len(words) >= _MIN_SNIPPET_WORDS:
+            break
+    if len(words) > _SNIPPET_WORDS:
+        return " ".join(words[:_SNIPPET_WORDS]) + " ..."
+    return " ".join(words)
+
+
+def _bullet(role: str | None, text: str) -> str:
+    return f"- {role}: {_snippet(text)}" if role else f"- {_snippet(text)}"
+
+
+def default_summary(body: dict[str, Any]) -> str:
+    """The fake's deterministic summary of a chat-completions request body.
+
+    One bullet (first sentence, at most 12 words) per message found in the transcript,
+    under the headings a real summary has; at most ~300 words and at most half the
+    transcript's words (but 32 at least), so a summary of any transcript worth
+    compacting is clearly shorter than what it covers.
+    """
+    transcript = _transcript_of(body)
+    entries = _entries(transcript)
+    if not entries:
+        return "## Current state\n- (empty transcript)"
+    budget = min(_SUMMARY_WORDS, max(_MIN_BUDGET_WORDS, len(transcript.split()) // 2))
+    goal_index = next((i for i, (role, _) in enumerate(entries) if role == "user"), 0)
+    last_index = len(entries) - 1
+    goal = _bullet(*entries[goal_index])
+    nxt = f"- Continue from: {_snippet(entries[last_index][1])}" if last_index != goal_index else ""
+    used = len(goal.split()) + len(nxt.split())
+    state: list[str] = []
+    middle = [e for i, e in enumerate(entries) if i not in (goal_index, last_index)]
+    for n, entry in enumerate(middle):
+        bullet = _bullet(*entry)
+        if used + len(bullet.split()) > budget:
+            state.append(f"- ... and {len(middle) - n} more messages")
+            break
+        state.append(bullet)
+        used += len(bullet.split())
+    parts = ["## Goals and constraints", goal, "## Current state"]
+    parts += state or ["- (see next steps)"]
+    if nxt:
+        parts += ["## Next steps", nxt]
+    return "\n".join(parts)

@@ -1,0 +1,38 @@
+"""What the state tests share: messages to append, an append that returns its status, a chunk."""
+
+from __future__ import annotations
+
+from compaction_worker.contracts.history import Entry, SummaryChunk
+from compaction_worker.state.store import AppendStatus, NewMessage, Store
+
+FP_A, FP_B = "a" * 32, "0123456789abcdef" * 2
+"""Two turn fingerprints."""
+
+
+def msg(text: str, role: str = "user", tokens: int = 10) -> NewMessage:
+    return NewMessage({"role": role, "content": text}, tokens)
+
+
+async def append(
+    store: Store, cid: str, seq: int, *messages: NewMessage, fingerprint: str | None = None
+) -> AppendStatus:
+    """Append a turn at the conversation's current message count; returns what the append did."""
+    meta = await store.meta(cid)
+    result = await store.append_turn(
+        cid, seq, list(messages), {"model": "gpt-4o"}, expected_count=meta.msg_count, fingerprint=fingerprint
+    )
+    return result.status
+
+
+def chunk(first: Entry, last: Entry, text: str = "summary", tokens: int = 5) -> SummaryChunk:
+    return SummaryChunk(
+        id="c1",
+        text=text,
+        first_seq=first.seq,
+        last_seq=last.seq,
+        first_n=first.n,
+        last_n=last.n,
+        tokens=tokens,
+        created_at="2026-01-01T00:00:00+00:00",
+        model="test",
+    )
