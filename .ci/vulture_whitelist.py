@@ -12,3 +12,7 @@ tb
 # settings leave these two out of the order they return (compaction_worker/settings.py).
 dotenv_settings
 file_secret_settings
+
+# A Protocol method's parameter names the keyword its implementations take (pydantic's
+# model_dump), never used in the protocol's own body (compaction_worker/formats/openai_chat.py).
+exclude_none

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import sys
 import time
@@ -13,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import BaseModel
 
 from compaction_worker.client.client import Client, context_stats
-from compaction_worker.contracts import specification
+from compaction_worker.contracts import cli_output, specification
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.contracts.history import render, text_of
 from compaction_worker.errors import CompactionWorkerError
@@ -25,6 +25,12 @@ from compaction_worker.settings import Settings, load_settings
 from compaction_worker.state.meta import Meta
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+LIBRDKAFKA_NOTE = (
+    "aiokafka and kafka-python clients work with it; librdkafka ones (kcat, confluent-kafka) do not "
+    "(malformed ApiVersions reply): use the docker-compose Kafka for those"
+)
+"""Said where ``run`` and ``demo`` say where the embedded broker listens."""
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -61,6 +67,7 @@ def embedded_infra(settings: Settings, say: Any = click.echo) -> Iterator[Settin
                 update={"bootstrap_servers": broker.bootstrap_servers, "enable_idempotence": False}
             )
             say(f"embedded Kafka-protocol broker listening on {broker.bootstrap_servers}")
+            say(f"  {LIBRDKAFKA_NOTE}")
             say(f"  export COMPACTION_KAFKA__BOOTSTRAP_SERVERS={broker.bootstrap_servers}")
             say("  export COMPACTION_KAFKA__ENABLE_IDEMPOTENCE=false")
         if not redis.url:
@@ -142,34 +149,30 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
         async with Client.connect(settings, kafka=False) as client:
             meta = await _stored_meta(client, conversation_id)
             if full:
-                records = await client.transcript(conversation_id)
+                stored = await client.transcript(conversation_id)
+                records = [cli_output.TranscriptRecord.from_stored(r) for r in stored]
                 if as_json:
-                    click.echo(json.dumps(records, indent=2, ensure_ascii=False))
+                    click.echo(_json(cli_output.Transcript(records)))
                     return
                 click.echo(
                     f"{conversation_id}: transcript, {len(records)} messages over {meta.last_seq} turns"
                 )
                 for r in records:
-                    click.echo(f"  #{r['n']:<4} turn {r['seq']:<4} {_line(r['m'], width)}")
+                    click.echo(f"  #{r.ordinal:<4} turn {r.turn_seq:<4} {_line(r.message, width)}")
                 return
             snapshot = await client.snapshot(conversation_id)
             # Rendered from the same snapshot as the chunks, the way Client.messages renders.
             messages = render(snapshot.history, settings.pipeline.summary_placement)
             if as_json:
-                click.echo(
-                    json.dumps(
-                        {
-                            "conversation_id": conversation_id,
-                            "version": meta.version,
-                            "context_status": meta.context_status.value,
-                            "tokens": meta.total_tokens,
-                            "chunks": [json.loads(c.to_json()) for c in snapshot.history.chunks],
-                            "messages": messages,
-                        },
-                        indent=2,
-                        ensure_ascii=False,
-                    )
+                output = cli_output.History(
+                    conversation_id=conversation_id,
+                    version=meta.version,
+                    context_status=meta.context_status,
+                    tokens=meta.total_tokens,
+                    chunks=list(snapshot.history.chunks),
+                    messages=messages,
                 )
+                click.echo(_json(output))
                 return
             click.echo(
                 f"{conversation_id}: version {meta.version}, {meta.context_status.value}, {len(messages)} messages, "
@@ -198,32 +201,32 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             meta = await _stored_meta(client, conversation_id)
             job = await client.job(conversation_id)
             stats = context_stats(conversation_id, meta, settings)
-            data = {
-                "conversation_id": conversation_id,
-                "model": meta.model,
-                "last_seq": meta.last_seq,
-                "messages": meta.msg_count,
-                "tokens": stats.tokens,
-                "usage_ratio": stats.usage_ratio,
-                "tokens_by_part": stats.breakdown,
-                "calibration": meta.calibration,
-                "window": stats.window,
-                "available": stats.available,
-                "threshold": stats.threshold,
-                "soft_threshold": stats.soft_threshold,
-                "target": stats.target,
-                "should_compact": stats.should_compact,
-                "version": meta.version,
-                "context_status": meta.context_status.value,
-                "failures": meta.failures,
-                "llm_failures": meta.llm_failures,
-                "circuit_open": meta.breaker_until > time.time(),
-                "pending_compaction": job.trigger.value if job else None,
-            }
+            output = cli_output.Status(
+                conversation_id=conversation_id,
+                model=meta.model,
+                last_seq=meta.last_seq,
+                messages=meta.msg_count,
+                tokens=stats.tokens,
+                usage_ratio=stats.usage_ratio,
+                tokens_by_part=stats.breakdown,
+                calibration=meta.calibration,
+                window=stats.window,
+                available=stats.available,
+                threshold=stats.threshold,
+                soft_threshold=stats.soft_threshold,
+                target=stats.target,
+                should_compact=stats.should_compact,
+                version=meta.version,
+                context_status=meta.context_status,
+                failures=meta.failures,
+                llm_failures=meta.llm_failures,
+                circuit_open=meta.breaker_until > time.time(),
+                pending_compaction=job.trigger if job else None,
+            )
             if as_json:
-                click.echo(json.dumps(data, indent=2))
+                click.echo(_json(output))
             else:
-                for k, v in data.items():
+                for k, v in output.model_dump(mode="json").items():
                     click.echo(f"{k:>20}: {v}")
 
     _run_async(go())
@@ -242,7 +245,15 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             await _stored_meta(client, conversation_id)
             found = await client.artifacts(conversation_id)
         if as_json:
-            click.echo(json.dumps([dataclasses.asdict(a) for a in found], indent=2, ensure_ascii=False))
+            output = cli_output.Artifacts(
+                [
+                    cli_output.ArchivedArtifact(
+                        kind=a.kind, text=a.text, turn_seq=a.seq, ordinal=a.n, in_history=a.in_history
+                    )
+                    for a in found
+                ]
+            )
+            click.echo(_json(output))
             return
         missing = sum(not a.in_history for a in found)
         click.echo(
@@ -304,22 +315,22 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
             parts = build_components(settings, client.store.redis, publish)
             rewound = await parts.rewinder.rewind(conversation_id, version)
         done = rewound.completed
-        data = {
-            "conversation_id": conversation_id,
-            "rewound_version": rewound.rewound_version,
-            "version": done.version,
-            "context_status": done.context_status.value,
-            "chunks": rewound.chunks,
-            "restored_messages": rewound.restored_messages,
-            "messages_before": done.messages_before,
-            "messages_after": done.messages_after,
-            "tokens_before": done.tokens_before,
-            "tokens_after": done.tokens_after,
-            "over_threshold": rewound.over_threshold,
-            "compaction_id": str(done.compaction_id),
-        }
         if as_json:
-            click.echo(json.dumps(data, indent=2))
+            output = cli_output.Rewind(
+                conversation_id=conversation_id,
+                rewound_version=rewound.rewound_version,
+                version=done.version,
+                context_status=done.context_status,
+                chunks=rewound.chunks,
+                restored_messages=rewound.restored_messages,
+                messages_before=done.messages_before,
+                messages_after=done.messages_after,
+                tokens_before=done.tokens_before,
+                tokens_after=done.tokens_after,
+                over_threshold=rewound.over_threshold,
+                compaction_id=str(done.compaction_id),
+            )
+            click.echo(_json(output))
             return
         click.echo(
             f"rewound compaction {rewound.rewound_version} of {conversation_id}: now version {done.version}, "
@@ -342,7 +353,7 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
     show_default=True,
 )
 def schemas(check: bool, directory: Path) -> None:
-    """Write the JSON Schemas and the AsyncAPI document generated from the event models."""
+    """Write the JSON Schemas and the AsyncAPI document generated from the event and CLI output models."""
     if check:
         drift = specification.check(directory)
         for line in drift:
@@ -361,6 +372,12 @@ async def _stored_meta(client: Client, conversation_id: str) -> Meta:
     if meta.last_seq == 0:
         raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")
     return meta
+
+
+def _json(output: BaseModel) -> str:
+    """A command's ``--json`` output: its model (schema in ``schemas/cli/``), indented."""
+    # ensure_ascii=False as before: messages in any language stay readable.
+    return json.dumps(output.model_dump(mode="json"), indent=2, ensure_ascii=False)
 
 
 def _line(message: Mapping[str, Any], width: int) -> str:

@@ -26,3 +26,7 @@ class LockNotAcquiredError(CompactionWorkerError):
 
 class RewindError(CompactionWorkerError):
     """A rewind that cannot be done: nothing to undo, or no such compaction version."""
+
+
+class WaitTimeoutError(CompactionWorkerError, TimeoutError):
+    """``Client.wait_for`` gave up: the conversation did not get there within its timeout."""

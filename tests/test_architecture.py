@@ -22,7 +22,7 @@ import compaction_worker
 ROOT = Path(compaction_worker.__file__).parent
 PACKAGE = "compaction_worker"
 
-PURE = ("contracts", "budget", "summaries", "strategies")
+PURE = ("contracts", "budget", "summaries", "strategies", "formats")
 """Logic over plain data: it must run without Redis, Kafka or a worker."""
 IMPURE = ("state", "runtime", "client", "local", "cli")
 """What the pure packages may not import: the Redis state, the runtime, the edges."""
@@ -263,7 +263,7 @@ class TestImportGraph:
 
 class TestLayers:
     def test_pure_packages_import_no_state_runtime_or_edges(self) -> None:
-        """contracts, budget, summaries and strategies import nothing from state, runtime, client, local or cli."""
+        """contracts, budget, summaries, strategies and formats import nothing from state, runtime, client, local or cli."""
         crossing = [e for e in EDGES if _in(e.source, PURE) and _in(e.target, IMPURE)]
         assert not crossing, "pure packages importing impure ones:\n" + "\n".join(f"  {e}" for e in crossing)
 

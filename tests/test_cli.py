@@ -13,13 +13,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 import redis as redis_sync
 import redis.asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
-from compaction_worker.cli import main
+from compaction_worker.cli import SCHEMAS_DIR, main
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.settings import Settings
 from compaction_worker.testing import turn_payload
@@ -27,6 +28,18 @@ from tests.orchestration import Published, make_parts
 from tests.runtime.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
+
+
+def _json_output(args: list[str], schema: str) -> Any:
+    """A command's ``--json`` output, validated against its committed schema in schemas/cli/."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    validator = jsonschema.Draft202012Validator(
+        json.loads((SCHEMAS_DIR / "cli" / f"{schema}.json").read_text())
+    )
+    validator.validate(data)
+    return data
 
 
 async def _noop_publish(topic: str, payload: bytes, key: bytes | None) -> None:
@@ -70,15 +83,28 @@ def test_history_for_a_person(conversation: str) -> None:
 
 def test_history_json_and_full(conversation: str) -> None:
     """Reference 003 (the full history stays available): --json gives the provider-ready messages; --full gives the transcript records."""
-    effective = json.loads(CliRunner().invoke(main, ["history", conversation, "--json"]).output)
+    effective = _json_output(["history", conversation, "--json"], "history")
     assert [m["role"] for m in effective["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
-    full = json.loads(CliRunner().invoke(main, ["history", conversation, "--full", "--json"]).output)
-    assert [r["n"] for r in full] == [1, 2, 3, 4]
+    full = _json_output(["history", conversation, "--full", "--json"], "history-full")
+    assert [r["ordinal"] for r in full] == [1, 2, 3, 4]
+    assert [r["turn_seq"] for r in full] == [1, 2, 2, 3]
+    assert (full[3]["message"]["role"], full[3]["message"]["content"]) == ("assistant", "Fixed.")
+    assert set(full[0]) == {"ordinal", "turn_seq", "message", "appended_at", "tokens"}
+    assert full[0]["tokens"] > 0
+    assert full[0]["appended_at"] > 1.7e9
+
+
+def test_full_history_for_a_person(conversation: str) -> None:
+    """--full prints each transcript message with its ordinal and turn."""
+    result = CliRunner().invoke(main, ["history", conversation, "--full"])
+    assert result.exit_code == 0, result.output
+    assert "cli-conv: transcript, 4 messages over 3 turns" in result.output
+    assert "#4    turn 3    [assistant] Fixed." in result.output
 
 
 def test_status_and_compact(conversation: str) -> None:
     """References 000 and 002 (/compact) and 004 (context stats): status reports the budget; compact schedules a manual compaction."""
-    status = json.loads(CliRunner().invoke(main, ["status", conversation, "--json"]).output)
+    status = _json_output(["status", conversation, "--json"], "status")
     assert (status["last_seq"], status["messages"], status["pending_compaction"]) == (3, 4, None)
     assert status["window"] == 128_000
     parts = status["tokens_by_part"]
@@ -88,7 +114,7 @@ def test_status_and_compact(conversation: str) -> None:
     assert status["available"] < status["window"]
     assert status["should_compact"] is False
     assert CliRunner().invoke(main, ["compact", conversation]).exit_code == 0
-    status = json.loads(CliRunner().invoke(main, ["status", conversation, "--json"]).output)
+    status = _json_output(["status", conversation, "--json"], "status")
     assert status["pending_compaction"] == "manual"
 
 
@@ -160,7 +186,7 @@ def test_rewind_undoes_the_latest_compaction(compacted: tuple[str, Settings]) ->
         asyncio.run(_first_record(settings, settings.topics.completed))
     )
     assert (event.conversation_id, event.trigger, event.version) == (cid, Trigger.REWIND, 2)
-    history = json.loads(CliRunner().invoke(main, ["history", cid, "--json"]).output)
+    history = _json_output(["history", cid, "--json"], "history")
     assert (history["version"], history["chunks"], len(history["messages"])) == (2, [], 12)
 
 
@@ -170,9 +196,9 @@ def test_rewind_json_and_refusals(compacted: tuple[str, Settings]) -> None:
     unknown = CliRunner().invoke(main, ["rewind", cid, "--version", "5"])
     assert unknown.exit_code == 1
     assert "no compaction version 5 (compactions: 1)" in unknown.output
-    result = CliRunner().invoke(main, ["rewind", cid, "--version", "1", "--json"])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    before = _json_output(["history", cid, "--json"], "history")
+    assert [c["first_seq"] for c in before["chunks"]] == [1]
+    data = _json_output(["rewind", cid, "--version", "1", "--json"], "rewind")
     assert (data["rewound_version"], data["version"], data["context_status"]) == (1, 2, "full")
     assert (data["restored_messages"], data["messages_after"]) == (12, 12)
     assert data["tokens_after"] > data["tokens_before"]
@@ -200,9 +226,9 @@ async def archived(
 
 def test_artifacts_lists_every_archived_artifact(archived: CompactionCompleted) -> None:
     """Issue 9: `artifacts` lists what compactions extracted, marking what the effective history lost."""
-    data = json.loads(CliRunner().invoke(main, ["artifacts", "a", "--json"]).output)
-    assert {"kind": "id", "text": "INC-40001", "seq": 1, "n": 1} in [
-        {k: a[k] for k in ("kind", "text", "seq", "n")} for a in data
+    data = _json_output(["artifacts", "a", "--json"], "artifacts")
+    assert {"kind": "id", "text": "INC-40001", "turn_seq": 1, "ordinal": 1} in [
+        {k: a[k] for k in ("kind", "text", "turn_seq", "ordinal")} for a in data
     ]
     assert sum(not a["in_history"] for a in data) == archived.artifacts_dropped > 0
     result = CliRunner().invoke(main, ["artifacts", "a"])
@@ -240,6 +266,54 @@ def test_schemas_check_passes_on_the_committed_files() -> None:
     """The committed schemas match the models."""
     result = CliRunner().invoke(main, ["schemas", "--check"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.slow
+def test_demo_json_lines_are_completed_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`demo --json` prints one compaction.completed per line, each valid against schemas/cli/demo.json."""
+    for name in [k for k in os.environ if k.startswith("COMPACTION_")]:
+        monkeypatch.delenv(name)
+    result = CliRunner().invoke(
+        main, ["demo", "--json", "--turns", "14", "--conversations", "1", "--window", "1500"]
+    )
+    assert result.exit_code == 0, result.output
+    validator = jsonschema.Draft202012Validator(json.loads((SCHEMAS_DIR / "cli" / "demo.json").read_text()))
+    events = [json.loads(line) for line in result.output.splitlines()]
+    assert events, "the demo compacted nothing"
+    for event in events:
+        validator.validate(event)
+    assert CompactionCompleted.model_validate(events[-1]).conversation_id == "demo-1"
+
+
+def _python(script: str) -> str:
+    """Run ``script`` in a fresh interpreter (the test process has LiteLLM loaded already)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_")}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60, env=env
+    )
+    return out.stdout
+
+
+def test_importing_the_cli_does_not_load_litellm() -> None:
+    """Issue 12: the CLI module imports without LiteLLM (seconds of start-up), which loads on first use."""
+    assert _python("import sys, compaction_worker.cli\nprint('litellm' in sys.modules)").split() == ["False"]
+
+
+def test_help_starts_without_litellm() -> None:
+    """`compaction-worker --help` prints the commands and never imports LiteLLM."""
+    script = (
+        "import sys\n"
+        "from compaction_worker.cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "print('litellm loaded:', 'litellm' in sys.modules)\n"
+    )
+    out = _python(script)
+    assert "history" in out
+    assert "status" in out
+    assert out.splitlines()[-1] == "litellm loaded: False"
 
 
 def test_invalid_settings_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,6 +356,8 @@ def test_run_on_embedded_defaults(run_process: subprocess.Popen[str]) -> None:
         if m := re.search(r"export (COMPACTION_KAFKA__BOOTSTRAP_SERVERS|COMPACTION_REDIS__URL)=(\S+)", line):
             found[m.group(1)] = m.group(2)
     assert len(found) == 2, "".join(lines)
+    # Where it says where the broker listens, it says which clients cannot talk to it.
+    assert any("librdkafka" in line and "docker-compose" in line for line in lines), "".join(lines)
 
     async def publish() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=found["COMPACTION_KAFKA__BOOTSTRAP_SERVERS"])

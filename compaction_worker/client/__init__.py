@@ -1,5 +1,7 @@
 """The client for agent runtimes: publish turns, read the effective history back."""
 
 from compaction_worker.client.client import Artifact, Client, ContextStats
+from compaction_worker.client.llm import complete
+from compaction_worker.client.sync import SyncClient
 
-__all__ = ["Artifact", "Client", "ContextStats"]
+__all__ = ["Artifact", "Client", "ContextStats", "SyncClient", "complete"]

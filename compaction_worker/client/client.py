@@ -7,25 +7,28 @@ copy. Both sides only need the same settings as the worker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.asyncio import Redis
 
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
 from compaction_worker.contracts.history import render
-from compaction_worker.errors import ConfigError
+from compaction_worker.errors import ConfigError, WaitTimeoutError
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
-from compaction_worker.state.jobs import Job, JobQueue
+from compaction_worker.state.jobs import Job, JobQueue, jobs_index_key
 from compaction_worker.state.meta import Meta
+from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
 
 
@@ -107,6 +110,8 @@ class Client:
         self.settings = settings
         self.store = store
         self.producer = producer
+        self._published: dict[str, int] = {}
+        """The highest turn seq this client published, by conversation (``wait_for`` waits for it)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -137,10 +142,20 @@ class Client:
             await redis.aclose()
 
     async def publish_turn(self, event: TurnEvent) -> None:
-        """Publish one turn, keyed by its conversation so the conversation stays ordered."""
+        """Publish one turn, keyed by its conversation so the conversation stays ordered.
+
+        A runtime that does not track ``turn_seq`` draws it from :meth:`next_turn_seq`::
+
+            seq = await client.next_turn_seq(cid)
+            await client.publish_turn(TurnEvent(conversation_id=cid, turn_seq=seq, model=m, messages=[...]))
+
+        Publish every seq drawn: a missing one is a gap that holds the later turns back.
+        """
         await self.publish_raw(
             event.model_dump_json(exclude_none=True).encode(), event.conversation_id.encode()
         )
+        cid = event.conversation_id
+        self._published[cid] = max(self._published.get(cid, 0), event.turn_seq)
 
     async def publish_raw(self, payload: bytes, key: bytes | None) -> None:
         """Publish bytes as they are to the turns topic (tools and tests use this for bad input)."""
@@ -161,6 +176,81 @@ class Client:
         )
         await self.publish_turn(event)
         return event
+
+    async def next_turn_seq(self, conversation_id: str) -> int:
+        """The next unused turn seq, atomically: concurrent callers never get the same one.
+
+        One past the larger of the last seq handed out and the last one stored
+        (:mod:`compaction_worker.state.sequence`).
+        """
+        sequence = TurnSequence(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
+        return await sequence.next(conversation_id)
+
+    async def wait_for(
+        self,
+        conversation_id: str,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109  # one call for sync callers too (SyncClient), its error ours
+        after_seq: int | None = None,
+    ) -> int:
+        """Wait until the effective history reaches ``version`` (None: until no compaction is pending); returns the version.
+
+        First, every turn this client published for the conversation (and ``after_seq``)
+        must be stored, so a compaction request just published counts as pending. A job
+        waiting out a failure's backoff does not count. Raises :class:`WaitTimeoutError`.
+        """
+        seq = max(after_seq or 0, self._published.get(conversation_id, 0))
+        reached = await self._reached(conversation_id, version, seq)
+        if reached is not None:
+            return reached
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._await_reached(conversation_id, version, seq)
+        except TimeoutError as e:
+            what = "no pending compaction" if version is None else f"version {version}"
+            raise WaitTimeoutError(f"{conversation_id}: {what} within {timeout}s") from e
+
+    async def _await_reached(self, conversation_id: str, version: int | None, seq: int) -> int:
+        # Woken by compaction.completed: a group-less consumer at the topic's end, positioned
+        # before the Redis read that follows, so a change committed before it is read and
+        # one after it is announced. No group: nothing to join or rebalance, no offsets
+        # left behind, and every waiter sees every event. Keyspace notifications were the
+        # other way; they need server configuration that managed Redis often forbids.
+        # Redis is read again now and then too, because some changes publish no event:
+        # a turn's append, and the job's removal (just after its completion event).
+        completions = _Completions(self.settings)
+        try:
+            await completions.start()
+            recheck = _FIRST_RECHECK
+            while (reached := await self._reached(conversation_id, version, seq)) is None:
+                announced = await completions.seen(conversation_id.encode(), recheck)
+                recheck = _FIRST_RECHECK if announced else min(recheck * 2, _LAST_RECHECK)
+            return reached
+        finally:
+            await completions.stop()
+
+    async def _reached(self, conversation_id: str, version: int | None, seq: int) -> int | None:
+        """The current version if the wait is over, else None."""
+        keys = self.store.keys(conversation_id)
+        async with self.store.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.meta, "version", "last_seq", "retry_after")
+            pipe.exists(keys.job)
+            pipe.exists(keys.lock)
+            pipe.zscore(jobs_index_key(self.store.prefix), conversation_id)
+            (current, last_seq, retry_after), job, locked, due_ms = await pipe.execute()
+        reached = int(float(current or 0))
+        if int(float(last_seq or 0)) < seq:
+            return None
+        if version is not None:
+            return reached if reached >= version else None
+        if not job:
+            return reached
+        # A failed run's retry waits out its backoff (the compactor indexes it for later):
+        # no compaction is running or due until then.
+        now = time.time()
+        backing_off = not locked and due_ms is not None and due_ms > now * 1000
+        return reached if backing_off and float(retry_after or 0) > now else None
 
     async def snapshot(self, conversation_id: str) -> Snapshot:
         """Metadata and the effective history, read consistently."""
@@ -220,6 +310,53 @@ class Client:
         history = (await self.store.snapshot(conversation_id)).history
         present = carried([a.item for a in archived], history)
         return [Artifact(a.kind, a.text, a.seq, a.n, a.item in present) for a in archived]
+
+
+_FIRST_RECHECK = 0.02
+_LAST_RECHECK = 1.0
+"""Seconds between Redis reads while waiting: short after a completion event, doubling to this."""
+
+
+class _Completions:
+    """A group-less consumer of ``compaction.completed`` from its end: one per wait."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.kafka.bootstrap_servers:
+            raise ConfigError("no Kafka bootstrap servers configured (COMPACTION_KAFKA__BOOTSTRAP_SERVERS)")
+        self.topic = settings.topics.completed
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            **kafka_client_args(settings.kafka),
+        )
+
+    async def start(self) -> None:
+        """Connect and fix the position at the end of every partition (not only the key's:
+        the worker's partitioner is not ours to assume)."""
+        await self.consumer.start()
+        await self.consumer.topics()  # metadata, so the partitions are known
+        partitions = self.consumer.partitions_for_topic(self.topic)
+        if not partitions:
+            raise ConfigError(f"topic {self.topic} does not exist: the worker creates it when it starts")
+        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self.consumer.assign(assigned)
+        await self.consumer.seek_to_end(*assigned)
+        for tp in assigned:
+            await self.consumer.position(tp)  # resolves the end offset now, not at the first fetch
+
+    async def seen(self, key: bytes, within: float) -> bool:
+        """Whether an event keyed ``key`` arrives within ``within`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while (left := deadline - loop.time()) > 0:
+            batch = await self.consumer.getmany(timeout_ms=max(1, int(left * 1000)))
+            if any(r.key == key for records in batch.values() for r in records):
+                return True
+        return False
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
 
 
 def transcript_messages(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

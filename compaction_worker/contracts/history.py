@@ -22,8 +22,9 @@ SUMMARY_INTRO = (
 )
 SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and will continue from it."
 
-# Fields that are ours, not the provider's; stripped when rendering.
-PRIVATE_FIELDS = ("pinned",)
+# Fields that are ours, not the provider's; stripped when rendering and not counted.
+# ``native`` holds what a format adapter (compaction_worker.formats) could not map.
+PRIVATE_FIELDS = ("pinned", "native")
 
 SYNTHETIC = "synthetic"
 """The ``edit`` of an entry that repair made up (a placeholder tool call or result, a

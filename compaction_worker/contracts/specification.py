@@ -1,4 +1,4 @@
-"""The published contract files in ``schemas/``: rendered from the event models, written, checked.
+"""The published contract files in ``schemas/``: rendered from the event and CLI output models, written, checked.
 
 :func:`render_all` is pure and deterministic (same models, byte-identical text);
 :func:`write` and :func:`check` are what ``compaction-worker schemas [--check]`` calls.
@@ -9,6 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from compaction_worker.contracts.asyncapi import asyncapi_document, render_yaml
+from compaction_worker.contracts.cli_output import (
+    CLI_DIR,
+    CLI_GENERATED_NOTE,
+    CLI_MODELS,
+    cli_schema,
+    cli_schema_file,
+)
 from compaction_worker.contracts.events import EVENT_MODELS
 from compaction_worker.contracts.json_schemas import GENERATED_NOTE, event_schema, render_json, schema_file
 
@@ -18,8 +25,12 @@ _GENERATED_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def render_all() -> dict[str, str]:
-    """Every contract file, as relative file name -> exact text (UTF-8, LF, trailing newline)."""
+    """Every contract file, as relative path -> exact text (UTF-8, LF, trailing newline).
+
+    The event schemas and the AsyncAPI document at the top, the CLI's ``--json`` schemas in ``cli/``.
+    """
     files = {schema_file(topic): render_json(event_schema(topic)) for topic in EVENT_MODELS}
+    files.update({cli_schema_file(name): render_json(cli_schema(name)) for name in CLI_MODELS})
     files[ASYNCAPI_FILE] = render_yaml(asyncapi_document())
     return dict(sorted(files.items()))
 
@@ -35,6 +46,7 @@ def write(directory: Path) -> list[Path]:
     written: list[Path] = []
     for name, text in expected.items():
         path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = text.encode("utf-8")
         # Bytes, not text mode, so that no platform turns the newlines into something else.
         if not path.is_file() or path.read_bytes() != data:
@@ -57,23 +69,24 @@ def check(directory: Path) -> list[str]:
         actual = path.read_bytes().decode("utf-8", errors="replace")
         if actual != text:
             problems.append(f"{path}: differs from the models ({_first_difference(actual, text)})")
-    problems.extend(
-        f"{path}: extra, no event model produces it" for path in _stale_files(directory, expected)
-    )
+    problems.extend(f"{path}: extra, no model produces it" for path in _stale_files(directory, expected))
     return problems
 
 
 def _stale_files(directory: Path, expected: dict[str, str]) -> list[Path]:
-    if not directory.is_dir():
-        return []
-    return [
-        path
-        for path in sorted(directory.iterdir())
-        if path.is_file()
-        and path.name not in expected
-        and path.suffix in _GENERATED_SUFFIXES
-        and GENERATED_NOTE in path.read_bytes()[:4096].decode("utf-8", errors="replace")
-    ]
+    stale: list[Path] = []
+    for folder, note in ((directory, GENERATED_NOTE), (directory / CLI_DIR, CLI_GENERATED_NOTE)):
+        if not folder.is_dir():
+            continue
+        stale.extend(
+            path
+            for path in sorted(folder.iterdir())
+            if path.is_file()
+            and path.relative_to(directory).as_posix() not in expected
+            and path.suffix in _GENERATED_SUFFIXES
+            and note in path.read_bytes()[:4096].decode("utf-8", errors="replace")
+        )
+    return stale
 
 
 def _first_difference(actual: str, expected: str) -> str:

@@ -40,6 +40,8 @@ class ConversationKeys:
     """Hash: every artifact ever extracted from a compacted span, by ledger item (archive.py)."""
     fingerprints: str
     """Hash: each stored turn's content fingerprint, by seq (store.py; tells a redelivery from a conflict)."""
+    seq: str
+    """String: the last turn seq handed out to a runtime that does not track its own (sequence.py)."""
 
     def all(self) -> tuple[str, ...]:
         """All keys, for retention (EXPIRE) and deletion."""
@@ -56,6 +58,7 @@ class ConversationKeys:
             self.outbox,
             self.artifacts,
             self.fingerprints,
+            self.seq,
         )
 
 
@@ -75,4 +78,5 @@ def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> Con
         outbox=f"{base}:outbox",
         artifacts=f"{base}:artifacts",
         fingerprints=f"{base}:fingerprints",
+        seq=f"{base}:seq",
     )

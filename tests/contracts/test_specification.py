@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from compaction_worker.contracts.cli_output import CLI_GENERATED_NOTE, CLI_MODELS, cli_schema_file
 from compaction_worker.contracts.events import COMPLETED_TOPIC, TURNS_TOPIC
 from compaction_worker.contracts.json_schemas import GENERATED_NOTE, schema_file
 from compaction_worker.contracts.specification import ASYNCAPI_FILE, check, render_all, write
@@ -22,9 +23,16 @@ class TestDrift:
             "`compaction-worker schemas` and commit the result:\n  " + "\n  ".join(problems)
         )
 
-    def test_one_file_per_event_plus_asyncapi(self) -> None:
-        """Every topic of EVENT_MODELS has its schema file, named after the topic."""
-        assert set(render_all()) == {f"{topic}.json" for topic in TOPICS} | {ASYNCAPI_FILE}
+    def test_one_file_per_event_plus_asyncapi_and_cli(self) -> None:
+        """Every topic of EVENT_MODELS has its schema file, named after the topic; every CLI --json one in cli/."""
+        assert set(render_all()) == (
+            {f"{topic}.json" for topic in TOPICS}
+            | {ASYNCAPI_FILE}
+            | {
+                f"cli/{name}.json"
+                for name in ("history", "history-full", "status", "artifacts", "rewind", "demo")
+            }
+        )
 
     def test_rendering_is_deterministic(self) -> None:
         """Two renderings are byte-identical, so a diff only ever shows a model change."""
@@ -44,7 +52,9 @@ class TestWriteAndCheck:
     def test_fresh_directory_is_written_and_then_clean(self, tmp_path: Path) -> None:
         """A new directory gets every file, byte for byte, and check() then finds nothing."""
         written = write(tmp_path / "schemas")
-        assert sorted(path.name for path in written) == sorted(render_all())
+        assert sorted(path.relative_to(tmp_path / "schemas").as_posix() for path in written) == sorted(
+            render_all()
+        )
         assert check(tmp_path / "schemas") == []
         for name, text in render_all().items():
             assert (tmp_path / "schemas" / name).read_bytes() == text.encode()
@@ -83,10 +93,20 @@ class TestWriteAndCheck:
         write(tmp_path)
         stale = tmp_path / "conversation.renamed.json"
         stale.write_text(json.dumps({"$comment": GENERATED_NOTE}))
-        assert check(tmp_path) == [f"{stale}: extra, no event model produces it"]
+        assert check(tmp_path) == [f"{stale}: extra, no model produces it"]
         write(tmp_path)
         assert not stale.exists()
         assert check(tmp_path) == []
+
+    def test_stale_cli_schema_is_extra_and_removed(self, tmp_path: Path) -> None:
+        """A generated CLI schema of a command that no longer has one is reported, then removed."""
+        write(tmp_path)
+        stale = tmp_path / "cli" / "gone.json"
+        stale.write_text(json.dumps({"$comment": CLI_GENERATED_NOTE}))
+        assert check(tmp_path) == [f"{stale}: extra, no model produces it"]
+        write(tmp_path)
+        assert not stale.exists()
+        assert (tmp_path / cli_schema_file(next(iter(CLI_MODELS)))).is_file()
 
     def test_files_we_did_not_generate_are_left_alone(self, tmp_path: Path) -> None:
         """A hand-written file in the directory is neither reported nor removed."""

@@ -1,0 +1,126 @@
+"""The client for runtimes that are not async: :class:`Client`'s methods, blocking.
+
+A :class:`SyncClient` runs one private event loop in a background thread and hands each
+call to it; the caller's thread blocks until the result is back. The loop owns the Redis
+connection and the Kafka producer, which are bound to the loop that made them, so every
+call goes through it (from any thread). Closing the client stops the loop and its thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
+from typing import Any, TypeVar
+
+from compaction_worker.budget.attachments import FittedFile
+from compaction_worker.client.client import Artifact, Client, ContextStats
+from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.settings import Settings
+from compaction_worker.state.jobs import Job
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Snapshot
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """:class:`Client` for synchronous code; open it with :meth:`connect`."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self._loop = loop
+
+    @classmethod
+    @contextlib.contextmanager
+    def connect(cls, settings: Settings, *, kafka: bool = True) -> Iterator[SyncClient]:
+        """Start the loop's thread, open the connections on it; close both on exit."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="compaction-client", daemon=True)
+        thread.start()
+        opened = Client.connect(settings, kafka=kafka)
+        try:
+            client = asyncio.run_coroutine_threadsafe(opened.__aenter__(), loop).result()
+            try:
+                yield cls(client, loop)
+            finally:
+                asyncio.run_coroutine_threadsafe(opened.__aexit__(None, None, None), loop).result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def settings(self) -> Settings:
+        return self.client.settings
+
+    def publish_turn(self, event: TurnEvent) -> None:
+        """See :meth:`Client.publish_turn`."""
+        self._call(self.client.publish_turn(event))
+
+    def publish_raw(self, payload: bytes, key: bytes | None) -> None:
+        """See :meth:`Client.publish_raw`."""
+        self._call(self.client.publish_raw(payload, key))
+
+    def request_compaction(
+        self, conversation_id: str, turn_seq: int, model: str, error: str | None = None
+    ) -> TurnEvent:
+        """See :meth:`Client.request_compaction`."""
+        return self._call(self.client.request_compaction(conversation_id, turn_seq, model, error))
+
+    def next_turn_seq(self, conversation_id: str) -> int:
+        """See :meth:`Client.next_turn_seq`."""
+        return self._call(self.client.next_turn_seq(conversation_id))
+
+    def wait_for(
+        self,
+        conversation_id: str,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,
+        after_seq: int | None = None,
+    ) -> int:
+        """See :meth:`Client.wait_for` (raises :class:`~compaction_worker.errors.WaitTimeoutError`)."""
+        return self._call(
+            self.client.wait_for(conversation_id, version, timeout=timeout, after_seq=after_seq)
+        )
+
+    def snapshot(self, conversation_id: str) -> Snapshot:
+        """See :meth:`Client.snapshot`."""
+        return self._call(self.client.snapshot(conversation_id))
+
+    def messages(self, conversation_id: str) -> list[dict[str, Any]]:
+        """See :meth:`Client.messages`."""
+        return self._call(self.client.messages(conversation_id))
+
+    def meta(self, conversation_id: str) -> Meta:
+        """See :meth:`Client.meta`."""
+        return self._call(self.client.meta(conversation_id))
+
+    def context_stats(self, conversation_id: str) -> ContextStats:
+        """See :meth:`Client.context_stats`."""
+        return self._call(self.client.context_stats(conversation_id))
+
+    def fit_files(self, conversation_id: str, files: Mapping[str, str]) -> list[FittedFile]:
+        """See :meth:`Client.fit_files`."""
+        return self._call(self.client.fit_files(conversation_id, files))
+
+    def job(self, conversation_id: str) -> Job | None:
+        """See :meth:`Client.job`."""
+        return self._call(self.client.job(conversation_id))
+
+    def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
+        """See :meth:`Client.transcript`."""
+        return self._call(self.client.transcript(conversation_id))
+
+    def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
+        """See :meth:`Client.compactions`."""
+        return self._call(self.client.compactions(conversation_id))
+
+    def artifacts(self, conversation_id: str) -> list[Artifact]:
+        """See :meth:`Client.artifacts`."""
+        return self._call(self.client.artifacts(conversation_id))

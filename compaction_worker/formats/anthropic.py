@@ -1,0 +1,250 @@
+"""Anthropic Messages in and out of the stored form.
+
+The system prompt travels apart from the messages. An assistant message's ``tool_use``
+blocks become its parallel ``tool_calls``; a user message's ``tool_result`` blocks become
+one tool message each, in order, followed by a user message for its other blocks (chat
+wants the results right after the calls). Back, a run of tool messages and the user
+message after it regroup into one user message. ``thinking``, unknown blocks and extra
+fields ride in the private ``native`` field (see :mod:`compaction_worker.formats._common`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from compaction_worker.formats._common import (
+    FormatError,
+    Message,
+    data_url,
+    keep,
+    restore,
+    split_data_url,
+    text_part,
+    validated,
+)
+
+FORMAT = "anthropic"
+
+System = str | list[dict[str, Any]]
+
+
+class AnthropicMessages(NamedTuple):
+    """What the Messages API takes apart: ``system=`` and ``messages=``."""
+
+    system: System | None
+    messages: list[dict[str, Any]]
+
+
+# --- blocks and parts -------------------------------------------------------------------
+
+
+def _part(block: Mapping[str, Any]) -> Message | None:
+    """The chat content part for a text or image block; None for any other block."""
+    kind = block.get("type")
+    if kind == "text":
+        part = text_part(str(block.get("text", "")))
+    elif kind == "image":
+        source = block.get("source") or {}
+        if source.get("type") == "base64":
+            url = data_url(str(source.get("media_type")), str(source.get("data")))
+        elif source.get("type") == "url":
+            url = str(source.get("url"))
+        else:
+            return None
+        part = {"type": "image_url", "image_url": {"url": url}}
+    else:
+        return None
+    if "cache_control" in block:  # LiteLLM reads it from chat parts too
+        part["cache_control"] = block["cache_control"]
+    return part
+
+
+def _parts(blocks: Iterable[Mapping[str, Any]]) -> list[Message]:
+    return [part for block in blocks if (part := _part(block)) is not None]
+
+
+def _block(part: Mapping[str, Any]) -> dict[str, Any]:
+    """The Anthropic block for a chat content part (a part of another type passes as it is)."""
+    kind = part.get("type")
+    if kind == "text":
+        block: dict[str, Any] = {"type": "text", "text": part.get("text") or ""}
+    elif kind == "image_url":
+        image = part.get("image_url")
+        url = str(image.get("url") if isinstance(image, Mapping) else image)
+        inline = split_data_url(url)
+        source = (
+            {"type": "base64", "media_type": inline[0], "data": inline[1]}
+            if inline
+            else {"type": "url", "url": url}
+        )
+        block = {"type": "image", "source": source}
+    else:
+        return dict(part)
+    if "cache_control" in part:
+        block["cache_control"] = part["cache_control"]
+    return block
+
+
+def _content_back(content: Any) -> str | list[dict[str, Any]]:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return _blocks(content)
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    """Chat content as a list of blocks (a string becomes one text block, unless empty)."""
+    if content is None or isinstance(content, str):
+        return [text_part(content)] if content else []
+    return [_block(part) for part in content]
+
+
+# --- units: system, assistant message, tool result, user message --------------------------
+
+
+def _system(system: System) -> Message:
+    return {"role": "system", "content": system if isinstance(system, str) else _parts(system)}
+
+
+def _system_back(message: Message) -> System:
+    return _content_back(message.get("content"))
+
+
+def _assistant(message: Mapping[str, Any]) -> Message:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    blocks = list(content or [])
+    calls = [
+        {
+            "id": str(b.get("id")),
+            "type": "function",
+            "function": {"name": str(b.get("name")), "arguments": json.dumps(b.get("input", {}))},
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    parts = _parts(blocks)
+    out: Message = {"role": "assistant"}
+    if parts or not calls:
+        out["content"] = parts
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _arguments(raw: Any) -> Any:
+    """A call's arguments as Anthropic ``input``: the JSON object, or the raw text under ``arguments``."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {"arguments": raw}
+    return value if isinstance(value, dict) else {"arguments": raw}
+
+
+def _assistant_back(message: Message) -> dict[str, Any]:
+    content = message.get("content")
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return {"role": "assistant", "content": _content_back(content)}
+    uses = [
+        {
+            "type": "tool_use",
+            "id": call.get("id"),
+            "name": call["function"]["name"],
+            "input": _arguments(call["function"].get("arguments")),
+        }
+        for call in calls
+    ]
+    return {"role": "assistant", "content": [*_blocks(content), *uses]}
+
+
+def _tool(block: Mapping[str, Any]) -> Message:
+    content = block.get("content", "")
+    return {
+        "role": "tool",
+        "tool_call_id": str(block.get("tool_use_id")),
+        "content": content if isinstance(content, str) else _parts(content),
+    }
+
+
+def _tool_back(message: Message) -> dict[str, Any]:
+    return {
+        "type": "tool_result",
+        "tool_use_id": message.get("tool_call_id"),
+        "content": _content_back(message.get("content")),
+    }
+
+
+def _user(message: Mapping[str, Any]) -> Message:
+    content = message.get("content")
+    return {"role": "user", "content": content if isinstance(content, str) else _parts(content or [])}
+
+
+def _user_back(message: Message) -> dict[str, Any]:
+    return {"role": "user", "content": _content_back(message.get("content"))}
+
+
+# --- whole conversations --------------------------------------------------------------------
+
+
+def to_openai(messages: Sequence[Mapping[str, Any]], system: System | None = None) -> list[Message]:
+    """Stored messages for an Anthropic conversation (``system`` first, when given)."""
+    out = [keep(FORMAT, system, _system(system), _system_back)] if system else []
+    for i, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role == "assistant":
+            out.append(keep(FORMAT, dict(message), _assistant(message), _assistant_back))
+        elif role == "user" and isinstance(content, list):
+            results = [b for b in content if b.get("type") == "tool_result"]
+            out += [keep(FORMAT, dict(b), _tool(b), _tool_back) for b in results]
+            rest = {**message, "content": [b for b in content if b.get("type") != "tool_result"]}
+            if rest["content"] or not results:
+                out.append(keep(FORMAT, rest, _user(rest), _user_back))
+        elif role == "user":
+            out.append(keep(FORMAT, dict(message), _user(message), _user_back))
+        else:
+            raise FormatError(f"message {i}: Anthropic messages are user or assistant, not {role!r}")
+    return [validated(m, f"converted message {i}") for i, m in enumerate(out)]
+
+
+def from_openai(messages: Iterable[Mapping[str, Any]]) -> AnthropicMessages:
+    """Stored messages as Anthropic's ``system`` and ``messages`` (system messages hoisted)."""
+    systems: list[System] = []
+    out: list[dict[str, Any]] = []
+    group: dict[str, Any] | None = None  # the user message tool results are gathering in
+    for message in messages:
+        role = message.get("role")
+        if role == "system":
+            systems.append(restore(FORMAT, message, _system, _system_back))
+        elif role == "tool":
+            block = restore(FORMAT, message, _tool, _tool_back)
+            if group is None:
+                group = {"role": "user", "content": []}
+                out.append(group)
+            group["content"].append(block)
+        elif role == "user":
+            user = restore(FORMAT, message, _user, _user_back)
+            if group is not None:
+                group["content"] += _blocks(user.pop("content"))
+                group.update(user)
+            else:
+                out.append(user)
+            group = None
+        else:
+            out.append(restore(FORMAT, message, _assistant, _assistant_back))
+            group = None
+    return AnthropicMessages(_joined(systems), out)
+
+
+def _joined(systems: list[System]) -> System | None:
+    """One system prompt: the only one as it is, several as one list of text blocks."""
+    if len(systems) <= 1:
+        return systems[0] if systems else None
+    blocks: list[dict[str, Any]] = []
+    for system in systems:
+        blocks += [{"type": "text", "text": system}] if isinstance(system, str) else system
+    return blocks

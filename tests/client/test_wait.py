@@ -1,0 +1,121 @@
+"""Waiting for compactions and drawing turn seqs, against the real broker, Redis and worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from compaction_worker.client import Client, SyncClient
+from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.errors import CompactionWorkerError, WaitTimeoutError
+from compaction_worker.local.demo import synthetic_turns
+from compaction_worker.runtime.topics import ensure_topics
+from compaction_worker.runtime.worker import build_worker
+from compaction_worker.settings import Settings
+from compaction_worker.testing import FakeLLMServer
+from tests.integration.helpers import worker_settings
+from tests.orchestration import Parts, raw, user
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 3000
+
+
+@pytest.fixture
+async def running(
+    kafka_bootstrap: str, redis_url: str, make_topics: object, fake_llm: FakeLLMServer
+) -> AsyncIterator[Client]:
+    """A worker on topics of its own, and a client of it."""
+    topics = await make_topics("turn", "started", "completed", "dlq")  # type: ignore[operator]
+    settings = worker_settings(
+        kafka_bootstrap,
+        redis_url,
+        topics,
+        summarizer={"model": "openai/fake-summarizer", "api_base": fake_llm.url, "api_key": "fake-key-0123"},
+    )
+    await ensure_topics(settings)
+    async with build_worker(settings).running(), Client.connect(settings) as client:
+        yield client
+
+
+async def test_wait_for_a_real_compaction(running: Client) -> None:
+    """wait_for(version) returns once the worker committed it; then at once; later versions time out."""
+    client = running
+    for event in synthetic_turns("w", 12, context_window=WINDOW):
+        await client.publish_turn(event)
+
+    reached = await client.wait_for("w", 1, timeout=60)
+
+    meta = await client.meta("w")
+    assert reached >= 1
+    assert meta.version >= reached
+    assert (await client.compactions("w"))[0]["version"] == 1
+    settled = await client.wait_for("w", timeout=60)  # and whatever it set off since
+    assert await client.job("w") is None
+    assert (await client.meta("w")).last_seq == 12
+    assert settled == (await client.meta("w")).version
+
+    start = time.monotonic()
+    assert await client.wait_for("w", 1, timeout=5) == settled
+    assert time.monotonic() - start < 0.5, "already reached: no waiting"
+
+    start = time.monotonic()
+    with pytest.raises(WaitTimeoutError, match="version 99") as raised:
+        await client.wait_for("w", 99, timeout=1.0)
+    assert 1.0 <= time.monotonic() - start < 5
+    assert isinstance(raised.value, TimeoutError)
+    assert isinstance(raised.value, CompactionWorkerError)
+
+
+async def test_a_noop_compaction_ends_the_wait(running: Client) -> None:
+    """A request the worker has not read yet counts as pending; a run that changes nothing ends the wait."""
+    client = running
+    seq = await client.next_turn_seq("n")
+    await client.publish_turn(
+        TurnEvent.model_validate(
+            {"conversation_id": "n", "turn_seq": seq, "model": "gpt-4o-mini", "messages": [user("hi")]}
+        )
+    )
+    request = await client.request_compaction("n", await client.next_turn_seq("n"), "gpt-4o-mini")
+
+    version = await client.wait_for("n", timeout=60)
+
+    assert version == 0
+    assert (await client.meta("n")).last_seq == request.turn_seq == 2
+    assert await client.job("n") is None
+
+
+async def test_next_turn_seq_under_concurrent_callers(parts: Parts, settings: Settings) -> None:
+    """50 gathered callers get 50 distinct, consecutive seqs, after the stored ones."""
+    await parts.turns.handle(raw("c", 1, user("hello")), b"c")
+    client = Client(settings, parts.store, None)
+    seqs = await asyncio.gather(*(client.next_turn_seq("c") for _ in range(50)))
+    assert sorted(seqs) == list(range(2, 52))
+
+
+async def test_sync_client_round_trip(running: Client, redis_client: redis.asyncio.Redis) -> None:
+    """Plain synchronous code (in a thread with no event loop) publishes, waits and reads."""
+    settings = running.settings
+
+    def runtime() -> list[str]:
+        with SyncClient.connect(settings) as client:
+            for text in ("first", "second"):
+                seq = client.next_turn_seq("s")
+                client.publish_turn(
+                    TurnEvent.model_validate(
+                        {
+                            "conversation_id": "s",
+                            "turn_seq": seq,
+                            "model": "gpt-4o-mini",
+                            "messages": [user(text)],
+                        }
+                    )
+                )
+            client.wait_for("s", timeout=30)
+            return [m["content"] for m in client.messages("s")]
+
+    assert await asyncio.to_thread(runtime) == ["first", "second"]
