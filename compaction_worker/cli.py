@@ -169,7 +169,7 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
                     version=meta.version,
                     context_status=meta.context_status,
                     tokens=meta.total_tokens,
-                    chunks=list(snapshot.history.chunks),
+                    chunks=[cli_output.Chunk.from_chunk(c) for c in snapshot.history.chunks],
                     messages=messages,
                 )
                 click.echo(_json(output))

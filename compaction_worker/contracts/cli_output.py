@@ -60,6 +60,44 @@ class Transcript(RootModel[list[TranscriptRecord]]):
     """``history --full --json``: every message ever appended, in order."""
 
 
+class Chunk(_Output):
+    """One summary chunk: the turns it stands for, its text and its verbatim ledger."""
+
+    id: str
+    text: str
+    first_seq: int = Field(description="The first turn it covers.")
+    last_seq: int = Field(description="The last turn it covers.")
+    first_n: int = Field(description="The first transcript ordinal it covers.")
+    last_n: int = Field(description="The last transcript ordinal it covers.")
+    tokens: int = Field(ge=0)
+    created_at: str
+    model: str = Field(description="The summarizer that wrote it (a LiteLLM model string, or ``extractive``).")
+    stages: list[str]
+    level: int = Field(ge=0, description="0 for a summary of messages; n > 0 for a fold of level n-1 chunks.")
+    artifacts: list[str] = Field(description="Exact paths, commands, errors, URLs and ids, kept verbatim.")
+    kept: list[int] = Field(description="Ordinals inside the span kept as messages (pinned), not covered.")
+
+    @classmethod
+    def from_chunk(cls, chunk: SummaryChunk) -> Chunk:
+        # Spelt out rather than embedding the dataclass: pydantic releases differ in how
+        # they render a nested dataclass's schema, and the committed schema must not.
+        return cls(
+            id=chunk.id,
+            text=chunk.text,
+            first_seq=chunk.first_seq,
+            last_seq=chunk.last_seq,
+            first_n=chunk.first_n,
+            last_n=chunk.last_n,
+            tokens=chunk.tokens,
+            created_at=chunk.created_at,
+            model=chunk.model,
+            stages=list(chunk.stages),
+            level=chunk.level,
+            artifacts=list(chunk.artifacts),
+            kept=list(chunk.kept),
+        )
+
+
 class History(_Output):
     """``history --json``: the effective history, as summary chunks and provider-ready messages."""
 
@@ -67,7 +105,7 @@ class History(_Output):
     version: int = Field(ge=0, description="Effective-history version (one per committed compaction).")
     context_status: ContextStatus
     tokens: int = Field(ge=0, description="The stored history's estimated tokens.")
-    chunks: list[SummaryChunk] = Field(description="The summaries that stand for compacted turns.")
+    chunks: list[Chunk] = Field(description="The summaries that stand for compacted turns.")
     messages: list[Message] = Field(description="What the model gets, summaries rendered in.")
 
 

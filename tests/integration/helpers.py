@@ -169,7 +169,19 @@ async def settle_store(
                 if await done():
                     return
             await asyncio.sleep(0.25)
-        raise AssertionError(f"not settled after {within}s: {problems[:10]}")
+        # What is left in the job index, with when each entry is due and its conversation's
+        # failure count: the clue to why a compaction did not run.
+        now_ms = time.time() * 1000
+        left = []
+        for entry in await redis.zrange(jobs, 0, 9, withscores=True):
+            cid, score = entry[0], float(entry[1])
+            name = cid.decode() if isinstance(cid, bytes) else str(cid)
+            meta = await redis.hmget(client.store.keys(name).meta, "failures", "retry_after")
+            job = await redis.hgetall(client.store.keys(name).job)
+            left.append(
+                f"{name}: due in {(score - now_ms) / 1000:.1f}s, failures/retry_after {meta}, job {job}"
+            )
+        raise AssertionError(f"not settled after {within}s: {problems[:10]}; job index: {left}")
 
 
 async def read_topic(settings: Settings, topic: str, idle: float = 2.0) -> list[bytes]:
