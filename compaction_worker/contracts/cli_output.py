@@ -71,7 +71,9 @@ class Chunk(_Output):
     last_n: int = Field(description="The last transcript ordinal it covers.")
     tokens: int = Field(ge=0)
     created_at: str
-    model: str = Field(description="The summarizer that wrote it (a LiteLLM model string, or ``extractive``).")
+    model: str = Field(
+        description="The summarizer that wrote it (a LiteLLM model string, or ``extractive``)."
+    )
     stages: list[str]
     level: int = Field(ge=0, description="0 for a summary of messages; n > 0 for a fold of level n-1 chunks.")
     artifacts: list[str] = Field(description="Exact paths, commands, errors, URLs and ids, kept verbatim.")
