@@ -7,7 +7,7 @@ owners' (jobs.py, gaps.py, outbox.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from compaction_worker.settings import DEFAULT_PREFIX
 
@@ -45,38 +45,10 @@ class ConversationKeys:
 
     def all(self) -> tuple[str, ...]:
         """All keys, for retention (EXPIRE) and deletion."""
-        return (
-            self.meta,
-            self.transcript,
-            self.chunks,
-            self.entries,
-            self.pending,
-            self.lock,
-            self.fence,
-            self.job,
-            self.compactions,
-            self.outbox,
-            self.artifacts,
-            self.fingerprints,
-            self.seq,
-        )
+        return tuple(getattr(self, f.name) for f in fields(self))
 
 
 def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> ConversationKeys:
-    """Build the keys of one conversation, all under its hash tag."""
+    """Build the keys of one conversation, all under its hash tag; each key ends in its field's name."""
     base = f"{prefix}:{{{conversation_id}}}"
-    return ConversationKeys(
-        meta=f"{base}:meta",
-        transcript=f"{base}:transcript",
-        chunks=f"{base}:chunks",
-        entries=f"{base}:entries",
-        pending=f"{base}:pending",
-        lock=f"{base}:lock",
-        fence=f"{base}:fence",
-        job=f"{base}:job",
-        compactions=f"{base}:compactions",
-        outbox=f"{base}:outbox",
-        artifacts=f"{base}:artifacts",
-        fingerprints=f"{base}:fingerprints",
-        seq=f"{base}:seq",
-    )
+    return ConversationKeys(**{f.name: f"{base}:{f.name}" for f in fields(ConversationKeys)})
