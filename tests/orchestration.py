@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import CompactionCompleted
 from compaction_worker.runtime.compactor import Compactor, Summarizers
 from compaction_worker.runtime.components import Components, build_components
+from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.runtime.publisher import Publisher
-from compaction_worker.settings import Settings
+from compaction_worker.settings import RedisSettings, Settings
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.strategies import summary_overhead
 from compaction_worker.summaries.contract import Summarizer
@@ -42,8 +44,20 @@ def extractive(_model: str, counter: TokenCounter) -> list[Summarizer]:
     return [ExtractiveSummarizer(counter.text)]
 
 
+def connect(redis_url: str) -> RedisClient:
+    """A new client of the tests' Redis (a cluster client for a ``redis+cluster://`` URL)."""
+    return connect_redis(RedisSettings(url=redis_url))
+
+
+async def all_keys(redis: RedisClient, pattern: str = "*") -> list[bytes | str]:
+    """KEYS on the server, or on every primary of a cluster."""
+    if isinstance(redis, RedisCluster):
+        return list(await redis.keys(pattern, target_nodes=RedisCluster.PRIMARIES))
+    return list(await redis.keys(pattern))
+
+
 def make_parts(
-    redis_client: redis.asyncio.Redis,
+    redis_client: RedisClient,
     settings: Settings,
     published: Publisher,
     summarizers: Summarizers = extractive,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import typing
@@ -23,6 +24,7 @@ import yaml
 from pydantic import BaseModel
 
 from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
+from compaction_worker.observability.health import LIVEZ, METRICS, READYZ
 from compaction_worker.settings import Settings, WorkerSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -494,6 +496,133 @@ class TestKubernetes:
         ]
 
 
+# --- probes, timeouts and the KEDA component --------------------------------------------------
+
+KEDA = K8S / "components" / "keda"
+
+
+def image_env() -> dict[str, str]:
+    """The COMPACTION_* variables the image's ENV instructions set (a pod starts with them)."""
+    env: dict[str, str] = {}
+    for keyword, args in final_stage():
+        if keyword == "ENV":
+            env.update(item.partition("=")[::2] for item in shlex.split(args) if "=" in item)
+    return {name: value for name, value in env.items() if name.startswith("COMPACTION_")}
+
+
+def pod_settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a worker pod reads: the image's ENV, then the ConfigMap, Secret and env."""
+    return load_settings_from(monkeypatch, {**image_env(), **deployment_env()})
+
+
+def keda_manifest(name: str) -> dict[str, Any]:
+    (document,) = yaml.safe_load_all((KEDA / name).read_text())
+    return typing.cast(dict[str, Any], document)
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of a directory (offline), as documents."""
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+class TestHealthAndScaling:
+    """The probes call the health port the settings open; timeouts nest; KEDA scales within the partitions."""
+
+    def test_the_pod_serves_health_on_all_interfaces(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The image and the ConfigMap turn the port on, reachable from the kubelet."""
+        health = pod_settings(monkeypatch).health
+        assert health.enabled
+        assert health.host == "0.0.0.0"  # the kubelet probes the pod's IP
+        assert load_settings_from(monkeypatch, image_env()).health.enabled  # docker run, no ConfigMap
+
+    def test_probes_point_at_the_configured_port_and_paths(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """startup and liveness call /livez, readiness /readyz, on the port the worker listens on."""
+        health = pod_settings(monkeypatch).health
+        container = worker_container()
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        paths = {}
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            port = get["port"]
+            assert (ports[port] if isinstance(port, str) else port) == health.port, probe
+            paths[probe] = get["path"]
+        assert paths == {"startupProbe": LIVEZ, "livenessProbe": LIVEZ, "readinessProbe": READYZ}
+        annotations = manifest("deployment.yaml")["spec"]["template"]["metadata"]["annotations"]
+        assert int(annotations["prometheus.io/port"]) == health.port
+        assert annotations["prometheus.io/path"] == METRICS
+
+    def test_the_image_exposes_the_health_port(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        exposed = {
+            int(port.split("/")[0])
+            for keyword, args in final_stage()
+            if keyword == "EXPOSE"
+            for port in args.split()
+        }
+        assert pod_settings(monkeypatch).health.port in exposed
+
+    def test_probe_timeouts_outlast_the_checks(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A probe waits longer than a readiness check may take, so a slow check reads as failed, not as a timeout."""
+        health = pod_settings(monkeypatch).health
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert worker_container()[probe]["timeoutSeconds"] > health.check_timeout_seconds, probe
+
+    def test_timeouts_nest(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """LLM timeout < lock TTL (one call fits one lock lifetime); shutdown grace < termination grace."""
+        settings = pod_settings(monkeypatch)
+        assert settings.summarizer.timeout_seconds < settings.worker.lock_ttl_seconds
+        assert settings.worker.shutdown_grace_seconds < pod_spec()["terminationGracePeriodSeconds"]
+
+    def test_keda_component_adds_a_scaled_object_and_removes_the_hpa(self) -> None:
+        """A Kustomize Component: its resources exist, and it deletes the CPU HPA by name."""
+        component = keda_manifest("kustomization.yaml")
+        assert component["kind"] == "Component"
+        for resource in component["resources"]:
+            assert (KEDA / resource).is_file(), resource
+        (patch,) = component["patches"]
+        deleted = yaml.safe_load(patch["patch"])
+        hpa = manifest("hpa.yaml")
+        assert deleted["$patch"] == "delete"
+        assert (deleted["kind"], deleted["metadata"]["name"]) == (hpa["kind"], hpa["metadata"]["name"])
+
+    def test_scaled_object_follows_the_turns_topic_lag(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The Kafka trigger watches the group, topic and brokers the workers use, with a lag threshold."""
+        settings = pod_settings(monkeypatch)
+        scaled = keda_manifest("scaledobject.yaml")
+        target = scaled["spec"]["scaleTargetRef"]
+        deployment = manifest("deployment.yaml")
+        assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+        (trigger,) = scaled["spec"]["triggers"]
+        assert trigger["type"] == "kafka"
+        meta = trigger["metadata"]
+        assert meta["bootstrapServers"] == settings.kafka.bootstrap_servers
+        assert meta["consumerGroup"] == settings.kafka.group_id
+        assert meta["topic"] == settings.topics.turns
+        assert int(meta["lagThreshold"]) > 0
+        assert meta["allowIdleConsumers"] == "false"
+
+    def test_scaled_object_replicas_fit_the_partitions(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """min <= the Deployment's replicas <= max, and max x consumers per pod <= partitions."""
+        settings = pod_settings(monkeypatch)
+        spec = keda_manifest("scaledobject.yaml")["spec"]
+        assert 1 <= spec["minReplicaCount"] <= manifest("deployment.yaml")["spec"]["replicas"]
+        assert manifest("deployment.yaml")["spec"]["replicas"] <= spec["maxReplicaCount"]
+        assert spec["maxReplicaCount"] * settings.kafka.consumers <= settings.topics.partitions
+
+    @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+    def test_kustomize_builds_with_the_keda_component(self, tmp_path: Path) -> None:
+        """Picking the component, as the README says, renders a ScaledObject and no HPA."""
+        copy = tmp_path / "kubernetes"
+        shutil.copytree(K8S, copy)
+        with (copy / "kustomization.yaml").open("a") as f:
+            f.write("components:\n  - components/keda\n")
+        kinds = sorted(doc["kind"] for doc in kustomize(copy))
+        assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "ScaledObject"]
+
+
 # --- Dockerfile ------------------------------------------------------------------------------
 
 
@@ -598,8 +727,8 @@ class TestDockerfile:
     def test_healthcheck_only_with_a_health_command(self) -> None:
         """A HEALTHCHECK may only call `compaction-worker health`, and only once the CLI has it."""
         checks = [args for keyword, args in final_stage() if keyword == "HEALTHCHECK"]
-        cli = REPO / "compaction_worker" / "cli.py"
-        has_health = cli.is_file() and re.search(r"""["']health["']|def health\b""", cli.read_text())
+        cli = "".join(p.read_text() for p in (REPO / "compaction_worker" / "cli").glob("*.py"))
+        has_health = re.search(r"""["']health["']|def health\b""", cli)
         assert not checks or has_health, "HEALTHCHECK calls a command the CLI does not have"
         for args in checks:
             assert "compaction-worker" in args, args

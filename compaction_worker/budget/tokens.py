@@ -68,11 +68,18 @@ _PROVIDER_MULTIPLIERS = {
 }
 
 
+_MEMO_CHARS = 300
+"""Texts up to this long (a ledger item is at most MAX_ITEM_CHARS) have their counts remembered."""
+_MEMO_ENTRIES = 50_000
+"""The memo is emptied when it holds this many: a bound on its memory, not an eviction policy."""
+
+
 class TokenCounter:
     """Counts tokens for one model: text, OpenAI-style messages and tool schemas."""
 
     __slots__ = (
         "_encoding",
+        "_memo",
         "encoding_name",
         "exact",
         "image_tokens",
@@ -91,6 +98,7 @@ class TokenCounter:
         message_overhead: int = 4,
     ) -> None:
         self._encoding = tiktoken.get_encoding(encoding_name)
+        self._memo: dict[str, int] = {}
         self.encoding_name = encoding_name
         self.multiplier = multiplier
         self.exact = exact
@@ -103,7 +111,15 @@ class TokenCounter:
 
     def text(self, text: str) -> int:
         """Tokens in ``text`` (special-token strings count as ordinary text)."""
-        return self._scaled(self._raw(text))
+        if len(text) > _MEMO_CHARS:
+            return self._scaled(self._raw(text))
+        # Short texts recur: ledger items are counted again each time a ledger is chosen.
+        tokens = self._memo.get(text)
+        if tokens is None:
+            if len(self._memo) >= _MEMO_ENTRIES:
+                self._memo.clear()
+            tokens = self._memo[text] = self._scaled(self._raw(text))
+        return tokens
 
     def message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one OpenAI-style message, including the per-message overhead."""

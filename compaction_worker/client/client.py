@@ -16,17 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from redis.asyncio import Redis
 
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
 from compaction_worker.contracts.history import render
 from compaction_worker.errors import ConfigError, WaitTimeoutError
+from compaction_worker.observability.tracing import inject
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
-from compaction_worker.state.jobs import Job, JobQueue, jobs_index_key
+from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.jobs import Job, JobQueue
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
@@ -117,7 +118,7 @@ class Client:
     @contextlib.asynccontextmanager
     async def connect(cls, settings: Settings, *, kafka: bool = True) -> AsyncIterator[Client]:
         """Open the Redis connection (and a Kafka producer unless ``kafka=False``)."""
-        redis: Redis = connect_redis(settings.redis)
+        redis: RedisClient = connect_redis(settings.redis)
         producer: AIOKafkaProducer | None = None
         try:
             if kafka:
@@ -150,18 +151,25 @@ class Client:
             await client.publish_turn(TurnEvent(conversation_id=cid, turn_seq=seq, model=m, messages=[...]))
 
         Publish every seq drawn: a missing one is a gap that holds the later turns back.
+        The current trace context travels in a ``traceparent`` header: the worker continues it.
         """
+        headers: list[tuple[str, bytes]] = []
+        inject(headers)
         await self.publish_raw(
-            event.model_dump_json(exclude_none=True).encode(), event.conversation_id.encode()
+            event.model_dump_json(exclude_none=True).encode(), event.conversation_id.encode(), headers
         )
         cid = event.conversation_id
         self._published[cid] = max(self._published.get(cid, 0), event.turn_seq)
 
-    async def publish_raw(self, payload: bytes, key: bytes | None) -> None:
+    async def publish_raw(
+        self, payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> None:
         """Publish bytes as they are to the turns topic (tools and tests use this for bad input)."""
         if self.producer is None:
             raise ConfigError("this client was opened without Kafka")
-        await self.producer.send_and_wait(self.settings.topics.turns, payload, key=key)
+        await self.producer.send_and_wait(
+            self.settings.topics.turns, payload, key=key, headers=list(headers) or None
+        )
 
     async def request_compaction(
         self, conversation_id: str, turn_seq: int, model: str, error: str | None = None
@@ -237,7 +245,7 @@ class Client:
             pipe.hmget(keys.meta, "version", "last_seq", "retry_after")
             pipe.exists(keys.job)
             pipe.exists(keys.lock)
-            pipe.zscore(jobs_index_key(self.store.prefix), conversation_id)
+            pipe.zscore(self._jobs().index.key_of(conversation_id), conversation_id)
             (current, last_seq, retry_after), job, locked, due_ms = await pipe.execute()
         reached = int(float(current or 0))
         if int(float(last_seq or 0)) < seq:
@@ -288,8 +296,11 @@ class Client:
 
     async def job(self, conversation_id: str) -> Job | None:
         """The conversation's pending compaction, if any."""
-        jobs = JobQueue(self.store.redis, self.store.prefix, self.settings.worker.job_lease_seconds)
-        return await jobs.job(conversation_id)
+        return await self._jobs().job(conversation_id)
+
+    def _jobs(self) -> JobQueue:
+        worker, shards = self.settings.worker, self.settings.redis.index_shards
+        return JobQueue(self.store.redis, self.store.prefix, worker.job_lease_seconds, shards=shards)
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""

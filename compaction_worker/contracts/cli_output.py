@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from compaction_worker.contracts.events import CompactionCompleted, ContextStatus, Trigger
+from compaction_worker.contracts.events import CompactionCompleted, ContextStatus, Outcome, Trigger
 from compaction_worker.contracts.history import SummaryChunk
 
 CLI_GENERATED_NOTE = (
@@ -169,13 +169,95 @@ class Rewind(_Output):
     compaction_id: str = Field(description="The id of the compaction.completed event published.")
 
 
+class ReplayRun(_Output):
+    """One compaction run during a replay."""
+
+    turn: int = Field(ge=1, description="The turn that set it off.")
+    trigger: Trigger
+    outcome: Outcome
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    stages: list[str]
+    llm_input_tokens: int = Field(ge=0)
+    llm_output_tokens: int = Field(ge=0)
+    error: str | None
+
+
+class ReplayFigures(_Output):
+    """Totals of one replayed conversation, or of all of them."""
+
+    turns: int = Field(ge=0)
+    compactions: dict[str, int] = Field(description="Committed compactions by trigger.")
+    tokens_saved: int = Field(ge=0, description="Context tokens the compactions removed, summed.")
+    llm_input_tokens: int = Field(ge=0, description="The summarizer's prompt tokens (0 when extractive).")
+    llm_output_tokens: int = Field(ge=0, description="The summarizer's completion tokens.")
+    peak_tokens: int = Field(ge=0, description="The largest context after any turn's append.")
+
+
+class ReplayConversation(ReplayFigures):
+    """One replayed conversation: its budget, its figures, its context per turn and its runs."""
+
+    name: str
+    source: str
+    model: str
+    window: int = Field(ge=1)
+    window_source: str = Field(
+        description="event (the record or --context-window), override, registry or fallback."
+    )
+    threshold: int = Field(ge=0)
+    target: int = Field(ge=0)
+    final_tokens: int = Field(ge=0, description="The context after the last turn.")
+    context_per_turn: list[int] = Field(
+        description="The context after each turn's append, before compacting."
+    )
+    runs: list[ReplayRun]
+
+
+class Replay(_Output):
+    """``replay --json``: every conversation replayed, the totals, and the input lines skipped."""
+
+    conversations: list[ReplayConversation]
+    total: ReplayFigures
+    errors: list[str] = Field(description="Input that could not be replayed, as file:line: reason.")
+    plot: str | None = Field(description="The PNG written, if any.")
+    output: str | None = Field(description="The final histories written (JSON lines), if any.")
+
+
+class BenchRow(_Output):
+    """One row of the bench's table: a figure, what it is compared with, and the target on it."""
+
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = Field(description="The figure measured beside it in the same run, if any.")
+    baseline_name: str
+    ratio: float | None = Field(description="value / baseline.")
+    target: float | None = Field(
+        description="On the ratio, or on the value without a baseline or with target_on_value."
+    )
+    at_least: bool = Field(description="The target is a floor (throughput), not a ceiling.")
+    target_on_value: bool
+    met: bool | None = Field(description="Whether the target is met; null without one.")
+    note: str
+
+
+class Bench(_Output):
+    """``bench --json``: every row, each figure the median of ``repeat`` runs."""
+
+    repeat: int = Field(ge=1)
+    quick: bool = Field(description="Small inputs (``--quick``): a first look, not figures to compare.")
+    rows: list[BenchRow]
+
+
 CLI_MODELS: dict[str, type[BaseModel]] = {
+    "bench": Bench,
     "history": History,
     "history-full": Transcript,
     "status": Status,
     "artifacts": Artifacts,
     "rewind": Rewind,
     "demo": CompactionCompleted,
+    "replay": Replay,
 }
 """Each command's ``--json`` output by schema name; ``demo`` prints one event per line."""
 

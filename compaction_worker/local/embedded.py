@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -357,10 +358,13 @@ class EmbeddedRedis(_EmbeddedServer):
         *,
         binary: str | os.PathLike[str] | None = None,
         startup_timeout: float = 15.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         super().__init__(port, binary, startup_timeout)
         self.persistent = persistent
         self._data_dir = Path(data_dir) if data_dir is not None else None
+        self.extra_args = tuple(extra_args)
+        """More server options, after ours (so they win): the cluster's nodes use this."""
 
     @property
     def data_dir(self) -> Path:
@@ -400,7 +404,7 @@ class EmbeddedRedis(_EmbeddedServer):
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             argv += ["--appendonly", "no"]
-        return argv
+        return [*argv, *self.extra_args]
 
     def _is_ready(self) -> bool:
         # While it loads the append-only file the server accepts connections but answers

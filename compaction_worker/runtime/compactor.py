@@ -19,7 +19,9 @@ from compaction_worker.contracts.events import (
     Outcome,
     Trigger,
 )
+from compaction_worker.contracts.history import EffectiveHistory
 from compaction_worker.errors import StaleFenceError
+from compaction_worker.observability import metrics, tracing
 from compaction_worker.runtime.limits import estimate, limits_for, reactive_target
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import Settings
@@ -29,6 +31,7 @@ from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, pack
 from compaction_worker.state.store import Snapshot, Store
+from compaction_worker.strategies.offload import off_loop
 from compaction_worker.summaries.contract import Summarizer
 
 log = logging.getLogger(__name__)
@@ -97,11 +100,29 @@ class Compactor:
         if job is None:
             await self.jobs.finish(claim, None)
             return None
-        async with self.locks.held(cid, self.store.keys(cid)) as lease:
-            if lease is None:
-                await self.jobs.postpone(claim, self.settings.worker.lock_busy_retry_seconds)
-                return None
-            completed, retry_in = await self._compact(job, lease.fence, lease.token)
+        # The run continues the trace of the turn that asked for it (its context is kept with the job).
+        attributes = {"compaction.trigger": job.trigger.value, "messaging.message.conversation_id": cid}
+        with tracing.span(tracing.RUN_SPAN, attributes, context=tracing.context_of(job.traceparent)) as span:
+            async with self.locks.held(cid, self.store.keys(cid)) as lease:
+                if lease is None:
+                    span.set_attribute("compaction.outcome", "lock_busy")
+                    await self.jobs.postpone(claim, self.settings.worker.lock_busy_retry_seconds)
+                    return None
+                completed, retry_in = await self._compact(job, lease.fence, lease.token)
+            span.set_attributes(
+                {
+                    "compaction.outcome": completed.outcome.value,
+                    "compaction.tokens.before": completed.tokens_before,
+                    "compaction.tokens.after": completed.tokens_after,
+                }
+            )
+            compacted = completed.outcome is Outcome.COMPACTED
+            metrics.record_run(
+                job.trigger.value,
+                completed.outcome.value,
+                completed.tokens_before if compacted else None,
+                completed.tokens_after if compacted else None,
+            )
         await self.jobs.finish(claim, job)
         if completed.outcome is Outcome.COMPACTED:
             await self._reschedule_if_still_over(cid)
@@ -310,13 +331,10 @@ class Compactor:
     ) -> CompactionCompleted:
         """Archive what it replaced (idempotent), then the fenced commit with its event in the outbox; publish."""
         cid, meta = run.conversation_id, snapshot.meta
-        overhead = strategies.summary_overhead(counter_for(meta.model, self.settings.budget))
-        old = strategies.draft_tokens(
-            strategies.Draft(snapshot.history.chunks, snapshot.history.entries), overhead
-        )
-        new = strategies.draft_tokens(result.draft, overhead)
+        counter = counter_for(meta.model, self.settings.budget)
+        # Counting a large history is CPU: off the event loop, so other conversations' turns go on.
+        history, token_delta = await off_loop(applied, snapshot.history, result, counter)
         status = context_status(result.draft)
-        history = snapshot.history.with_parts(result.draft.chunks, result.draft.entries)
         dropped = await self.archive.record(cid, snapshot.history, history, originals)
         # The commit succeeds only at exactly this version (the script checks it).
         completed = self._event(
@@ -350,7 +368,7 @@ class Compactor:
             consumed=snapshot.entry_count,
             chunks=result.draft.chunks,
             entries=result.draft.entries,
-            token_delta=new - old,
+            token_delta=token_delta,
             status=status,
             record=record,
             outbox=(field, pack(self.settings.topics.completed, encode(completed))),
@@ -367,6 +385,8 @@ class Compactor:
         if llm_failures == 0:
             fields["breaker_until"] = 0
         elif threshold and llm_failures >= threshold:
+            if meta.breaker_until <= time.time():  # closed until now: this failure opens it
+                metrics.record_breaker_open()
             fields["breaker_until"] = time.time() + self.settings.summarizer.breaker_cooldown_seconds
             log.warning(
                 "%s: the LLM failed %s runs in a row; using the fallback for a while", cid, llm_failures
@@ -394,6 +414,16 @@ class Compactor:
         _, budget = conversation_budget(meta, self.settings.budget)
         if int(meta.total_tokens * meta.calibration) >= budget.threshold:
             await self.jobs.schedule(cid, Trigger.THRESHOLD, delay_seconds=delay)
+
+
+def applied(
+    history: EffectiveHistory, result: strategies.CompactionResult, counter: TokenCounter
+) -> tuple[EffectiveHistory, int]:
+    """The history a commit of ``result`` leaves, and the change in history tokens it stores (replay uses it too)."""
+    overhead = strategies.summary_overhead(counter)
+    old = strategies.draft_tokens(strategies.Draft(history.chunks, history.entries), overhead)
+    new = strategies.draft_tokens(result.draft, overhead)
+    return history.with_parts(result.draft.chunks, result.draft.entries), new - old
 
 
 def context_status(draft: strategies.Draft) -> ContextStatus:

@@ -9,9 +9,9 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from compaction_worker.budget.tokens import TokenCounter
+from compaction_worker.observability import metrics
+from compaction_worker.observability.health import Liveness
 from compaction_worker.runtime.compactor import Compactor, Summarizers
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.pool import CompactionPool
@@ -20,7 +20,9 @@ from compaction_worker.runtime.rewind import Rewinder
 from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings, SummarizerSettings
 from compaction_worker.state.archive import Archive
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.gaps import GapIndex
+from compaction_worker.state.index import now_ms
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.outbox import Outbox
@@ -46,6 +48,8 @@ class Components:
     compactor: Compactor
     rewinder: Rewinder
     pool: CompactionPool
+    liveness: Liveness
+    """Beaten by the consume loop and the pool's sweeper; the health port's /livez reads it."""
 
 
 def configured_summarizers(settings: SummarizerSettings) -> Summarizers:
@@ -61,17 +65,19 @@ def configured_summarizers(settings: SummarizerSettings) -> Summarizers:
 
 
 def build_components(
-    settings: Settings, redis: Redis, publish: Publisher, *, summarizers: Summarizers | None = None
+    settings: Settings, redis: RedisClient, publish: Publisher, *, summarizers: Summarizers | None = None
 ) -> Components:
     """Build the components; ``summarizers`` replaces the configured ones (tests, the demo)."""
     worker = settings.worker
     store = Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds)
-    jobs = JobQueue(redis, store.prefix, worker.job_lease_seconds)
+    shards = settings.redis.index_shards
+    jobs = JobQueue(redis, store.prefix, worker.job_lease_seconds, shards=shards)
     locks = Locks(redis, worker.lock_ttl_seconds)
-    outbox = Outbox(store, publish, worker.outbox_grace_seconds)
+    outbox = Outbox(store, publish, worker.outbox_grace_seconds, shards=shards)
     archive = Archive(redis, store.prefix, settings.redis.retention_seconds)
     dead_letters = DeadLetters(settings.topics, publish)
-    gaps = GapIndex(store, worker.gap_timeout_seconds)
+    gaps = GapIndex(store, worker.gap_timeout_seconds, shards=shards)
+    liveness = Liveness(settings.health.liveness_timeout_seconds)
     compactor = Compactor(
         settings,
         store,
@@ -87,7 +93,12 @@ def build_components(
         jobs,
         size=worker.max_concurrent_compactions,
         sweep_interval=worker.sweep_interval_seconds,
-        chores=(functools.partial(dead_letters.expire_held, gaps), outbox.relay),
+        chores=(
+            functools.partial(dead_letters.expire_held, gaps),
+            outbox.relay,
+            functools.partial(observe_backlog, jobs, gaps, outbox),
+        ),
+        liveness=liveness,
     )
     turns = TurnHandler(settings, store, jobs, gaps, dead_letters, on_scheduled=pool.submit)
     rewinder = Rewinder(settings, store, locks=locks, archive=archive, publish=publish)
@@ -104,4 +115,18 @@ def build_components(
         compactor=compactor,
         rewinder=rewinder,
         pool=pool,
+        liveness=liveness,
+    )
+
+
+async def observe_backlog(jobs: JobQueue, gaps: GapIndex, outbox: Outbox) -> None:
+    """Read the queues' sizes for the metrics' gauges (a sweeper chore: a few cheap reads per interval)."""
+    stats = await jobs.index.stats()
+    oldest = stats.lowest_ms
+    metrics.record_backlog(
+        jobs_pending=stats.count,
+        # A lowest score in the future is a lease or a delay: nothing is overdue then.
+        oldest_due_age=max(0.0, now_ms() - oldest) / 1000 if oldest is not None else 0.0,
+        held_turns=await gaps.held_count(),
+        outbox_backlog=await outbox.index.count(),
     )

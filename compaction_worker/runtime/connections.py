@@ -8,9 +8,11 @@ from typing import Any
 from faststream.kafka.security import parse_security
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.errors import ConfigError
 from compaction_worker.settings import KafkaSettings, RedisSettings
+from compaction_worker.state.connection import RedisClient
 
 
 def kafka_security(settings: KafkaSettings) -> BaseSecurity | None:
@@ -49,20 +51,26 @@ def kafka_client_args(settings: KafkaSettings) -> dict[str, Any]:
     return dict(parse_security(security))
 
 
-def connect_redis(settings: RedisSettings) -> Redis:
-    """A Redis client from settings: URL, password, TLS; retries on connection errors."""
+def connect_redis(settings: RedisSettings) -> RedisClient:
+    """A Redis client from settings: URL, password, TLS; retries on connection errors.
+
+    A Redis Cluster (``redis.cluster`` or a ``redis+cluster://`` URL) gets the cluster
+    client, which follows the slot map and its redirections; the URL names any one node.
+    """
     if not settings.url:
         raise ConfigError("no Redis URL configured (COMPACTION_REDIS__URL)")
+    url = settings.url.replace("+cluster://", "://", 1)
     kwargs: dict[str, Any] = {
         "health_check_interval": 15,
         "socket_connect_timeout": 5,
         "socket_timeout": 30,
-        "retry_on_timeout": True,
     }
     if settings.password is not None:
         kwargs["password"] = settings.password.get_secret_value()
-    if settings.ssl and not settings.url.startswith("rediss://"):
+    if settings.ssl and not url.startswith("rediss://"):
         kwargs["ssl"] = True
     if settings.ssl_ca_certs:
         kwargs["ssl_ca_certs"] = str(settings.ssl_ca_certs)
-    return Redis.from_url(settings.url, **kwargs)
+    if settings.uses_cluster:
+        return RedisCluster.from_url(url, **kwargs)
+    return Redis.from_url(url, retry_on_timeout=True, **kwargs)

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from compaction_worker.observability.health import Liveness
 from compaction_worker.runtime.compactor import Compactor
 from compaction_worker.state.jobs import JobQueue
 
@@ -29,6 +30,8 @@ class CompactionPool:
     chores: Sequence[Chore] = ()
     """Other periodic work that rides on the sweeper's loop (the wiring's: expiring turns held
     behind a gap, publishing completion events that a dead worker left in the outbox)."""
+    liveness: Liveness | None = None
+    """Beaten ("sweep") after every pass, failed ones too: /livez watches the loop, not Redis."""
     completed: int = 0
     failed: int = 0
     _sweeper: asyncio.Task[None] | None = None
@@ -76,6 +79,8 @@ class CompactionPool:
                     await work()
                 except Exception:  # Redis or Kafka away: try again next interval
                     log.warning("sweep failed", exc_info=True)
+            if self.liveness is not None:
+                self.liveness.beat("sweep")
             await asyncio.sleep(self.sweep_interval)
 
     async def sweep(self) -> int:

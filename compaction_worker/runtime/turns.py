@@ -30,8 +30,9 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
+from compaction_worker.observability import metrics, tracing
 from compaction_worker.runtime.deadletters import DeadLetters
-from compaction_worker.settings import Settings
+from compaction_worker.settings import BudgetSettings, Settings
 from compaction_worker.state.gaps import GapIndex, HeldTurn, conflicting_duplicate
 from compaction_worker.state.jobs import JobQueue, JobRequest
 from compaction_worker.state.meta import Meta
@@ -49,6 +50,10 @@ class TurnStatus(StrEnum):
     DEAD_LETTERED = "dead_lettered"
 
 
+# The turns metric's word for a turn held behind a gap.
+_METRIC_STATUS = {TurnStatus.BUFFERED: "held"}
+
+
 @dataclass(frozen=True, slots=True)
 class TurnOutcome:
     """The result of handling one input event."""
@@ -57,6 +62,8 @@ class TurnOutcome:
     conversation_id: str | None = None
     scheduled: Trigger | None = None
     reason: str | None = None
+    next_held: bool | None = None
+    """After an append: whether the next turn is held behind a gap (None: not known, look)."""
 
 
 class TurnHandler:
@@ -91,6 +98,7 @@ class TurnHandler:
             event = self.parse(raw, key)
         except BadEventError as bad:
             await self.dead_letters.send(raw, key, partition, offset, bad=bad)
+            metrics.record_turn(TurnStatus.DEAD_LETTERED.value, bad.reason.value)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
         cid = event.conversation_id
         try:
@@ -98,8 +106,11 @@ class TurnHandler:
         except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
             await self.dead_letters.send(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
             outcome = TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+        # Counted once stored, held or dead-lettered (a redelivery after a failed drain counts as a duplicate).
+        metrics.record_turn(_METRIC_STATUS.get(outcome.status, outcome.status.value), outcome.reason)
         if outcome.status is TurnStatus.APPENDED:
-            await self._drain_pending(cid, event.turn_seq)
+            if outcome.next_held is not False:  # the append said whether one waits: no round trip
+                await self._drain_pending(cid, event.turn_seq)
         else:
             # A duplicate may be the redelivery after a crash between an append and its
             # drain; a turn just held may have met a gap that another worker filled after
@@ -113,26 +124,16 @@ class TurnHandler:
         if len(raw) > limit:
             raise BadEventError(DeadLetterReason.OVERSIZED, f"{len(raw)} bytes, over the {limit}-byte limit")
         try:
-            # UTF-8 only (json.loads would take UTF-16 and UTF-32 too); no NaN or Infinity,
-            # which are not JSON and would reach the provider in the stored history. Nesting
-            # too deep for Python's parser is a RecursionError; pydantic's parser below
-            # stops earlier, at a depth its serializer can still write back.
-            data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise BadEventError(DeadLetterReason.MALFORMED_JSON, str(e) or type(e).__name__) from e
-        conversation_id = data.get("conversation_id") if isinstance(data, dict) else None
-        cid = conversation_id if isinstance(conversation_id, str) else None
-        try:
             # Strict, as the published JSON Schema is: "turn_seq": "3" or true is not an integer.
-            # Parsed again from the bytes: only JSON-mode strictness takes UUIDs, datetimes and
-            # enums as the strings they are in JSON.
+            # Only JSON-mode strictness takes UUIDs, datetimes and enums as the strings they
+            # are in JSON. Parsed once: a good event never goes through json.loads.
             event = TurnEvent.model_validate_json(raw, strict=True)
         except ValidationError as e:
-            # Text json.loads accepts but pydantic's parser refuses: a lone UTF-16 surrogate
-            # escape, or nesting over its depth limit.
-            unparsable = any(item["type"] == "json_invalid" for item in e.errors())
-            reason = DeadLetterReason.MALFORMED_JSON if unparsable else DeadLetterReason.SCHEMA_VIOLATION
-            raise BadEventError(reason, _validation_summary(e), None if unparsable else cid) from e
+            raise _refusal(raw, e) from e
+        if b"NaN" in raw or b"Infinity" in raw:
+            # pydantic's parser takes these constants in free-form fields; they are not JSON
+            # and would reach the provider in the stored history. Rare: checked only then.
+            _loads(raw)
         if key is not None and key != event.conversation_id.encode():
             raise BadEventError(
                 DeadLetterReason.KEY_MISMATCH,
@@ -176,7 +177,9 @@ class TurnHandler:
                 log.info("turn %s of %s waits for turn %s", event.turn_seq, cid, meta.last_seq + 1)
                 return TurnOutcome(TurnStatus.BUFFERED, cid)
             request = _request_of(event)
-            appended = await self._append(event, meta, request, fingerprint)
+            with tracing.span(tracing.APPEND_SPAN) as span:
+                appended = await self._append(event, meta, request, fingerprint)
+                span.set_attribute("compaction.append.status", appended.status.value)
             if appended.status is AppendStatus.APPENDED:
                 break
             if appended.status is AppendStatus.CONFLICTING_HELD:
@@ -189,16 +192,18 @@ class TurnHandler:
             await self.jobs.mark_due(cid)
             self.on_scheduled(cid)
             log.info("compaction of %s requested (%s)", cid, request.trigger.value)
-            return TurnOutcome(TurnStatus.APPENDED, cid, request.trigger)
-        scheduled = await self._check_threshold(cid, await self.store.meta(cid))
-        return TurnOutcome(TurnStatus.APPENDED, cid, scheduled)
+            return TurnOutcome(TurnStatus.APPENDED, cid, request.trigger, next_held=appended.next_held)
+        # The append returns the meta it left: no second read.
+        after = appended.meta if appended.meta is not None else await self.store.meta(cid)
+        scheduled = await self._check_threshold(cid, after)
+        return TurnOutcome(TurnStatus.APPENDED, cid, scheduled, next_held=appended.next_held)
 
     async def _append(
         self, event: TurnEvent, meta: Meta, request: JobRequest | None, fingerprint: str
     ) -> AppendResult:
         settings = self.settings.budget
         counter = counter_for(event.model, settings)
-        new = [NewMessage(m.to_dict(), counter.message(m.to_dict())) for m in event.messages]
+        new = [NewMessage(d, counter.message(d)) for d in (m.to_dict() for m in event.messages)]
         reactive = request is not None and request.trigger is Trigger.REACTIVE
         overflow = (
             detect_overflow(request.error) if request is not None and reactive and request.error else None
@@ -268,30 +273,21 @@ class TurnHandler:
         )
 
     async def _check_threshold(self, cid: str, meta: Meta) -> Trigger | None:
-        trigger = self.threshold_trigger(meta)
-        if trigger is None:
-            return None
-        if await self.jobs.schedule(cid, trigger):
+        with tracing.span(tracing.BUDGET_SPAN) as span:
+            trigger = self.threshold_trigger(meta)
+            if trigger is None:
+                return None
+            span.set_attribute("compaction.trigger", trigger.value)
+            # The compaction continues this trace (jobs.py keeps the context with the request).
+            scheduled = await self.jobs.schedule(cid, trigger, traceparent=tracing.current_traceparent())
+        if scheduled:
             log.info("compaction of %s scheduled (%s)", cid, trigger.value)
         self.on_scheduled(cid)
         return trigger
 
     def threshold_trigger(self, meta: Meta) -> Trigger | None:
         """The threshold a conversation's estimated total has crossed, if any."""
-        if not self.settings.budget.auto_compact:
-            return None  # manual and reactive requests travel with their turns, not through here
-        if meta.retry_after and time.time() < meta.retry_after:
-            return None
-        _, budget = conversation_budget(meta, self.settings.budget)
-        total = int(meta.total_tokens * meta.calibration)
-        regrowth = int(self.settings.budget.noop_regrowth_fraction * budget.available)
-        if meta.noop_tokens and total <= meta.noop_tokens + regrowth:
-            return None  # the last attempt could not shrink this; wait for real growth
-        if total >= budget.threshold:
-            return Trigger.THRESHOLD
-        if budget.soft_threshold is not None and total >= budget.soft_threshold:
-            return Trigger.SOFT_THRESHOLD
-        return None
+        return threshold_trigger(meta, self.settings.budget, time.time())
 
     async def _drain_pending(self, cid: str, seq: int) -> None:
         """Apply, in order, turns that were held behind a gap this turn just filled."""
@@ -299,7 +295,7 @@ class TurnHandler:
         while (held := await self.gaps.held_turn(cid, seq + 1)) is not None:
             released += 1
             outcome = await self.handle_held(held.raw, cid, seq + 1)
-            if outcome.status is not TurnStatus.APPENDED:
+            if outcome.status is not TurnStatus.APPENDED or outcome.next_held is False:
                 break
             seq += 1
         if released:
@@ -314,6 +310,24 @@ class TurnHandler:
             # Left held, it would block its conversation and be dead-lettered again on expiry.
             await self.gaps.drop(cid, turn_seq)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+
+
+def threshold_trigger(meta: Meta, settings: BudgetSettings, now: float) -> Trigger | None:
+    """The threshold a conversation's estimated total has crossed at ``now``, if any (replay uses it too)."""
+    if not settings.auto_compact:
+        return None  # manual and reactive requests travel with their turns, not through here
+    if meta.retry_after and now < meta.retry_after:
+        return None
+    _, budget = conversation_budget(meta, settings)
+    total = int(meta.total_tokens * meta.calibration)
+    regrowth = int(settings.noop_regrowth_fraction * budget.available)
+    if meta.noop_tokens and total <= meta.noop_tokens + regrowth:
+        return None  # the last attempt could not shrink this; wait for real growth
+    if total >= budget.threshold:
+        return Trigger.THRESHOLD
+    if budget.soft_threshold is not None and total >= budget.soft_threshold:
+        return Trigger.SOFT_THRESHOLD
+    return None
 
 
 _IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
@@ -344,7 +358,7 @@ def _request_of(event: TurnEvent) -> JobRequest | None:
     if event.compaction is None:
         return None
     trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
-    return JobRequest(trigger, event.compaction.error)
+    return JobRequest(trigger, event.compaction.error, traceparent=tracing.current_traceparent())
 
 
 def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
@@ -355,6 +369,29 @@ def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
 
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _loads(raw: bytes) -> object:
+    """The JSON value, or BadEventError (malformed) for text that is not strict UTF-8 JSON."""
+    try:
+        # UTF-8 only (json.loads would take UTF-16 and UTF-32 too); no NaN or Infinity.
+        # Nesting too deep for Python's parser is a RecursionError; pydantic's parser
+        # stops earlier, at a depth its serializer can still write back.
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise BadEventError(DeadLetterReason.MALFORMED_JSON, str(e) or type(e).__name__) from e
+
+
+def _refusal(raw: bytes, error: ValidationError) -> BadEventError:
+    """Why pydantic refused an event: malformed JSON first (as json.loads tells), else the schema."""
+    data = _loads(raw)
+    conversation_id = data.get("conversation_id") if isinstance(data, dict) else None
+    cid = conversation_id if isinstance(conversation_id, str) else None
+    # Text json.loads accepts but pydantic's parser refuses: a lone UTF-16 surrogate
+    # escape, or nesting over its depth limit.
+    unparsable = any(item["type"] == "json_invalid" for item in error.errors())
+    reason = DeadLetterReason.MALFORMED_JSON if unparsable else DeadLetterReason.SCHEMA_VIOLATION
+    return BadEventError(reason, _validation_summary(error), None if unparsable else cid)
 
 
 def _validation_summary(error: ValidationError) -> str:

@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render, text_of
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import conversation_keys
+from compaction_worker.strategies.offload import off_loop
 from compaction_worker.summaries.artifacts import item_core, item_kind, scan_items
 from compaction_worker.summaries.mentions import holds
 
@@ -115,7 +115,7 @@ def carried(items: Iterable[str], history: EffectiveHistory) -> set[str]:
 class Archive:
     """The conversation's archive hash: written before commits, read by the client and the CLI."""
 
-    def __init__(self, redis: Redis, prefix: str, retention_seconds: int | None) -> None:
+    def __init__(self, redis: RedisClient, prefix: str, retention_seconds: int | None) -> None:
         self.redis = redis
         self.prefix = prefix
         self.retention_seconds = retention_seconds
@@ -143,9 +143,11 @@ class Archive:
         originals: Mapping[int, Mapping[str, Any]],
     ) -> int:
         """Archive what turning ``before`` into ``after`` replaced; how many archived items ``after`` lacks."""
-        await self.add(conversation_id, replaced_artifacts(before, after.chunks, after.entries, originals))
+        # Scanning a large span is CPU: in a thread, so the event loop keeps handling turns.
+        replaced = await off_loop(replaced_artifacts, before, after.chunks, after.entries, originals)
+        await self.add(conversation_id, replaced)
         archived = await self.items(conversation_id)
-        return len(archived) - len(carried(archived, after))
+        return len(archived) - len(await off_loop(carried, archived, after))
 
     async def items(self, conversation_id: str) -> list[str]:
         """Every archived item, unordered."""

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import BadEventError, DeadLetterReason
-from compaction_worker.settings import DEFAULT_PREFIX
-from compaction_worker.state.scripts import Script, as_text
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.state.index import IndexStats, ShardedIndex
+from compaction_worker.state.scripts import Script
 from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,10 @@ _HELD_FINGERPRINT = re.compile(rb"([0-9a-f]{32}):")
 
 
 def gaps_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of conversations with turns held behind a gap, scored by the oldest one's hold time (ms)."""
+    """The held-turn index's name (its buckets: index.bucket_keys): conversations with turns held behind a gap.
+
+    Scored by the oldest held turn's hold time (ms); also the single key of the versions before buckets.
+    """
     return f"{prefix}:gaps"
 
 
@@ -116,10 +120,11 @@ class GapIndex:
         *,
         lease_seconds: float = CLAIM_LEASE_SECONDS,
         batch: int = 100,
+        shards: int = DEFAULT_INDEX_SHARDS,
     ) -> None:
         self.store = store
         self.redis = store.redis
-        self.index = gaps_index_key(store.prefix)
+        self.index = ShardedIndex(store.redis, gaps_index_key(store.prefix), shards)
         self.timeout_ms = int(timeout_seconds * 1000)
         self.lease_ms = int(lease_seconds * 1000)
         self.batch = batch
@@ -152,7 +157,7 @@ class GapIndex:
             await self.redis.pexpire(key, self.store.retention_ms)
         # After the hash, on every attempt (a crash between the two is repaired by the
         # redelivery); LT keeps the oldest hold time.
-        await self.redis.zadd(self.index, {conversation_id: at}, lt=True)
+        await self.index.add(conversation_id, at, lower_only=True)
         return bool(added)
 
     async def held_turn(self, conversation_id: str, turn_seq: int) -> HeldTurn | None:
@@ -174,12 +179,12 @@ class GapIndex:
         pending = self._key(conversation_id)
         oldest = await self._oldest([pending])
         if oldest is None:
-            await self.redis.zrem(self.index, conversation_id)
+            await self.index.remove(conversation_id)
             # A turn held between the read and the removal must not be left unindexed.
             oldest = await self._oldest([pending])
             if oldest is None:
                 return
-        await self.redis.zadd(self.index, {conversation_id: int(oldest)})
+        await self.index.add(conversation_id, int(oldest))
 
     async def expire(self, now: float | None = None) -> list[ExpiredTurn]:
         """Claim every turn held longer than the timeout; returns those to dead-letter.
@@ -191,9 +196,8 @@ class GapIndex:
         """
         now_ms = _ms(now)
         cutoff = now_ms - self.timeout_ms
-        due = await self.redis.zrangebyscore(self.index, "-inf", cutoff, start=0, num=self.batch)
         expired: list[ExpiredTurn] = []
-        for cid in (as_text(r) for r in due):
+        for cid in await self.index.due(self.batch, cutoff):
             claimed = await self._expire(cid, now_ms)
             if not claimed:
                 await self.reindex(cid)
@@ -212,7 +216,11 @@ class GapIndex:
 
     async def held_count(self) -> int:
         """How many conversations hold turns behind a gap (as far as the index knows)."""
-        return int(await self.redis.zcard(self.index))
+        return await self.index.count()
+
+    async def stats(self) -> IndexStats:
+        """Conversations holding turns, and the oldest hold time (ms), over every bucket."""
+        return await self.index.stats()
 
     async def _expire(self, cid: str, now_ms: int) -> list[ExpiredTurn]:
         pending = self._key(cid)

@@ -11,11 +11,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from compaction_worker.contracts.events import Trigger
-from compaction_worker.settings import DEFAULT_PREFIX
-from compaction_worker.state.index import LeasedIndex, now_ms
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.index import IndexStats, LeasedIndex, now_ms
 from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.scripts import Script, as_text
 
@@ -32,7 +31,10 @@ SET_JOB_LUA = "job.lua"
 
 
 def jobs_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of conversations with a pending compaction, scored by when to look next (ms)."""
+    """The job index's name (its buckets: index.bucket_keys): conversations with a pending compaction.
+
+    Scored by when to look next (ms); also the single key of the versions before buckets.
+    """
     return f"{prefix}:jobs"
 
 
@@ -47,6 +49,8 @@ class Job:
     error: str | None = None
     estimate: int = 0
     """Our estimate (uncalibrated) of the prompt a reactive request's error is about; 0 if unknown."""
+    traceparent: str | None = None
+    """The W3C trace context of the turn that asked for it: the compaction continues that trace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,8 @@ class JobRequest:
     error: str | None = None
     estimate: int = 0
     """See :attr:`Job.estimate`."""
+    traceparent: str | None = None
+    """See :attr:`Job.traceparent`."""
 
     def fields(self) -> dict[str, str]:
         """The job hash a new job gets (strings only, as the scripts store them)."""
@@ -67,6 +73,7 @@ class JobRequest:
             "requested_at": repr(time.time()),
             "error": self.error or "",
             "estimate": str(self.estimate),
+            "traceparent": self.traceparent or "",
         }
 
 
@@ -85,10 +92,12 @@ class JobQueue:
     index entry without a job, which the next claim cleans up.
     """
 
-    def __init__(self, redis: Redis, prefix: str, lease_seconds: float) -> None:
+    def __init__(
+        self, redis: RedisClient, prefix: str, lease_seconds: float, *, shards: int = DEFAULT_INDEX_SHARDS
+    ) -> None:
         self.redis = redis
         self.prefix = prefix
-        self.index = LeasedIndex(redis, jobs_index_key(prefix))
+        self.index = LeasedIndex(redis, jobs_index_key(prefix), shards)
         self.lease_ms = max(1000, int(lease_seconds * 1000))
         self._set = Script(redis, SET_JOB_LUA, "job_set.lua")
         self._finish = Script(redis, "job_finish.lua")
@@ -97,11 +106,18 @@ class JobQueue:
         return conversation_keys(conversation_id, self.prefix).job
 
     async def schedule(
-        self, conversation_id: str, trigger: Trigger, error: str | None = None, *, delay_seconds: float = 0.0
+        self,
+        conversation_id: str,
+        trigger: Trigger,
+        error: str | None = None,
+        *,
+        delay_seconds: float = 0.0,
+        traceparent: str | None = None,
     ) -> bool:
         """Record a compaction request (due now, or after a delay); True if it is new or stronger than the pending one."""
         await self.mark_due(conversation_id, delay_seconds)
-        return bool(await self._set([self._key(conversation_id)], **JobRequest(trigger, error).fields()))
+        request = JobRequest(trigger, error, traceparent=traceparent)
+        return bool(await self._set([self._key(conversation_id)], **request.fields()))
 
     async def mark_due(self, conversation_id: str, delay_seconds: float = 0.0) -> None:
         """Make a conversation's job due (now, or after a delay)."""
@@ -131,6 +147,7 @@ class JobQueue:
             requested_at=float(data.get("requested_at") or 0),
             error=data.get("error") or None,
             estimate=int(data.get("estimate") or 0),
+            traceparent=data.get("traceparent") or None,
         )
 
     async def due(self, limit: int) -> list[str]:
@@ -170,3 +187,7 @@ class JobQueue:
     async def pending_count(self) -> int:
         """How many conversations have an entry in the index."""
         return await self.index.count()
+
+    async def stats(self) -> IndexStats:
+        """Pending count and lowest score: a due job's due time, or a running one's lease end (ms)."""
+        return await self.index.stats()

@@ -10,11 +10,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
+from compaction_worker.observability import metrics, tracing
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import ConversationKeys
 from compaction_worker.state.scripts import Script
 
@@ -34,7 +35,7 @@ class Lease:
 class Locks:
     """Acquires, renews and releases per-conversation locks."""
 
-    def __init__(self, redis: Redis, ttl_seconds: float) -> None:
+    def __init__(self, redis: RedisClient, ttl_seconds: float) -> None:
         self.redis = redis
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
         self._acquire = Script(redis, "lock_acquire.lua")
@@ -67,7 +68,14 @@ class Locks:
     @contextlib.asynccontextmanager
     async def held(self, conversation_id: str, keys: ConversationKeys) -> AsyncIterator[Lease | None]:
         """Hold the lock for the block, renewing it every third of its TTL; yields None if busy."""
-        lease = await self.acquire(conversation_id, keys)
+        with tracing.span(tracing.LOCK_SPAN) as span:
+            started = time.perf_counter()
+            lease = await self.acquire(conversation_id, keys)
+            span.set_attribute("compaction.lock.acquired", lease is not None)
+        # Busy is not retried here (the job is postponed): the wait is the acquisition's round trip.
+        metrics.record_lock_wait(
+            time.perf_counter() - started, acquired=lease is not None, contended=lease is None
+        )
         if lease is None:
             yield None
             return

@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 
 from compaction_worker.runtime.publisher import Publisher
-from compaction_worker.settings import DEFAULT_PREFIX
-from compaction_worker.state.index import LeasedIndex, now_ms
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.state.index import IndexStats, LeasedIndex, now_ms
 from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
 
 
 def outbox_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """Sorted set of conversations that may have unpublished events, scored by when to look (ms)."""
+    """The outbox index's name (its buckets: index.bucket_keys): conversations that may have unpublished events.
+
+    Scored by when to look (ms); also the single key of the versions before buckets.
+    """
     return f"{prefix}:outbox"
 
 
@@ -41,11 +44,13 @@ class Outbox:
     it only if its lease still stands.
     """
 
-    def __init__(self, store: Store, publish: Publisher, grace_seconds: float) -> None:
+    def __init__(
+        self, store: Store, publish: Publisher, grace_seconds: float, *, shards: int = DEFAULT_INDEX_SHARDS
+    ) -> None:
         self.store = store
         self.redis = store.redis
         self.publish = publish
-        self.index = LeasedIndex(store.redis, outbox_index_key(store.prefix))
+        self.index = LeasedIndex(store.redis, outbox_index_key(store.prefix), shards)
         self.grace_ms = max(1000, int(grace_seconds * 1000))
 
     async def expect(self, conversation_id: str) -> int:
@@ -86,3 +91,7 @@ class Outbox:
             if await self.redis.hlen(key) == 0:
                 await self.index.drop(cid, lease)
         return published
+
+    async def stats(self) -> IndexStats:
+        """Backlog: conversations that may have unpublished events, and the lowest score (ms)."""
+        return await self.index.stats()

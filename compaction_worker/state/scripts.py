@@ -12,7 +12,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.asyncio import Redis
+from compaction_worker.state.connection import RedisClient
 
 
 @cache
@@ -32,7 +32,7 @@ class Script:
     a number the script stores, or compares with stored text, travels as a string.
     """
 
-    def __init__(self, redis: Redis, *files: str) -> None:
+    def __init__(self, redis: RedisClient, *files: str) -> None:
         self._script = redis.register_script(source("args.lua", *files))
 
     async def __call__(

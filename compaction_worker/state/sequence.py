@@ -8,8 +8,7 @@ stored turns.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.scripts import Script
 
@@ -17,7 +16,7 @@ from compaction_worker.state.scripts import Script
 class TurnSequence:
     """Hands out each conversation's turn seqs, atomically."""
 
-    def __init__(self, redis: Redis, prefix: str, retention_seconds: int | None) -> None:
+    def __init__(self, redis: RedisClient, prefix: str, retention_seconds: int | None) -> None:
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
         self._next = Script(redis, "sequence_next.lua")

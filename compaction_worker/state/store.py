@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from redis.asyncio import Redis
-
 from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.errors import StaleFenceError
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import SET_JOB_LUA, JobRequest
 from compaction_worker.state.keys import ConversationKeys, conversation_keys
 from compaction_worker.state.meta import Meta
@@ -51,6 +50,10 @@ class AppendResult:
     last_seq: int
     history_tokens: int = 0
     """The running total after an append (0 when nothing was appended)."""
+    next_held: bool | None = None
+    """After an append: whether turn ``last_seq + 1`` is held behind a gap (None: not known)."""
+    meta: Meta | None = None
+    """After an append: the metadata as the append left it (None: not known)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ def transcript_record(n: int, turn_seq: int, message: Mapping[str, Any], at: flo
 class Store:
     """Conversation state in Redis; every multi-key write is one atomic script."""
 
-    def __init__(self, redis: Redis, prefix: str, retention_seconds: int | None) -> None:
+    def __init__(self, redis: RedisClient, prefix: str, retention_seconds: int | None) -> None:
         self.redis = redis
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
@@ -168,6 +171,7 @@ class Store:
             header["job"] = request.fields()
         if fingerprint:
             header["fingerprint"] = fingerprint
+        header["next"] = str(turn_seq + 1)
         reply = await self._append(
             [
                 keys.meta,
@@ -185,9 +189,12 @@ class Store:
             {"records": records, "entries": entries},
             **header,
         )
-        return AppendResult(
-            AppendStatus(as_text(reply[0])), int(reply[1]), int(reply[2]) if len(reply) > 2 else 0
-        )
+        status, last_seq = AppendStatus(as_text(reply[0])), int(reply[1])
+        if len(reply) < 5:
+            return AppendResult(status, last_seq, int(reply[2]) if len(reply) > 2 else 0)
+        flat = reply[4]
+        meta = Meta.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+        return AppendResult(status, last_seq, int(reply[2]), next_held=bool(int(reply[3])), meta=meta)
 
     async def fingerprint(self, conversation_id: str, turn_seq: int) -> str | None:
         """The stored turn's content fingerprint; None if it has none (stored before they were kept)."""

@@ -12,6 +12,7 @@ from typing import Any
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 from compaction_worker.strategies.draft import Draft, StageContext, StageKind, StageOutcome, StageReport
+from compaction_worker.strategies.offload import off_loop
 
 PLACEHOLDER_EDITS = frozenset({"pruned", "deduplicated"})
 """Edits that leave only a short placeholder: nothing left to clear, compare or cut."""
@@ -81,5 +82,5 @@ class EditStage:
     kind: StageKind = StageKind.EDIT
 
     async def __call__(self, draft: Draft, ctx: StageContext) -> StageOutcome:
-        """The edit applied to ``draft``."""
-        return self.edit(draft, ctx)
+        """The edit applied to ``draft``, in a thread: a large history's edit would stall the event loop."""
+        return await off_loop(self.edit, draft, ctx)

@@ -8,6 +8,7 @@ from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory
+from compaction_worker.observability import tracing
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.dedup import DEDUPLICATE
 from compaction_worker.strategies.draft import (
@@ -23,6 +24,7 @@ from compaction_worker.strategies.draft import (
     message_count,
     summary_overhead,
 )
+from compaction_worker.strategies.offload import off_loop
 from compaction_worker.strategies.oversized import TRUNCATE_OVERSIZED
 from compaction_worker.strategies.prune import PRUNE
 from compaction_worker.strategies.repair import reaches_target, repair
@@ -76,26 +78,30 @@ async def compact(
         conversation_id=conversation_id,
         conversation_model=conversation_model,
     )
-    run = _Run(history, ctx)
+    # The sync parts (counting, editing, repair) run in threads: on a large history each takes
+    # long enough to stall every other conversation's turns on the event loop.
+    run = await off_loop(_Run, history, ctx)
     if run.tokens_before <= limits.target and not limits.force:
-        return run.result(Outcome.NOOP, run.start, ["already under the target"])
+        return await off_loop(run.result, Outcome.NOOP, run.start, ["already under the target"])
 
     draft = run.start
     for stage in build_stages(settings):
         if stage.kind is StageKind.LAST_RESORT and run.settled(draft):
             break
-        out = await stage(draft, ctx)
+        with tracing.span(f"{tracing.STAGE_SPAN}.{stage.name}", {"compaction.stage": stage.name}) as span:
+            out = await stage(draft, ctx)
+            span.set_attribute("compaction.stage.applied", out.report is not None)
         run.record(out)
         if out.report is None:
             continue
         draft = out.draft
         if stage.kind is not StageKind.EDIT or (reaches_target(draft, ctx) and not limits.force):
-            return run.commit(draft)
+            return await off_loop(run.commit, draft)
     if run.settled(draft):
         # A manual compaction whose editing stages did all there was to do; what the summary
         # stage could not do is no error then.
-        return run.commit(draft, errors=())
-    return run.result(Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
+        return await off_loop(run.commit, draft, ())
+    return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
 
 
 def edited_ordinals(history: EffectiveHistory) -> list[int]:

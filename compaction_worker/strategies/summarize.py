@@ -25,6 +25,7 @@ from compaction_worker.strategies.draft import (
     plural,
 )
 from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
+from compaction_worker.strategies.offload import off_loop
 from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import partition
 from compaction_worker.summaries.contract import (
@@ -193,21 +194,22 @@ async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple
     # The fold's piece covers every entry inside the folded chunks' spans (ones they kept
     # then and no longer do): the chunks that follow must not overlap the folded one.
     inside = sum(1 for e in span.head if e.n <= max((c.last_n for c in span.folded), default=0))
-    cuts = [c for c in piece_boundaries(span.messages) if c == 0 or c >= inside]
+    cuts = [c for c in await off_loop(piece_boundaries, span.messages) if c == 0 or c >= inside]
     caps: dict[int, int] = {}  # what size rejections taught, per summarizer
     start = 0
     while start < len(span.messages) or not span.chunks:
         if attempts.current >= len(summarizers):
             return attempts, None
         summarizer = summarizers[attempts.current]
-        limit = _limit(span, summarizer, start, caps.get(attempts.current))
+        # Counting and building a request is CPU on a large span: in a thread, off the event loop.
+        limit = await off_loop(_limit, span, summarizer, start, caps.get(attempts.current))
         if limit is not None and limit <= 0 and start < len(span.messages):
             attempts.fail("its input has no room for a transcript beside the earlier summaries")
             continue
         if limit is not None and costs is None:
-            costs = transcript_costs(span.messages, span.ctx.count)
+            costs = await off_loop(transcript_costs, span.messages, span.ctx.count)
         stop = len(span.messages) if costs is None else piece_end(costs, cuts, start, limit)
-        piece = span.piece(start, stop)
+        piece = await off_loop(span.piece, start, stop)
         if isinstance(piece, str):
             return attempts, piece
         attempts.asked.add(attempts.current)
@@ -216,7 +218,7 @@ async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple
         except InputTooLargeError as e:
             attempts.spend(e.usage)
             if costs is None:
-                costs = transcript_costs(span.messages, span.ctx.count)
+                costs = await off_loop(transcript_costs, span.messages, span.ctx.count)
             size = sum(costs[start:stop])
             if stop - start <= 1:
                 attempts.fail(str(e))  # one message: nothing left to split
@@ -233,7 +235,7 @@ async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple
             attempts.fail(str(e))
             continue
         attempts.spend(summary.usage)
-        span.add(piece, summary)
+        await off_loop(span.add, piece, summary)
         start = stop
     return attempts, None
 

@@ -6,8 +6,11 @@ linear in the input whatever the input is.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -238,11 +241,46 @@ def _scan(messages: Sequence[Mapping[str, Any]]) -> Iterator[Found]:
         yield from _scan_message(message)
 
 
-def _scan_message(message: Mapping[str, Any]) -> Iterator[Found]:
-    yield from _scan_text(_content_text(message.get("content")), user=message.get("role") == "user")
-    for call in message.get("tool_calls") or ():
-        if isinstance(call, Mapping):
-            yield from _scan_tool_call(call)
+def _scan_message(message: Mapping[str, Any]) -> tuple[Found, ...]:
+    text = _content_text(message.get("content"))
+    user = message.get("role") == "user"
+    calls = tuple(_arguments(call) for call in message.get("tool_calls") or () if isinstance(call, Mapping))
+    found = _SCANS.get((text, user, calls))
+    if found is None:
+        found = (*_scan_text(text, user=user), *(f for raw in calls for f in _scan_arguments(raw)))
+        _SCANS.put((text, user, calls), len(text) + sum(map(len, calls)), found)
+    return found
+
+
+_ScanKey = tuple[str, bool, tuple[str, ...]]
+"""A message as far as its scan goes: its text, whether the user wrote it, its calls' arguments."""
+
+
+class _ScanMemo:
+    """Recently scanned messages' items (``max_chars`` of text): a run reads its span 3-4 times, scans it once."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._items: OrderedDict[_ScanKey, tuple[int, tuple[Found, ...]]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()  # compactions scan in worker threads (off the event loop)
+
+    def get(self, key: _ScanKey) -> tuple[Found, ...] | None:
+        with self._lock:
+            if (held := self._items.get(key)) is not None:
+                self._items.move_to_end(key)
+        return None if held is None else held[1]
+
+    def put(self, key: _ScanKey, size: int, found: tuple[Found, ...]) -> None:
+        with self._lock:  # another thread may have scanned it meanwhile: count it once
+            if size <= self.max_chars // 16 and key not in self._items:  # one huge text pushes out all else
+                self._items[key] = (size, found)
+                self._chars += size
+            while self._chars > self.max_chars:
+                self._chars -= self._items.popitem(last=False)[1][0]
+
+
+_SCANS: Final = _ScanMemo(max_chars=8_000_000)
 
 
 def _content_text(content: Any) -> str:
@@ -255,10 +293,14 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _scan_tool_call(call: Mapping[str, Any]) -> Iterator[Found]:
+def _arguments(call: Mapping[str, Any]) -> str:
     function = call.get("function")
     raw = function.get("arguments") if isinstance(function, Mapping) else None
-    if not isinstance(raw, str) or not raw:
+    return raw if isinstance(raw, str) else ""
+
+
+def _scan_arguments(raw: str) -> Iterator[Found]:
+    if not raw:
         return
     try:
         arguments = json.loads(raw)
@@ -320,24 +362,30 @@ def _is_exception(text: str) -> bool:
 
 
 def _scan_words(line: str) -> Iterator[Found]:
-    for url in _URL.finditer(line):
+    urls = "://" in line  # every URL has one: most lines need neither URL pass
+    for url in _URL.finditer(line) if urls else ():
         yield "url", _cap(url.group().rstrip(".,:;!?"))
     if not _MAY_HOLD_WORDS.search(line):
         return
     # `orders-api`: in code, a name whatever its shape.
     code = {span for span in mentions.code_spans(line) if " " not in span} if "`" in line else set()
-    words = _URL.sub(" ", line).split()
+    words = (_URL.sub(" ", line) if urls else line).split()
     for i, raw in enumerate(words):
         if raw.isalpha():  # most words: prose, no item unless a bare file name
             if raw in _BARE_FILENAMES:
                 yield "path", raw
             continue
+        if raw.isdecimal():  # counts and numbers in logs: no id (no letter), path or host:port
+            continue
         word = _bare(raw)
         found = _classify(word)
         if found is None and ("-" in word or "_" in word):
-            before = _bare(words[i - 1]).lower() if i else ""
-            after = _bare(words[i + 1]).lower() if i + 1 < len(words) else ""
-            if mentions.is_name(word, before, after, code=word in code):
+            named = mentions.name_shape(word)
+            if named is None:  # the words around it decide
+                before = _bare(words[i - 1]).lower() if i else ""
+                after = _bare(words[i + 1]).lower() if i + 1 < len(words) else ""
+                named = mentions.is_name(word, before, after, code=word in code)
+            if named:
                 found = "name", word
         if found is not None:
             yield found
@@ -348,6 +396,8 @@ def _bare(word: str) -> str:
     return word[:-2] if word.endswith(("'s", "\u2019s")) else word  # "INC-4000's" -> "INC-4000"
 
 
+# Words recur (hosts, names, paths in every log line): classifying each once is enough.
+@functools.lru_cache(maxsize=1 << 15)
 def _classify(word: str) -> Found | None:
     if len(word) < 3 or len(word) > MAX_ITEM_CHARS:
         return None

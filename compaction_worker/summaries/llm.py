@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from opentelemetry.trace import SpanKind
+
 from compaction_worker._litellm import litellm
 from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
 from compaction_worker.contracts.events import LlmUsage
+from compaction_worker.observability import metrics, tracing
 from compaction_worker.settings import SummarizerSettings
+from compaction_worker.strategies.offload import off_loop
 from compaction_worker.summaries.contract import (
     CountTokens,
     InputTooLargeError,
@@ -88,16 +94,20 @@ class _Usage:
     completion: int = 0
     cost: float | None = None
 
-    def add(self, response: Any) -> None:
+    def add(self, response: Any) -> tuple[int, int, float | None]:
+        """Add one response's usage; returns its input and output tokens and its cost."""
         usage = getattr(response, "usage", None)
-        self.prompt += int(getattr(usage, "prompt_tokens", 0) or 0)
-        self.completion += int(getattr(usage, "completion_tokens", 0) or 0)
+        prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        self.prompt += prompt
+        self.completion += completion
         try:
             cost = litellm.completion_cost(completion_response=response)
         except Exception:  # models without a price in LiteLLM's map raise; cost unknown
             cost = None
         if cost is not None:
             self.cost = (self.cost or 0.0) + float(cost)
+        return prompt, completion, None if cost is None else float(cost)
 
     def event(self) -> LlmUsage:
         return LlmUsage(
@@ -227,8 +237,9 @@ class LiteLLMSummarizer:
         clamped, retries = False, 0
         while True:
             limit = self._input_limit(model, request)
-            prompt = self._prompt(request, system, clamped=clamped)
-            size = self._tokens(prompt)
+            # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
+            prompt = await off_loop(self._prompt, request, system, clamped=clamped)
+            size = await off_loop(self._tokens, prompt)
             if limit is not None and size > limit:
                 if not clamped:
                     clamped = True  # cut long tool outputs before spending a call
@@ -237,8 +248,7 @@ class LiteLLMSummarizer:
                     f"the summarizer's input ({size} tokens) is over its limit ({limit})", too_large=True
                 )
             try:
-                usage.calls += 1
-                response: Any = await litellm.acompletion(**self._call_args(model, prompt, request))
+                response: Any = await self._call(model, prompt, request, usage)
             except Exception as e:
                 overflow = detect_overflow(e)
                 if overflow is not None:
@@ -262,7 +272,6 @@ class LiteLLMSummarizer:
                     continue
                 self._scrub(e)
                 raise _ModelFailed(reason) from e
-            usage.add(response)
             text, finish = _reply(response)
             problem = summary_problem(text, self._count(text), request)
             if finish in _CUT_OFF:
@@ -276,6 +285,44 @@ class LiteLLMSummarizer:
                 await self._backoff(model, retries, reason, request)
                 continue
             raise _ModelFailed(reason)
+
+    async def _call(
+        self, model: str, prompt: list[dict[str, str]], request: SummaryRequest, usage: _Usage
+    ) -> Any:
+        """One LLM call, traced and measured (GenAI conventions); its usage is added to ``usage``."""
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+        # No exception events: a provider's message may quote the request (or the key, until _scrub).
+        with tracing.span(f"chat {model}", attributes, kind=SpanKind.CLIENT, record_exception=False) as span:
+            if tracing.capture_content:  # only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true
+                span.set_attribute("gen_ai.input.messages", json.dumps(prompt))
+            usage.calls += 1
+            started = time.perf_counter()
+            try:
+                response = await litellm.acompletion(**self._call_args(model, prompt, request))
+            except Exception as e:
+                metrics.record_llm_call(model, time.perf_counter() - started, error=type(e).__name__)
+                tracing.fail(span, e, record=False)
+                raise
+            duration = time.perf_counter() - started
+            input_tokens, output_tokens, cost = usage.add(response)
+            text, finish = _reply(response)
+            span.set_attributes(
+                {
+                    "gen_ai.usage.input_tokens": input_tokens,
+                    "gen_ai.usage.output_tokens": output_tokens,
+                    "gen_ai.response.finish_reasons": [finish] if finish else [],
+                }
+            )
+            if getattr(response, "model", None):
+                span.set_attribute("gen_ai.response.model", str(response.model))
+            if tracing.capture_content:
+                span.set_attribute(
+                    "gen_ai.output.messages", json.dumps([{"role": "assistant", "content": text}])
+                )
+            metrics.record_llm_call(
+                model, duration, input_tokens=input_tokens, output_tokens=output_tokens, cost=cost
+            )
+            return response
 
     def _call_args(self, model: str, prompt: list[dict[str, str]], request: SummaryRequest) -> dict[str, Any]:
         return {

@@ -6,6 +6,7 @@ next to its log-shaped ones; each item also has a *core* a short ledger keeps.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from typing import Final
@@ -40,6 +41,8 @@ _PROGRAM: Final = re.compile(r"(?:\./|/|~/)?[a-z][a-z0-9._/-]{0,60}")
 
 def inline_commands(line: str) -> Iterator[str]:
     """The inline code spans of ``line`` that look like shell commands, verbatim."""
+    if "`" not in line:  # most lines have no code span
+        return
     for match in _CODE_SPAN.finditer(line):
         span = match.group(1).strip()
         words = span.split()
@@ -147,6 +150,15 @@ def is_name(word: str, before: str = "", after: str = "", *, code: bool = False)
     parts none of which is a compound's function word, is in inline code, or stands next
     to a resource noun (``before``/``after``, lower case).
     """
+    shape = name_shape(word)
+    return shape if shape is not None else (code or before in _RESOURCES or after in _RESOURCES)
+
+
+# Words recur (every log line names the same hosts and workers): each shape is worked out once.
+@functools.lru_cache(maxsize=1 << 15)
+def name_shape(word: str) -> bool | None:
+    """What :func:`is_name` says of ``word`` whatever stands around it; None: a name only in
+    inline code or next to a resource noun (a hyphenated word that is no name on its own)."""
     if len(word) < 4 or len(word) > 100:
         return False
     if _SNAKE.fullmatch(word):
@@ -154,11 +166,11 @@ def is_name(word: str, before: str = "", after: str = "", *, code: bool = False)
     if not _KEBAB.fullmatch(word):
         return False
     parts = word.split("-")
-    if code or before in _RESOURCES or after in _RESOURCES:
-        return True
     if any(c.isdigit() for c in word):
-        return any(c.isalpha() for c in word) and len(max(parts, key=len)) > 1
-    return len(parts) >= 3 and not _COMPOUND_PARTS.intersection(parts)
+        named = any(c.isalpha() for c in word) and len(max(parts, key=len)) > 1
+    else:
+        named = len(parts) >= 3 and not _COMPOUND_PARTS.intersection(parts)
+    return True if named else None
 
 
 # --- facts: numbers with units, dates, versions ------------------------------------------

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # ships no py.typed
 
 from compaction_worker._litellm import TIKTOKEN_CACHE_DIR
+from compaction_worker.budget import tokens
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.settings import BudgetSettings
 
@@ -361,3 +362,15 @@ def test_counter_is_reusable_directly() -> None:
     counter = TokenCounter("p50k_base", image_tokens=10, message_overhead=1)
 
     assert expected == (counter.name, counter.message({"content": "hello"}))
+
+
+def test_short_texts_counts_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger's items are counted again and again; the memo answers as the tokenizer does, and stays bounded."""
+    counter = TokenCounter("cl100k_base")
+    monkeypatch.setattr(tokens, "_MEMO_ENTRIES", 3)
+    texts = ["path: src/a.py", "cmd: make test", "error: boom", "url: https://x.io"]
+    assert [counter.text(t) for t in texts] == [len(counter._encoding.encode_ordinary(t)) for t in texts]
+    assert len(counter._memo) <= 3
+    long = "word " * 100  # over the memo's length: counted, not kept
+    assert counter.text(long) == len(CL100K.encode_ordinary(long))
+    assert long not in counter._memo

@@ -18,6 +18,7 @@ from compaction_worker.contracts.events import CompactionCompleted, CompactionSt
 from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
+from compaction_worker.state.index import bucket_keys
 from compaction_worker.state.jobs import jobs_index_key
 from compaction_worker.strategies import provider_problems
 
@@ -139,7 +140,7 @@ async def settle_store(
     """
     redis = client.store.redis
     async with group_offsets(client.settings) as offsets:
-        jobs = jobs_index_key(client.store.prefix)
+        jobs = bucket_keys(jobs_index_key(client.store.prefix), client.settings.redis.index_shards)
         problems: list[str] = []
 
         async def done() -> bool:
@@ -149,14 +150,15 @@ async def settle_store(
                     keys = client.store.keys(cid)
                     pipe.hget(keys.meta, "last_seq")
                     pipe.hlen(keys.pending)
-                pipe.zcard(jobs)
+                for bucket in jobs:
+                    pipe.zcard(bucket)
                 replies = await pipe.execute()
             for i, (cid, expected) in enumerate(last_seqs.items()):
                 last, held = int(replies[2 * i] or 0), replies[2 * i + 1]
                 if last != expected or held:
                     problems.append(f"{cid}: last_seq {last} of {expected}, {held} held")
-            if jobs_done and replies[-1]:
-                problems.append(f"{replies[-1]} jobs in the index")
+            if jobs_done and (pending := sum(replies[2 * len(last_seqs) :])):
+                problems.append(f"{pending} jobs in the index")
             committed = await committed_records(offsets)
             if committed != deliveries:
                 problems.append(f"{committed} of {deliveries} deliveries committed")
@@ -173,7 +175,8 @@ async def settle_store(
         # failure count: the clue to why a compaction did not run.
         now_ms = time.time() * 1000
         left = []
-        for entry in await redis.zrange(jobs, 0, 9, withscores=True):
+        entries = [entry for key in jobs for entry in await redis.zrange(key, 0, 9, withscores=True)]
+        for entry in entries[:10]:
             cid, score = entry[0], float(entry[1])
             name = cid.decode() if isinstance(cid, bytes) else str(cid)
             meta = await redis.hmget(client.store.keys(name).meta, "failures", "retry_after")

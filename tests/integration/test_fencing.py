@@ -22,11 +22,12 @@ import redis.asyncio
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, LlmUsage, Outcome
 from compaction_worker.runtime.compactor import Compactor
 from compaction_worker.settings import Settings
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.store import Store
 from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
-from tests.orchestration import Published, conversation, make_parts
+from tests.orchestration import Published, connect, conversation, make_parts
 
 from .helpers import coverage_problems
 
@@ -68,14 +69,14 @@ def settings() -> Settings:
 
 
 def compactor(
-    client: redis.asyncio.Redis, published: Published, summarizer: Callable[[Callable[[str], int]], Scripted]
+    client: RedisClient, published: Published, summarizer: Callable[[Callable[[str], int]], Scripted]
 ) -> tuple[Compactor, Store, JobQueue]:
     """A worker's compaction side over ``client``, with the production lock, job queue and store."""
     parts = make_parts(client, settings(), published, lambda _m, c: [summarizer(c.text)])
     return parts.compactor, parts.store, parts.jobs
 
 
-async def over_threshold(client: redis.asyncio.Redis) -> Store:
+async def over_threshold(client: RedisClient) -> Store:
     """The conversation, stored through the turn path, with its threshold job scheduled."""
     parts = make_parts(client, settings(), Published())
     for event in conversation(TURNS):
@@ -107,7 +108,7 @@ async def test_worker_whose_lock_expired_cannot_commit_over_the_new_holder(
     published_b = Published()
 
     async def worker_b() -> CompactionCompleted:
-        client = redis.asyncio.Redis.from_url(redis_url)
+        client = connect(redis_url)
         try:
             compactor_b, _, jobs_b = compactor(client, published_b, lambda count: Scripted("B", count))
             # B starts once A is inside its call; while A's lease stands, B cannot even claim the job.

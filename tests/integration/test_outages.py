@@ -212,7 +212,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     Redis client, carries on once Redis is back with its data, without crashing or a
     restart, until the group's committed offsets reach the end of the topic.
     """
-    caplog.set_level(logging.WARNING, logger="compaction_worker.runtime.worker")
+    caplog.set_level(logging.WARNING, logger="compaction_worker.runtime.consumer")
     turns = 45
     streams = _streams(turns)
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=PARTITIONS)
@@ -328,7 +328,7 @@ async def test_broker_restart_mid_run_resumes_without_loss(
     buffer rather than being applied out of order). A broker that keeps its log, as Kafka
     does across a restart, leaves those offsets valid.
     """
-    caplog.set_level(logging.INFO, logger="compaction_worker.broker")
+    caplog.set_level(logging.INFO, logger="compaction_worker.runtime.consumer")
     turns, last_cut = 70, 25
     streams = _streams(turns)
     topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
@@ -346,7 +346,7 @@ async def test_broker_restart_mid_run_resumes_without_loss(
         return await _all_stored(client, streams, seq) and await _all_acknowledged(settings)
 
     def members_assigned_since(index: int) -> set[str]:
-        """Consumers (by member id) that received an assignment, per FastStream's rebalance log."""
+        """Consumers (by member id) that received an assignment, per the consumer's rebalance log."""
         found = (ASSIGNED.search(r.getMessage()) for r in caplog.records[index:])
         return {m.group(1) for m in found if m}
 

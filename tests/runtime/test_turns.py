@@ -18,7 +18,7 @@ from compaction_worker.contracts.events import (
 )
 from compaction_worker.runtime.turns import TurnStatus, turn_fingerprint
 from compaction_worker.settings import Settings
-from tests.orchestration import Parts, Published, assistant, raw, user
+from tests.orchestration import Parts, Published, all_keys, assistant, raw, user
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ class TestTurns:
         letter = DeadLetter.model_validate(record)
         assert (letter.reason.value, letter.partition, letter.offset) == (reason, 3, 42)
         assert base64.b64decode(letter.original_b64) == payload
-        assert await redis_client.keys("*") == []
+        assert await all_keys(redis_client) == []
 
     async def test_key_must_be_the_conversation_id(self, parts: Parts, published: Published) -> None:
         """An event keyed by something else would lose its ordering; it is dead-lettered."""
@@ -105,7 +105,7 @@ class TestTurns:
         """A stored seq reused with other content goes to the DLQ (conflicting_duplicate, naming the seq); nothing stored moves."""
         await parts.turns.handle(raw("c", 1, user("hi"), system_prompt="be brief"), b"c")
         await parts.turns.handle(raw("c", 2, assistant("hello")), b"c")
-        before = {k: await redis_client.dump(k) for k in sorted(await redis_client.keys("*"))}
+        before = {k: await redis_client.dump(k) for k in sorted(await all_keys(redis_client))}
         fields: dict[str, Any] = {"system_prompt": "be brief", "messages": [user("hi")], **changes}
         payload = raw("c", 1, *fields.pop("messages"), **fields)
 
@@ -122,7 +122,7 @@ class TestTurns:
         assert (letter.partition, letter.offset) == (0, 9)
         assert base64.b64decode(letter.original_b64) == payload
         assert "turn_seq 1 of c" in letter.detail
-        assert {k: await redis_client.dump(k) for k in sorted(await redis_client.keys("*"))} == before
+        assert {k: await redis_client.dump(k) for k in sorted(await all_keys(redis_client))} == before
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["hi", "hello"]
 
     async def test_turns_stored_without_a_fingerprint_take_redeliveries_as_duplicates(

@@ -1,38 +1,37 @@
-"""The worker: the compaction pool's graceful stop, and the turn subscriber's acknowledgements.
+"""The worker: the compaction pool's graceful stop, and the turns consumer's acknowledgements.
 
 The pool tests run against the real Redis with a summarizer that waits, so the test decides
-when the "LLM call" ends. The subscriber tests run on FastStream's in-memory test broker.
+when the "LLM call" ends. The acknowledgement tests hand the worker's turn handling a batch
+(dead letters go through FastStream's in-memory test broker).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
+import gc
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 import redis.asyncio
 import redis.exceptions
-from faststream import BaseMiddleware
+from aiokafka import ConsumerRecord, TopicPartition
 from faststream.kafka import TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
-from faststream.message import AckStatus, StreamMessage
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import DeadLetter, Outcome
 from compaction_worker.local.embedded import free_port
+from compaction_worker.runtime.consumer import BatchResult, Record, handle_batch
 from compaction_worker.runtime.pool import CompactionPool
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
-from compaction_worker.runtime.worker import Worker, build_worker
+from compaction_worker.runtime.worker import Worker, build_worker, freeze_startup_objects
 from compaction_worker.settings import Settings
 from compaction_worker.summaries.contract import CountTokens, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from tests.orchestration import Parts, Published, compactor_with, conversation, raw, user
+from tests.orchestration import Parts, Published, all_keys, compactor_with, conversation, raw, user
 
 COUNT = counter_for("gpt-4o-mini", Settings().budget).text  # the model of orchestration's turns
 
@@ -124,94 +123,124 @@ async def test_stop_hands_back_a_compaction_that_outlasts_the_grace(
     await other.stop(grace=1)
 
 
-# --- the turn subscriber's acknowledgement contract, in process ------------------------
+# --- the turns consumer's acknowledgement contract, in process ---------------------------
 
 
-def recording(messages: list[StreamMessage[Any]]) -> type[BaseMiddleware]:
-    """A broker middleware that keeps every consumed message, to read its acknowledgement after."""
-
-    class Record(BaseMiddleware):
-        async def consume_scope(
-            self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
-        ) -> Any:
-            messages.append(msg)
-            return await call_next(msg)
-
-    return Record
+def records(
+    topic: str, *events: tuple[bytes, bytes], partition: int = 0
+) -> dict[TopicPartition, list[Record]]:
+    """One partition's batch: (key, value) pairs at offsets 0, 1, 2..."""
+    return {
+        TopicPartition(topic, partition): [
+            ConsumerRecord(topic, partition, offset, 0, 0, key, value, None, len(key), len(value), [])
+            for offset, (key, value) in enumerate(events)
+        ]
+    }
 
 
 class TestAcknowledgement:
-    """The turn subscriber on FastStream's in-memory broker: what is acked, what comes back.
+    """The worker's turn handling over a batch (consumer.handle_batch): what is committed, what comes back.
 
-    A turn is acknowledged (its offset committed) only once it is stored or dead-lettered;
-    an infrastructure error leaves it unacknowledged (nacked: the consumer seeks back), so
-    Kafka delivers it again. The real-broker versions are in tests/integration.
+    A batch's offsets are committed only up to the first turn that is neither stored nor
+    dead-lettered; an infrastructure error rewinds the partition to that turn, so Kafka
+    delivers it again. Dead letters go through FastStream's in-memory test broker. The
+    real-broker versions are in tests/integration (test_consumer_batches.py, test_outages.py).
     """
 
     @pytest.fixture
     def in_process(self, settings: Settings) -> Settings:
-        """The test settings with a (never contacted) broker address and a short retry pause."""
+        """The test settings with a (never contacted) broker address."""
         settings.kafka.bootstrap_servers = "in-process:9092"
-        settings.worker.retry_backoff_seconds = 0.01
         return settings
 
-    async def _deliver(self, worker: Worker, payload: bytes) -> tuple[StreamMessage[Any], list[bytes]]:
-        """Publish one keyed turn through the test broker; the consumed message and any DLQ records."""
-        consumed: list[StreamMessage[Any]] = []
+    async def _deliver(
+        self, worker: Worker, *events: tuple[bytes, bytes]
+    ) -> tuple[BatchResult, TopicPartition, list[bytes]]:
+        """Handle one batch of keyed turns; the result, its partition and any DLQ records."""
         letters: list[bytes] = []
-        worker.broker.add_middleware(recording(consumed))
 
         @worker.broker.subscriber(worker.settings.topics.dlq)
         async def dead_letters(message: KafkaMessage) -> None:
             letters.append(message.body)
 
-        async with TestKafkaBroker(worker.broker) as broker:
-            with contextlib.suppress(redis.exceptions.ConnectionError):
-                await broker.publish(payload, worker.settings.topics.turns, key=b"c")
-        (message,) = [m for m in consumed if m.raw_message.topic == worker.settings.topics.turns]
-        return message, letters
+        batch = records(worker.settings.topics.turns, *events)
+        async with TestKafkaBroker(worker.broker):
+            result = await handle_batch(batch, worker.consumer.handle, asyncio.Semaphore(8))
+        (tp,) = batch
+        return result, tp, letters
 
     @pytest.mark.integration
-    async def test_a_stored_turn_is_acked(
+    async def test_a_stored_turn_is_committed(
         self, in_process: Settings, redis_client: redis.asyncio.Redis
     ) -> None:
-        """Appended, then acknowledged; nothing goes to the DLQ."""
+        """Appended, then its offset committed; nothing goes to the DLQ."""
         outcomes: list[TurnOutcome] = []
         worker = build_worker(in_process, redis_client=redis_client, on_turn=outcomes.append)
 
-        message, letters = await self._deliver(worker, raw("c", 1, user("hello")))
+        result, tp, letters = await self._deliver(worker, (b"c", raw("c", 1, user("hello"))))
 
-        assert message.committed is AckStatus.ACKED
+        assert (result.commits, result.rewinds) == ({tp: 1}, {})
         assert [o.status for o in outcomes] == [TurnStatus.APPENDED]
         assert (await worker.store.meta("c")).last_seq == 1
         assert (worker.handled, letters) == (1, [])
 
     @pytest.mark.integration
-    async def test_a_bad_turn_is_dead_lettered_then_acked(
+    async def test_a_bad_turn_is_dead_lettered_then_committed(
         self, in_process: Settings, redis_client: redis.asyncio.Redis
     ) -> None:
-        """Bad JSON: one DLQ record with the original bytes, then acknowledged, so it never blocks the partition."""
+        """Bad JSON: one DLQ record with the original bytes, then committed, so it never blocks the partition."""
         worker = build_worker(in_process, redis_client=redis_client)
 
-        message, letters = await self._deliver(worker, b"{not json")
+        result, tp, letters = await self._deliver(worker, (b"c", b"{not json"))
 
-        assert message.committed is AckStatus.ACKED
+        assert (result.commits, result.rewinds) == ({tp: 1}, {})
         (letter,) = [DeadLetter.model_validate_json(body) for body in letters]
         assert (letter.reason.value, base64.b64decode(letter.original_b64)) == (
             "malformed_json",
             b"{not json",
         )
-        assert await redis_client.keys("*") == []
+        assert await all_keys(redis_client) == []
         assert worker.handled == 1
 
-    async def test_a_turn_met_by_a_redis_outage_is_nacked(self, in_process: Settings) -> None:
-        """Redis unreachable: not acknowledged (nacked), not dead-lettered; Kafka delivers it again."""
+    @pytest.mark.integration
+    async def test_a_poison_turn_mid_batch_is_dead_lettered_alone(
+        self, in_process: Settings, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """A bad turn between good ones of its conversation and another: it alone is dead-lettered, all is committed."""
+        worker = build_worker(in_process, redis_client=redis_client)
+
+        result, tp, letters = await self._deliver(
+            worker,
+            (b"a", raw("a", 1, user("one"))),
+            (b"b", raw("b", 1, user("one"))),
+            (b"a", b'{"conversation_id": "a", "turn_seq": "2"}'),
+            (b"a", raw("a", 2, user("two"))),
+            (b"b", raw("b", 2, user("two"))),
+        )
+
+        assert (result.commits, result.rewinds, result.handled) == ({tp: 5}, {}, 5)
+        (letter,) = [DeadLetter.model_validate_json(body) for body in letters]
+        assert (letter.reason.value, letter.conversation_id, letter.offset) == ("schema_violation", "a", 2)
+        assert [(await worker.store.meta(c)).last_seq for c in "ab"] == [2, 2]
+
+    async def test_a_turn_met_by_a_redis_outage_is_rewound(self, in_process: Settings) -> None:
+        """Redis unreachable: nothing committed, the partition rewound to the turn, nothing dead-lettered."""
         unreachable = redis.asyncio.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
         worker = build_worker(in_process, redis_client=unreachable)
         try:
-            message, letters = await self._deliver(worker, raw("c", 1, user("hello")))
+            result, tp, letters = await self._deliver(worker, (b"c", raw("c", 1, user("hello"))))
         finally:
             await unreachable.aclose()
 
-        assert message.committed is AckStatus.NACKED
+        assert (result.commits, result.rewinds) == ({}, {tp: 0})
+        assert isinstance(result.error, redis.exceptions.ConnectionError)
         assert (worker.handled, letters) == (0, [])
+
+
+def test_a_serving_worker_freezes_what_it_loaded_at_start() -> None:
+    """LiteLLM's objects live as long as the process: frozen, full collections stop walking them."""
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 100_000  # LiteLLM alone is a few hundred thousand objects
+    finally:
+        gc.unfreeze()

@@ -22,6 +22,7 @@ from compaction_worker.state.gaps import (
     held_value,
     parse_held,
 )
+from compaction_worker.state.index import bucket_key
 from tests import orchestration
 from tests.orchestration import Parts, Published, assistant, raw, user
 
@@ -47,7 +48,12 @@ async def held_seqs(gaps: GapIndex, cid: str) -> list[int]:
 
 
 async def index_score(redis_client: redis.asyncio.Redis, cid: str) -> float | None:
-    return await redis_client.zscore(gaps_index_key("t"), cid)
+    return await redis_client.zscore(gap_key(cid), cid)
+
+
+def gap_key(cid: str) -> str:
+    """The held-turn index bucket of a conversation (prefix ``t``, default shards)."""
+    return bucket_key(gaps_index_key("t"), cid)
 
 
 async def stored_state(redis_client: redis.asyncio.Redis, cid: str) -> dict[bytes, bytes | None]:
@@ -231,7 +237,7 @@ class TestConcurrency:
         """Two workers (own connections) sweeping at once send each expired turn exactly once."""
         published = SlowPublisher()
         first = orchestration.make_parts(redis_client, settings, published)
-        other_client = redis.asyncio.Redis.from_url(redis_url)
+        other_client = orchestration.connect(redis_url)
         try:
             second = orchestration.make_parts(other_client, settings, published)
             held = {(cid, seq) for cid in ("a", "b", "c") for seq in range(3, 13)}
@@ -247,7 +253,7 @@ class TestConcurrency:
             assert sorted(sent) == sorted(held)  # each once: no duplicates, none missing
             assert sum(len(r) for r in results) == len(held)
             assert await redis_client.hlen("t:{a}:pending") == 0
-            assert await redis_client.zcard(gaps_index_key("t")) == 0
+            assert await first.gaps.held_count() == 0
         finally:
             await other_client.aclose()
 
@@ -336,9 +342,9 @@ class TestConcurrency:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """An index entry left by a crash (or by retention) is dropped by the sweep, sending nothing."""
-        await redis_client.zadd(gaps_index_key("t"), {"gone": 1})
+        await redis_client.zadd(gap_key("gone"), {"gone": 1})
         assert await parts.dead_letters.expire_held(parts.gaps) == []
-        assert await redis_client.zcard(gaps_index_key("t")) == 0
+        assert await redis_client.zcard(gap_key("gone")) == 0
         assert published.events == []
 
     async def test_a_turn_held_during_reindex_stays_indexed(
@@ -346,7 +352,7 @@ class TestConcurrency:
     ) -> None:
         """Reindexing finds nothing held, then a turn is held before it drops the entry: the entry survives."""
         gaps = parts.gaps
-        await redis_client.zadd(gaps_index_key("t"), {"c": 1})
+        await redis_client.zadd(gap_key("c"), {"c": 1})
         real_zrem = redis_client.zrem
 
         async def zrem_after_a_hold(*args: Any) -> Any:

@@ -50,7 +50,7 @@ async def test_a_commit_publishes_its_event_and_leaves_nothing_behind(
     (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
     assert event == done
     assert await redis_client.hlen(parts.store.keys("c").outbox) == 0
-    assert await redis_client.zcard(parts.compactor.outbox.index.key) == 0
+    assert await redis_client.zcard(parts.compactor.outbox.index.key_of("c")) == 0
     (record,) = await parts.store.compactions("c")
     assert record["compaction_id"] == str(done.compaction_id)
 
@@ -80,7 +80,7 @@ async def test_an_event_left_by_a_dead_worker_is_relayed_once(
     (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
     assert (event.outcome, event.version) == (Outcome.COMPACTED, 1)
     assert await redis_client.hlen(store.keys("c").outbox) == 0
-    assert await redis_client.zcard(sweepers[0].index.key) == 0
+    assert await redis_client.zcard(sweepers[0].index.key_of("c")) == 0
 
 
 async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
@@ -89,7 +89,7 @@ async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
     """A sweeper that finds an empty outbox removes the index entry only if no new compaction re-armed it."""
     store = Store(redis_client, "t", None)
     outbox = Outbox(store, published, 1)
-    await redis_client.zadd(outbox.index.key, {"c": 0})  # due, empty outbox
+    await redis_client.zadd(outbox.index.key_of("c"), {"c": 0})  # due, empty outbox
     original_claim = outbox.index.claim
 
     async def claim_then_rearm(conversation_id: str, now: int, lease_ms: float) -> bool:
@@ -99,4 +99,4 @@ async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
 
     monkeypatch.setattr(outbox.index, "claim", claim_then_rearm)
     assert await outbox.relay() == 0
-    assert await redis_client.zscore(outbox.index.key, "c") is not None
+    assert await redis_client.zscore(outbox.index.key_of("c"), "c") is not None

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
+from compaction_worker.local.cluster import EmbeddedRedisCluster
 from compaction_worker.state import scripts
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.scripts import Script
 
 STATE = Path(scripts.__file__).parent
@@ -44,3 +47,18 @@ async def test_lists_arrive_as_header_fields(redis_client: redis.asyncio.Redis) 
         ["k"], {"a": ["x", b"\x00\xff"], "b": [], "c": ['{"q": "\\""}']}, n="12345678901234567"
     )
     assert got == [b"12345678901234567", b"x", b"\x00\xff", 0, b'{"q": "\\""}']
+
+
+@pytest.mark.integration
+async def test_a_script_is_loaded_again_after_a_primary_restart(
+    redis_client: RedisClient, redis_cluster: EmbeddedRedisCluster
+) -> None:
+    """Cluster: the primary that owns the key restarts with an empty script cache; the call reloads it (NOSCRIPT)."""
+    assert isinstance(redis_client, RedisCluster)
+    claim = Script(redis_client, "lease_claim.lua")
+    await redis_client.zadd("{t:jobs:0}", {"c": 0})
+    assert await claim(["{t:jobs:0}"], member="c", now_ms="1", lease_ms="10") == b"10"
+    owner = redis_client.get_node_from_key("{t:jobs:0}")
+    assert owner is not None
+    redis_cluster.restart(redis_cluster.ports.index(int(owner.port)))
+    assert await claim(["{t:jobs:0}"], member="c", now_ms="20", lease_ms="30") == b"30"

@@ -65,9 +65,18 @@ class TestAppend:
     async def test_result_carries_the_totals(self, store: Store) -> None:
         """An append returns the new last seq and running total; a refusal the last seq stored."""
         first = await store.append_turn("c", 1, [msg("a", tokens=7)], {}, expected_count=0)
-        assert first == AppendResult(AppendStatus.APPENDED, last_seq=1, history_tokens=7)
-        again = await store.append_turn("c", 1, [msg("a", tokens=7)], {}, expected_count=1)
-        assert again == AppendResult(AppendStatus.DUPLICATE, last_seq=1)
+        assert (first.status, first.last_seq, first.history_tokens) == (AppendStatus.APPENDED, 1, 7)
+        # The meta the append left and whether turn 2 is held come with it (no more round trips).
+        assert first.meta == await store.meta("c")
+        assert first.next_held is False
+        await store.redis.hset(store.keys("c").pending, "3", b"0:{}")
+        second = await store.append_turn("c", 2, [msg("b", tokens=1)], {}, expected_count=1)
+        assert second.next_held is True
+        assert second.meta is not None
+        assert second.meta.history_tokens == 8
+        await store.redis.delete(store.keys("c").pending)
+        again = await store.append_turn("c", 1, [msg("a", tokens=7)], {}, expected_count=2)
+        assert again == AppendResult(AppendStatus.DUPLICATE, last_seq=2)
 
     async def test_large_numbers_are_stored_exactly(self, store: Store) -> None:
         """Numbers the script stores travel as text: a seq past 14 digits is not rounded."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compaction_worker.summaries import artifacts, mentions
 from compaction_worker.summaries.artifacts import (
     KINDS,
     MAX_ITEM_CHARS,
@@ -431,3 +433,64 @@ def test_never_raises_and_respects_the_budget(
     every = {item for _, item in scan_items(messages)}
     forms = set(every) | {f"{item.split(': ', 1)[0]}: {item_core(item)}" for item in every}
     assert set(items) <= forms
+
+
+class TestScanMemo:
+    """A run reads the same messages several times; each is scanned once, within a bound on memory."""
+
+    def test_a_message_read_again_gives_the_same_items_without_a_second_scan(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        memo = artifacts._ScanMemo(max_chars=10_000)
+        monkeypatch.setattr(artifacts, "_SCANS", memo)
+        message = {
+            "role": "user",
+            "content": "run `make test` in src/app/main.py, saw ECONNREFUSED 10.0.0.1:80",
+        }
+        first = list(scan_items([message]))
+        scans: list[str] = []
+
+        def scan_text(text: str, *, user: bool = False) -> Iterator[tuple[str, str]]:
+            scans.append(text)
+            return iter(())
+
+        monkeypatch.setattr(artifacts, "_scan_text", scan_text)
+        assert list(scan_items([dict(message)])) == first  # an equal message, not the same object
+        assert scans == []
+        assert list(scan_items([{"role": "assistant", "content": message["content"]}])) == []
+        assert len(scans) == 1  # who wrote it is part of what was scanned
+
+    def test_the_oldest_scans_go_when_the_text_held_passes_the_bound(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        memo = artifacts._ScanMemo(max_chars=3_200)
+        monkeypatch.setattr(artifacts, "_SCANS", memo)
+        texts = [f"{i:02d} " + "x" * 97 for i in range(40)]  # 100 characters each
+        for text in texts:
+            list(scan_items([{"role": "tool", "content": text}]))
+        assert memo.get((texts[0], False, ())) is None
+        assert memo.get((texts[-1], False, ())) is not None
+        assert sum(size for size, _ in memo._items.values()) <= 3_200
+        list(scan_items([{"role": "tool", "content": "y" * 201}]))  # over a sixteenth of the bound: not kept
+        assert memo.get(("y" * 201, False, ())) is None
+
+
+@pytest.mark.parametrize(
+    ("word", "shape", "beside_a_resource"),
+    [
+        ("orders_api", True, True),  # snake_case is never English
+        ("svc-12", True, True),  # a digit makes a hyphenated word a name
+        ("acme-logs-archive", True, True),  # three parts, no compound's function word
+        ("acme-logs", None, True),  # a name only next to "bucket" (or in code)
+        ("up-to-date", None, True),
+        ("Title-Case", False, False),  # no kebab- or snake-case at all
+        ("a-b", False, False),  # too short
+    ],
+)
+def test_a_names_shape_says_what_its_neighbours_cannot_change(
+    word: str, shape: bool | None, beside_a_resource: bool
+) -> None:
+    assert mentions.name_shape(word) is shape
+    assert mentions.is_name(word, "bucket") is beside_a_resource
+    assert mentions.is_name(word, code=True) is beside_a_resource
+    assert mentions.is_name(word) is bool(shape)

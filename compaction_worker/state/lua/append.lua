@@ -2,8 +2,11 @@
 -- KEYS: meta, transcript, entries, pending, chunks, compactions, job, fence, fingerprints,
 --   artifacts: every key of the conversation that has a retention TTL to refresh.
 -- Header: {seq, expected_count, history_delta, now, retention_ms, meta = {field: text},
---   job = {...} (optional, see set_job), fingerprint (optional)}; lists: records (for the
---   transcript), entries (for the effective history), one of each per message.
+--   job = {...} (optional, see set_job), fingerprint (optional), next (optional: the next
+--   seq, as text)}; lists: records (for the transcript), entries (for the effective
+--   history), one of each per message.
+-- Appended, it also returns whether turn `next` is held and the meta hash after the append,
+-- so the caller needs no further round trip for its threshold check and its drain.
 -- A turn stored before fingerprints were kept has none: a redelivery of it is accepted as
 -- a duplicate, as every redelivery was then. A turn held behind a gap arrived first, so a
 -- different turn with its seq is refused (it would otherwise replace it unseen).
@@ -41,4 +44,6 @@ if h.job then set_job(job, h.job) end
 if h.retention_ms > 0 then
   for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], h.retention_ms) end
 end
-return {'appended', seq, history}
+local next_held = 0
+if h.next and redis.call('HEXISTS', pending, h.next) == 1 then next_held = 1 end
+return {'appended', seq, history, next_held, redis.call('HGETALL', meta)}

@@ -5,6 +5,7 @@ local function set_job(key, job)
   local current = redis.call('HGET', key, 'priority')
   if current and tonumber(current) >= tonumber(job.priority) then return 0 end
   redis.call('HSET', key, 'id', job.id, 'priority', job.priority, 'trigger', job.trigger,
-    'requested_at', job.requested_at, 'error', job.error, 'estimate', job.estimate)
+    'requested_at', job.requested_at, 'error', job.error, 'estimate', job.estimate,
+    'traceparent', job.traceparent or '')
   return 1
 end

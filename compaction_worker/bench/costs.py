@@ -1,0 +1,391 @@
+"""The cost rows of ``bench``: per-turn cost against history length, compaction overhead, Redis bytes, summarizer tokens.
+
+Each row is an async function over a Redis client and a fake LLM (``CostEnv``); the data is
+shaped like real runtimes' (agent_data.py) and the model strings carry routing prefixes. Figures are medians or percentiles of
+repeated runs, and every comparison is a ratio measured side by side in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from compaction_worker import _litellm
+from compaction_worker.bench.agent_data import agent_turn, compact_json, fill, label
+from compaction_worker.budget.tokens import TokenCounter, counter_for
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.local.embedded import EmbeddedRedis
+from compaction_worker.runtime.components import Components, build_components
+from compaction_worker.runtime.worker import freeze_startup_objects
+from compaction_worker.settings import Settings
+from compaction_worker.state.store import NewMessage
+from compaction_worker.testing import FakeLLMServer, turn_payload
+
+TURN_MODEL = "openrouter/openai/gpt-4.1"
+"""A 1M-token window: the per-turn rows never have a compaction due."""
+COMPACT_MODEL = "azure/gpt-4o"
+"""A 128K window: the 1M-token conversation compacts many times on its way."""
+LARGE_WINDOW = 8_000_000
+"""The window the per-turn rows' events state, so a 1M-token history stays under its threshold."""
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CostRow:
+    """One line of the table: a figure, the figure beside it, their ratio and the target on it."""
+
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    target: float | None = None
+    """The ratio (or, without a baseline, the value) must be at most this."""
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline else None
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        measured = self.ratio if self.baseline is not None else self.value
+        return measured is not None and measured <= self.target
+
+
+@dataclass(slots=True)
+class CostEnv:
+    """What the cost rows run on: a Redis client (flushed by no one: keys are unique) and a fake LLM."""
+
+    redis: Redis
+    llm: FakeLLMServer
+    freeze_gc: bool = True
+    """Freeze what the process holds before timing compactions, as a worker does when it starts
+    (``freeze_startup_objects``); off in tests, which must not freeze the test process."""
+    scale: float = 1.0
+    """Below 1: smaller histories and fewer repeats, for tests and a first look (the rows' labels say the sizes)."""
+
+    def size(self, tokens: int, floor: int = 500) -> int:
+        return max(floor, int(tokens * self.scale))
+
+    def repeats(self, full: int) -> int:
+        return max(2, int(full * min(1.0, self.scale * 4)))
+
+
+def _settings(prefix: str, llm: FakeLLMServer | None = None, **summarizer: Any) -> Settings:
+    section: dict[str, Any] = {}
+    if llm is not None:
+        section = {"model": "openai/gpt-4o-mini", "api_base": llm.url, "api_key": "fake", **summarizer}
+    return Settings(
+        redis={"key_prefix": prefix, "retention_seconds": None},
+        kafka={"max_event_bytes": 4 << 20},
+        summarizer=section,
+    )
+
+
+async def _discard(topic: str, payload: bytes, key: bytes | None) -> None:
+    """The bench's publisher: events go nowhere (no broker in these rows)."""
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile, nearest rank (with few samples the p99 is their maximum)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+# --- row 1: per-turn cost against history length -------------------------------------------------
+
+
+async def per_turn_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
+    """Median per-turn cost at 1K, 100K and 1M tokens of history, beside a loop that recounts the history."""
+    sizes = (1_000, env.size(100_000), env.size(1_000_000))
+    turns, naive_turns = env.repeats(60), env.repeats(5)
+    parts = build_components(_settings(f"bt{uuid.uuid4().hex[:6]}"), env.redis, _discard)
+    counter = counter_for(TURN_MODEL, parts.settings.budget)
+    cids = {}
+    for size in sizes:
+        cids[size] = cid = f"turns-{size}"
+        progress(f"per-turn: storing {size:,} tokens of history")
+        await fill(parts, cid, size, TURN_MODEL, counter)
+        await fill(parts, f"naive-{cid}", size, TURN_MODEL, counter)
+    worker: dict[int, list[float]] = {s: [] for s in sizes}
+    naive: dict[int, list[float]] = {s: [] for s in sizes}
+    next_seq = {s: (await parts.store.meta(cids[s])).last_seq + 1 for s in sizes}
+    for turn in range(turns):
+        progress(f"per-turn: turn {turn + 1}/{turns}")
+        for size in sizes:  # interleaved, so that noise hits every size alike
+            cid, seq = cids[size], next_seq[size]
+            payload = compact_json(
+                turn_payload(cid, seq, agent_turn(seq)[:1], model=TURN_MODEL, context_window=LARGE_WINDOW)
+            )
+            start = time.perf_counter()
+            outcome = await parts.turns.handle(payload, cid.encode())
+            worker[size].append(time.perf_counter() - start)
+            if outcome.status.value != "appended":
+                raise RuntimeError(f"bench turn not appended: {outcome}")
+            next_seq[size] += 1
+            if turn < naive_turns:
+                naive[size].append(await _naive_turn(parts, f"naive-{cid}", counter))
+    rows = []
+    for size in sizes:
+        rows.append(
+            CostRow(
+                f"per-turn cost, {label(size)} tokens of history",
+                statistics.median(worker[size]) * 1000,
+                "ms",
+                statistics.median(naive[size]) * 1000,
+                "naive loop (recounts the history)",
+            )
+        )
+    base = rows[0].value
+    rows.append(
+        CostRow(
+            f"per-turn cost at {label(sizes[-1])} / at {label(sizes[0])}",
+            rows[-1].value,
+            "ms",
+            base,
+            f"per-turn cost at {label(sizes[0])}",
+            target=1.2,
+        )
+    )
+    return rows
+
+
+async def _naive_turn(parts: Components, cid: str, counter: TokenCounter) -> float:
+    """One turn of the naive loop: read and decode the whole history, recount it, append."""
+    start = time.perf_counter()
+    meta = await parts.store.meta(cid)
+    message = agent_turn(meta.last_seq + 1)[0]
+    raw = await parts.store.redis.lrange(parts.store.keys(cid).entries, 0, -1)
+    total = sum(counter.message(json.loads(r)["m"]) for r in raw) + counter.message(message)
+    await parts.store.append_turn(
+        cid,
+        meta.last_seq + 1,
+        [NewMessage(message, counter.message(message))],
+        {"model": TURN_MODEL, "total": total},
+        expected_count=meta.msg_count,
+    )
+    return time.perf_counter() - start
+
+
+# --- row 2: what a compaction costs beyond the LLM ---------------------------------------------
+
+
+class LLMClock:
+    """Adds up the time spent inside LiteLLM's completion calls: the LLM's share of a run, to leave out.
+
+    Everything else a summary takes (the prompt, its token counts, validation) is the
+    worker's and stays in the figure.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[LLMClock]:
+        module = _litellm.load()
+        original = module.acompletion
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        module.acompletion = timed
+        try:
+            yield self
+        finally:
+            module.acompletion = original
+
+
+def _fake_llm_parts(env: CostEnv, prefix: str) -> Components:
+    """Components whose summarizer is LiteLLM against the zero-latency fake (then the extractive fallback)."""
+    return build_components(_settings(prefix, env.llm, max_retries=0), env.redis, _discard)
+
+
+async def _compact_now(parts: Components, cid: str) -> CompactionCompleted | None:
+    claim = await parts.jobs.claim(cid)
+    return None if claim is None else await parts.compactor.run(claim)
+
+
+async def compaction_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
+    """p50/p99 of a manual compaction's cost without its LLM calls, at 50K and 500K tokens of history."""
+    sizes = (env.size(50_000, 8_000), env.size(500_000, 16_000))
+    repeats = env.repeats(20)
+    if env.freeze_gc:
+        freeze_startup_objects()
+    parts, clock = _fake_llm_parts(env, f"bc{uuid.uuid4().hex[:6]}"), LLMClock()
+    counter = counter_for(COMPACT_MODEL, parts.settings.budget)
+    overhead: dict[int, list[float]] = {s: [] for s in sizes}
+    total: dict[int, list[float]] = {s: [] for s in sizes}
+    for repeat in range(repeats):
+        for size in sizes:
+            progress(f"compaction: {size:,} tokens, run {repeat + 1}/{repeats}")
+            cid = f"compact-{size}-{repeat}"
+            await fill(parts, cid, size, "openrouter/openai/gpt-4.1", counter)
+            await parts.jobs.schedule(cid, Trigger.MANUAL)
+            clock.seconds = 0.0
+            with clock.installed():
+                start = time.perf_counter()
+                completed = await _compact_now(parts, cid)
+                elapsed = time.perf_counter() - start
+            if completed is None or completed.outcome is not Outcome.COMPACTED:
+                raise RuntimeError(f"bench compaction did not compact: {completed}")
+            llm = clock.seconds
+            total[size].append(elapsed * 1000)
+            overhead[size].append((elapsed - llm) * 1000)
+            await parts.store.delete(cid)
+    rows = []
+    for size in sizes:
+        llm_share = statistics.median(total[size]) - statistics.median(overhead[size])
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            rows.append(
+                CostRow(
+                    f"compaction cost excl. LLM, {label(size)} tokens, {name}",
+                    _quantile(overhead[size], q),
+                    "ms",
+                    target=50.0 if name == "p99" and size == sizes[-1] else None,
+                    note=f"{repeats} runs; the fake LLM's calls took {llm_share:.0f} ms (median)",
+                )
+            )
+    return rows
+
+
+# --- rows 3 and 4: Redis bytes and summarizer tokens over a long conversation -----------------
+
+
+async def redis_bytes(redis: Redis, keys: Sequence[str]) -> int:
+    """MEMORY USAGE over ``keys`` (every element counted: SAMPLES 0)."""
+    total = 0
+    for key in keys:
+        total += int(await redis.memory_usage(key, samples=0) or 0)
+    return total
+
+
+async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
+    """A conversation of 1M tokens through the per-turn path, compacted as it goes (fake LLM).
+
+    Reports Redis bytes against the raw transcript's bytes before the first compaction and at
+    the end, and the summarizer's input tokens (the prompts as sent, counted with the
+    conversation's counter) against the tokens its summaries took out of the history.
+    """
+    # gpt-4o's window at full scale; a smaller one stated by the events below it, so that a
+    # small run still compacts several times.
+    window = env.size(128_000, 16_000)
+    goal = max(env.size(1_000_000), 4 * window)
+    parts = _fake_llm_parts(env, f"bl{uuid.uuid4().hex[:6]}")
+    counter = counter_for(COMPACT_MODEL, parts.settings.budget)
+    cid, appended, raw, seq = "long", 0, 0, 0
+    before: tuple[int, int] | None = None
+    env.llm.reset()
+    keys = parts.store.keys(cid).all()
+    while appended < goal:
+        seq += 1
+        messages = agent_turn(seq, cid)
+        payload = compact_json(turn_payload(cid, seq, messages, model=COMPACT_MODEL, context_window=window))
+        outcome = await parts.turns.handle(payload, cid.encode())
+        if outcome.status.value != "appended":
+            raise RuntimeError(f"bench turn not appended: {outcome}")
+        appended += counter.messages(messages)
+        raw += sum(len(compact_json(m)) for m in messages)
+        if outcome.scheduled is not None:
+            if before is None:
+                before = (await redis_bytes(env.redis, keys), raw)
+            progress(f"long conversation: {appended:,} of {goal:,} tokens, compacting")
+            await _compact_now(parts, cid)
+    after = await redis_bytes(env.redis, keys)
+    log = await parts.store.compactions(cid)
+    covered = max((int(r.get("covered_through_n") or 0) for r in log), default=0)
+    records = await parts.store.transcript(cid, 0, covered - 1) if covered else []
+    evicted = sum(int(r.get("t") or counter.message(r["m"])) for r in records)
+    sent = sum(counter.messages(r["messages"]) for r in env.llm.requests if "messages" in r)
+    rows = []
+    if before is not None:
+        rows.append(
+            CostRow(
+                "Redis bytes per conversation, before compaction",
+                before[0],
+                "B",
+                before[1],
+                "raw transcript JSON",
+                target=2.5,
+            )
+        )
+    rows.append(
+        CostRow(
+            f"Redis bytes per conversation, after {len(log)} compactions",
+            after,
+            "B",
+            raw,
+            "raw transcript JSON",
+            target=2.5,
+        )
+    )
+    rows.append(
+        CostRow(
+            f"summarizer input tokens over {label(appended)} tokens",
+            sent,
+            "tokens",
+            evicted,
+            "tokens evicted into summaries",
+            target=1.1,
+            note=f"{len(env.llm.requests)} LLM calls, {len(log)} compactions",
+        )
+    )
+    return rows
+
+
+ROWS = (per_turn_rows, compaction_rows, long_conversation_rows)
+"""The cost scenarios, in the order the table shows them."""
+
+
+def format_rows(rows: Sequence[CostRow]) -> str:
+    """The rows as a plain table: figure, the figure beside it, ratio, target and whether it is met."""
+    lines = []
+    for row in rows:
+        beside = f"{row.baseline:,.2f} {row.unit} ({row.baseline_name})" if row.baseline is not None else ""
+        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else ""
+        target = ""
+        if row.target is not None:
+            target = f"target <= {row.target:g}{'x' if row.baseline is not None else ' ' + row.unit}: "
+            target += "met" if row.met else "MISSED"
+        lines.append(f"{row.name:<52} {row.value:>14,.2f} {row.unit:<6} {ratio:>8}  {beside}  {target}")
+        if row.note:
+            lines.append(f"{'':<52}   {row.note}")
+    return "\n".join(lines)
+
+
+async def _main(scale: float, only: str | None) -> None:
+    with EmbeddedRedis() as server, FakeLLMServer() as llm:
+        redis = Redis.from_url(server.url)
+        env = CostEnv(redis, llm, scale=scale)
+        rows: list[CostRow] = []
+        for scenario in ROWS:
+            if only is None or only in scenario.__name__:
+                rows += await scenario(env, lambda text: print(f"  .. {text}", end="\r", flush=True))
+        await redis.aclose()
+    print(" " * 80)
+    print(format_rows(rows))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="history sizes and repeats times this")
+    parser.add_argument("--only", help="run the scenarios whose function name contains this")
+    args = parser.parse_args()
+    asyncio.run(_main(args.scale, args.only))

@@ -1,0 +1,44 @@
+"""The ``bench`` command's options, kept apart so that the CLI declares them without loading the bench."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SCENARIO_NAMES = ("throughput", "head_of_line", "per_turn", "compaction", "long_conversation")
+"""For ``--help`` only; the runner's SCENARIOS is the list (a test keeps the two equal)."""
+
+
+def bench_options(command: F) -> F:
+    """Add the bench's options to a click command."""
+    options = [
+        click.option(
+            "--only",
+            multiple=True,
+            help=f"Run only these scenarios (repeatable; a part of a name will do): {', '.join(SCENARIO_NAMES)}.",
+        ),
+        click.option(
+            "--repeat",
+            type=click.IntRange(1),
+            default=3,
+            show_default=True,
+            help="Runs per figure (the median is shown).",
+        ),
+        click.option(
+            "--quick", is_flag=True, help="Small inputs and one run: a first look (and what the tests run)."
+        ),
+        click.option(
+            "--bootstrap", help="Kafka bootstrap servers to use (default: settings, else an embedded broker)."
+        ),
+        click.option("--redis-url", help="Redis URL to use (default: settings, else an embedded Redis)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table."),
+        click.option("--markdown", is_flag=True, help="Print the table as Markdown (docs/performance.md)."),
+        click.option("--no-progress", is_flag=True, help="No progress line on stderr."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -1,0 +1,59 @@
+"""The scenarios of ``bench`` by name, and running a selection of them into one list of rows."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from redis.asyncio import Redis
+
+from compaction_worker.bench import costs
+from compaction_worker.bench.environment import BenchEnv, BenchError
+from compaction_worker.bench.report import Progress, Row
+from compaction_worker.bench.throughput import head_of_line_rows, throughput_rows
+
+Scenario = Callable[[BenchEnv, Progress], Awaitable[Sequence[Row]]]
+"""A group of rows: it runs on the shared environment, says what it does, returns its rows."""
+
+CostScenario = Callable[[costs.CostEnv, Progress], Awaitable[Sequence[costs.CostRow]]]
+
+
+def cost_scenario(scenario: CostScenario) -> Scenario:
+    """A cost scenario (``costs.ROWS``) as a bench scenario: its CostEnv from the bench's, its rows as Rows."""
+
+    async def run(env: BenchEnv, progress: Progress) -> list[Row]:
+        # CostEnv is typed for a single Redis (its rows read MEMORY USAGE key by key).
+        if not isinstance(env.redis, Redis):
+            raise BenchError(
+                "the cost rows need a single Redis, not a cluster (--only throughput --only head_of_line)"
+            )
+        rows = await scenario(costs.CostEnv(env.redis, env.llm, scale=env.scale), progress)
+        return [Row.like(row) for row in rows]
+
+    return run
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "throughput": throughput_rows,
+    "head_of_line": head_of_line_rows,
+    **{scenario.__name__.removesuffix("_rows"): cost_scenario(scenario) for scenario in costs.ROWS},
+}
+"""Every scenario, in the order the table shows them; ``--only`` takes these names."""
+
+
+def select(only: Sequence[str]) -> list[str]:
+    """The scenario names ``--only`` picks (each a name or a part of one); all of them without it."""
+    if not only:
+        return list(SCENARIOS)
+    unknown = [part for part in only if not any(part in name for name in SCENARIOS)]
+    if unknown:
+        raise ValueError(f"no scenario matches {', '.join(unknown)}; scenarios: {', '.join(SCENARIOS)}")
+    return [name for name in SCENARIOS if any(part in name for part in only)]
+
+
+async def run_scenarios(env: BenchEnv, names: Sequence[str], progress: Progress) -> list[Row]:
+    """Run the named scenarios one after another (never side by side: they would share the CPU)."""
+    rows: list[Row] = []
+    for name in names:
+        progress(f"{name}: starting")
+        rows.extend(await SCENARIOS[name](env, progress))
+    return rows

@@ -1,0 +1,280 @@
+"""The throughput rows: one worker process beside the bare loop, two beside one, and head-of-line latency.
+
+Workers run as ``compaction-worker run`` child processes and are measured black-box: input is
+published with aiokafka, stored turns are counted in Redis. Each run gets its own consumer group
+and Redis key prefix (deleted after it), so runs over the same topic never share state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Mapping
+
+from compaction_worker.bench.environment import BenchEnv, Workers
+from compaction_worker.bench.load import (
+    MODELS,
+    PARTITIONS,
+    Batches,
+    Input,
+    StoredCounter,
+    drop_topic,
+    encode,
+    make_input,
+    new_topic,
+    producer,
+    stored_rate,
+    topic_overrides,
+    wait_group,
+    warmup_input,
+)
+from compaction_worker.bench.report import Progress, Row, spread
+from compaction_worker.state.connection import is_cluster
+
+BARE = ("-m", "compaction_worker.bench.bare")
+LLM_DELAY = 2.0
+"""Seconds the fake LLM takes per call in the head-of-line row."""
+POLL = 0.005
+"""How often the head-of-line row looks for stored turns: the resolution of its latencies."""
+
+
+async def delete_prefix(env: BenchEnv, prefix: str) -> None:
+    """Delete a run's keys, so that Redis does not grow run after run (one key at a time on a cluster)."""
+    batch: list[str | bytes] = []
+    step = 1 if is_cluster(env.redis) else 1000  # a multi-key UNLINK must keep to one slot on a cluster
+    async for key in env.redis.scan_iter(match=f"{prefix}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= step:
+            await env.redis.unlink(*batch)
+            batch = []
+    if batch:
+        await env.redis.unlink(*batch)
+
+
+async def _one_run(
+    env: BenchEnv, data: Input, processes: int, kind: str, command: tuple[str, ...] | None = None
+) -> float:
+    """Turns/s of ``processes`` processes of a fresh group consuming ``data`` on a fresh topic.
+
+    The input is sent only once the group is stable (every process holding its partitions) and
+    a warm-up turn of each model on each partition is stored, as record batches built
+    beforehand: neither a rebalance, a cold start nor the publishing counts in the rate.
+    """
+    topic, group, prefix = await new_topic(env), env.unique(f"{kind}-group"), env.unique(kind)
+    overrides = topic_overrides(topic, group, prefix)
+    counter = StoredCounter(env, prefix, data.conversations)
+    warm = warmup_input()
+    try:
+        async with Batches(env, data.events) as batches:
+            built, warm_built = batches.build(), batches.build(warm.events)
+            extra = {} if command is None else {"command": command}
+            with Workers(env, processes, kind, overrides, **extra) as workers:
+                await wait_group(env, group, processes)
+                await batches.send(topic, warm_built)
+                warm_counter = StoredCounter(env, prefix, warm.conversations)
+                await stored_rate(warm_counter, warm.total, alive=workers.check_alive, within=120)
+                await batches.send(topic, built)
+                timeout = 60 + data.total / 50  # a floor of 50 turns/s: slower is a failure, not a figure
+                return await stored_rate(counter, data.total, alive=workers.check_alive, within=timeout)
+    finally:
+        await delete_prefix(env, prefix)
+        await drop_topic(env, topic)
+
+
+async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
+    """One worker process beside the bare loop, and two beside one: same partitions, same input, side by side."""
+    conversations, turns = env.size(200, 8), env.size(25, 3)
+    data = make_input(conversations, turns)
+    rates: dict[str, list[float]] = {"bare": [], "one": [], "two": []}
+    for repeat in range(env.repeat):
+        for kind, processes in (("bare", 1), ("one", 1), ("two", 2)):
+            progress(f"throughput: {kind} ({processes} process), run {repeat + 1}/{env.repeat}")
+            command = BARE if kind == "bare" else None
+            rates[kind].append(await _one_run(env, data, processes, kind, command))
+    bare, one, two = (statistics.median(rates[k]) for k in ("bare", "one", "two"))
+    shape = (
+        f"{conversations} conversations x {turns} turns, {PARTITIONS} partitions, no compaction due; "
+        f"median (min-max) of {env.repeat} runs: bare {spread(rates['bare'])}, one {spread(rates['one'])}, "
+        f"two {spread(rates['two'])}; ratios run by run: one/bare {_ratios(rates['one'], rates['bare'])}, "
+        f"two/one {_ratios(rates['two'], rates['one'])}"
+    )
+    return [
+        Row(
+            "one worker process",
+            one,
+            "turns/s",
+            bare,
+            "bare loop: consume, 1 script call/event, commit/batch",
+            target=0.6,
+            at_least=True,
+            note=shape,
+        ),
+        Row("two worker processes", two, "turns/s", one, "one worker process", target=1.6, at_least=True),
+    ]
+
+
+def _ratios(values: list[float], baselines: list[float]) -> str:
+    return " ".join(f"{v / b:.2f}" for v, b in zip(values, baselines, strict=True))
+
+
+class _Latencies:
+    """Closed-loop conversations (publish a turn, wait until it is stored, think, repeat) and their latencies."""
+
+    def __init__(self, env: BenchEnv, topic: str, counter: StoredCounter, cids: tuple[str, ...]) -> None:
+        self.env, self.topic, self.counter, self.cids = env, topic, counter, cids
+        self.seq = [0] * len(cids)
+        self.waiting: dict[int, tuple[int, float, asyncio.Future[float]]] = {}
+
+    async def poll(self) -> None:
+        """Resolve each waiting turn once Redis shows its conversation's last seq at or past it."""
+        while True:
+            indexes = list(self.waiting)
+            seqs = await self.counter.last_seqs(indexes)
+            now = time.monotonic()
+            for index, last in zip(indexes, seqs, strict=True):
+                seq, sent, done = self.waiting[index]
+                if last >= seq:
+                    del self.waiting[index]
+                    done.set_result(now - sent)
+            await asyncio.sleep(POLL)
+
+    async def conversation(
+        self, index: int, window: int | None, until: float, think: float, out: list[float] | None
+    ) -> None:
+        cid = self.cids[index]
+        model = MODELS[index % len(MODELS)]
+        publisher = self.publisher
+        await asyncio.sleep(think * index / len(self.cids))  # spread the starts
+        while time.monotonic() < until:
+            self.seq[index] += 1
+            seq = self.seq[index]
+            # A compacting conversation's turns are larger (~1.5K tokens): a compaction is due every few.
+            value = encode(cid, seq, model, 60, context_window=window) if window else encode(cid, seq, model)
+            done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+            sent = time.monotonic()
+            self.waiting[index] = (seq, sent, done)
+            await publisher.send_and_wait(self.topic, value, key=cid.encode())
+            latency = await asyncio.wait_for(done, timeout=120)
+            if out is not None:
+                out.append(latency)
+            await asyncio.sleep(think)
+
+    async def phase(
+        self, seconds: float, think: float, windows: Mapping[int, int]
+    ) -> tuple[list[float], list[float]]:
+        """Run every conversation for ``seconds``; the latencies of the others' and of the windowed ones' turns."""
+        others: list[float] = []
+        compacting: list[float] = []
+        until = time.monotonic() + seconds
+        poller = asyncio.create_task(self.poll())
+        try:
+            await asyncio.gather(
+                *(
+                    self.conversation(i, windows.get(i), until, think, compacting if i in windows else others)
+                    for i in range(len(self.cids))
+                )
+            )
+        finally:
+            poller.cancel()
+        return others, compacting
+
+    async def __aenter__(self) -> _Latencies:
+        self.publisher = producer(self.env, linger_ms=0)
+        await self.publisher.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.publisher.stop()
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.99 * len(ordered) + 0.5) - 1))]
+
+
+async def _warm_up_compactions(env: BenchEnv, topic: str, prefix: str, name: str, think: float) -> int:
+    """A few conversations compacting through an instant LLM: the worker's first LLM call and
+    compaction (imports, clients, caches) are behind it before anything is timed. Returns the LLM calls."""
+    cids = tuple(f"{name}-{i}" for i in range(4))
+    before = len(env.llm.requests)
+    env.llm.set_delay(0.0)
+    try:
+        async with _Latencies(env, topic, StoredCounter(env, prefix, cids), cids) as warm:
+            await warm.phase(3.0, think / 3, dict.fromkeys(range(len(cids)), 6_000))
+        for _ in range(300):  # the compactions run in the background: wait (up to 30 s) for their calls
+            if len(env.llm.requests) > before and not env.llm.in_flight:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        env.llm.set_delay(LLM_DELAY)
+    return len(env.llm.requests) - before
+
+
+async def head_of_line_rows(env: BenchEnv, progress: Progress) -> list[Row]:
+    """p99 publish-to-stored latency of non-compacting turns while 10% of conversations compact (2 s LLM).
+
+    Beside it, the same worker and load with no compaction running (the same conversations,
+    the 10% at a normal window): each run is a quiet phase, then a compacting one.
+    """
+    conversations, seconds = env.size(100, 10), max(3.0, 10 * env.scale)
+    think = 0.5  # ~2 turns/s per conversation: 200 turns/s at full size, well under one worker's rate
+    compacting = dict.fromkeys(range(0, conversations, 10), 6_000)  # compaction due every few turns
+    quiet_p99: list[float] = []
+    busy_p99: list[float] = []
+    own_p99: list[float] = []  # the compacting conversations' own turns
+    samples = llm_calls = warm_calls = 0
+    env.llm.set_delay(LLM_DELAY)
+    try:
+        for repeat in range(env.repeat):
+            topic = await new_topic(env)
+            group, prefix = env.unique("hol-group"), env.unique("hol")
+            overrides = {
+                **topic_overrides(topic, group, prefix),
+                "SUMMARIZER__MODEL": "openai/gpt-4o-mini",
+                "SUMMARIZER__API_BASE": env.llm.url,
+                "SUMMARIZER__API_KEY": "fake",
+                "SUMMARIZER__MAX_RETRIES": "0",
+                "WORKER__SHUTDOWN_GRACE_SECONDS": "1",  # compactions still running are handed back
+            }
+            cids = tuple(f"hol-{repeat}-{i:04d}" for i in range(conversations))
+            counter = StoredCounter(env, prefix, cids)
+            try:
+                with Workers(env, 1, "head-of-line", overrides):
+                    await wait_group(env, group, 1)
+                    progress(f"head-of-line: warming up, run {repeat + 1}/{env.repeat}")
+                    warm_calls += await _warm_up_compactions(env, topic, prefix, f"hol-warm-{repeat}", think)
+                    async with _Latencies(env, topic, counter, cids) as load:
+                        await load.phase(1.0, think, {})
+                        progress(f"head-of-line: no compaction, run {repeat + 1}/{env.repeat}")
+                        quiet, _ = await load.phase(seconds, think, {})
+                        before = len(env.llm.requests)
+                        progress(f"head-of-line: 10% compacting, run {repeat + 1}/{env.repeat}")
+                        busy, own = await load.phase(seconds, think, compacting)
+                        llm_calls += len(env.llm.requests) - before
+            finally:
+                await delete_prefix(env, prefix)
+                await drop_topic(env, topic)
+            quiet_p99.append(_p99(quiet) * 1000)
+            busy_p99.append(_p99(busy) * 1000)
+            own_p99.append(_p99(own) * 1000 if own else 0.0)
+            samples += len(busy)
+    finally:
+        env.llm.set_delay(0.0)
+    return [
+        Row(
+            "head-of-line: p99 store latency, 10% compacting",
+            statistics.median(busy_p99),
+            "ms",
+            statistics.median(quiet_p99),
+            "p99 with no compaction running",
+            target=100.0,
+            target_on_value=True,
+            note=(
+                f"{conversations} conversations, 1 worker, {seconds:.0f} s per phase, {samples} turns timed, "
+                f"{llm_calls} LLM calls of {LLM_DELAY:g} s (after a warm-up with {warm_calls} instant ones); publish to stored, polled every {POLL * 1000:.0f} ms; "
+                f"median (min-max) of {env.repeat} runs: {spread(busy_p99)} ms, quiet {spread(quiet_p99)} ms; "
+                f"the compacting conversations' own turns: p99 {spread(own_p99)} ms"
+            ),
+        )
+    ]

@@ -1,0 +1,104 @@
+"""The ``compaction-worker`` command group: run the worker and the demo; the other commands join it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from compaction_worker.cli import operate, tools
+from compaction_worker.cli.common import embedded_infra, settings_of
+from compaction_worker.observability.logs import configure_logging
+from compaction_worker.settings import Settings
+
+
+@click.group()
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="COMPACTION_CONFIG_FILE",
+    help="YAML settings file (environment variables take precedence).",
+)
+@click.version_option(package_name="compaction-worker")
+@click.pass_context
+def main(ctx: click.Context, config: Path | None) -> None:
+    """Keeps LLM conversations inside their models' context windows."""
+    ctx.obj = config
+
+
+@main.command()
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Run the worker (with no Kafka/Redis configured, starts embedded ones and says where)."""
+    settings = settings_of(ctx)
+    configure_logging(settings.log_level, settings.log_json)
+    with embedded_infra(settings) as settings:
+        asyncio.run(_run(settings))
+
+
+async def _run(settings: Settings) -> None:
+    from compaction_worker.observability.setup import configure
+    from compaction_worker.runtime.topics import ensure_topics
+    from compaction_worker.runtime.worker import build_worker
+
+    if settings.topics.create:
+        created = await ensure_topics(settings)
+        if created:
+            click.echo(f"created topics: {', '.join(created)} ({settings.topics.partitions} partitions)")
+    worker = build_worker(settings)
+    click.echo(
+        f"worker consuming {settings.topics.turns} as group {settings.kafka.group_id}; summarizer: "
+        f"{settings.summarizer.model or 'extractive (no LLM configured)'}"
+    )
+    if settings.health.enabled:
+        health = settings.health
+        click.echo(f"health endpoints on http://{health.host}:{health.port} (/livez /readyz /metrics)")
+    telemetry = configure(settings)  # from the OTEL_* variables; nothing when none is set
+    try:
+        await worker.serve()
+    finally:
+        telemetry.shutdown()
+
+
+@main.command()
+@click.option("--turns", default=60, show_default=True, help="Turns per conversation.")
+@click.option("--conversations", default=2, show_default=True)
+@click.option(
+    "--window", "context_window", default=6000, show_default=True, help="Context window set on the events."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the compaction events as JSON lines.")
+@click.pass_context
+def demo(ctx: click.Context, turns: int, conversations: int, context_window: int, as_json: bool) -> None:
+    """Run the whole loop locally: broker, Redis, worker and a synthetic agent; show compactions."""
+    from compaction_worker.local.demo import run_demo
+
+    settings = settings_of(ctx)
+    configure_logging("WARNING", settings.log_json)
+    say = (lambda _line: None) if as_json else click.echo
+    with embedded_infra(settings, say) as settings:
+        from compaction_worker.runtime.topics import ensure_topics
+
+        async def go() -> None:
+            if settings.topics.create:
+                await ensure_topics(settings)
+            report = await run_demo(settings, turns, conversations, context_window, say=say)
+            if as_json:
+                for event in report.compactions:
+                    click.echo(event.model_dump_json())
+
+        asyncio.run(go())
+
+
+for command in (
+    operate.history,
+    operate.status,
+    operate.artifacts,
+    operate.compact,
+    operate.rewind,
+    tools.schemas,
+    tools.docs,
+    tools.bench,
+    tools.replay,
+):
+    main.add_command(command)

@@ -1,0 +1,90 @@
+"""Tool commands: the schemas, the operations page, the benchmark, and replaying recorded conversations offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compaction_worker.bench.options import bench_options
+from compaction_worker.cli.common import FILE, SCHEMAS_DIR, settings_of
+from compaction_worker.contracts import specification
+
+
+@click.command()
+@click.option("--check", is_flag=True, help="Fail if the committed files differ from the models.")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=SCHEMAS_DIR,
+    show_default=True,
+)
+def schemas(check: bool, directory: Path) -> None:
+    """Write the JSON Schemas and the AsyncAPI document generated from the event and CLI output models."""
+    if check:
+        drift = specification.check(directory)
+        for line in drift:
+            click.echo(line, err=True)
+        if drift:
+            raise click.ClickException("schemas are out of date: run `compaction-worker schemas`")
+        click.echo("schemas are up to date")
+        return
+    for path in specification.write(directory):
+        click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.option("--check", is_flag=True, help="Fail if the page differs from the code.")
+@click.option("--path", type=FILE, default=None, help="The page (default: docs/operations.md).")
+def docs(check: bool, path: Path | None) -> None:
+    """Write the generated tables of docs/operations.md: every setting, metric and span."""
+    from compaction_worker.observability import operations
+
+    page = path or operations.OPERATIONS_PAGE
+    if check:
+        drift = operations.check(page, operations.default_regions())
+        for line in drift:
+            click.echo(line, err=True)
+        if drift:
+            raise click.ClickException(f"{page} is out of date: run `compaction-worker docs`")
+        click.echo(f"{page} is up to date")
+        return
+    operations.write(page)
+    click.echo(f"wrote {page}")
+
+
+@click.command()
+@bench_options
+@click.pass_context
+def bench(ctx: click.Context, /, **options: Any) -> None:
+    """Measure the worker beside the broker's and Redis's bare speed, and its costs; print one table."""
+    from compaction_worker.bench.command import bench_command
+
+    ctx.exit(bench_command(settings_of(ctx), ctx.obj, **options))
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["auto", "openai", "responses", "anthropic", "langchain"]))
+@click.option("--model", help="The conversations' model (default: each record's 'model', else gpt-4o-mini).")
+@click.option("--context-window", type=int, help="Window in tokens, instead of the model's.")
+@click.option("--trigger", type=float, help="Compact at this fraction of the available window.")
+@click.option("--target", type=float, help="Compact down to this fraction of the available window.")
+@click.option("--plot", type=FILE, help="Write the PNG of context tokens per turn here.")
+@click.option("--output", type=FILE, help="Write the final histories here (`history --json`, one per line).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def replay(ctx: click.Context, /, paths: tuple[Path, ...], **options: Any) -> None:
+    """Replay recorded conversations offline through the budget and the pipeline, to tune thresholds.
+
+    PATH: a JSONL file (a directory: each file in it) with one message per line, the file being one
+    conversation (OpenAI chat; or Responses items, Anthropic or LangChain messages), or one conversation
+    per line: {"messages": [...], "model": ..., "tools": [...]} ({"input": [...]} for Responses). A user
+    message starts a turn. Settings (thresholds, pipeline, summarizer): `compaction-worker --config
+    FILE replay ...`. Bad lines are reported with file and line (exit status 1); the rest run.
+    """
+    from compaction_worker.replay.command import replay_command
+
+    ctx.exit(replay_command(settings_of(ctx), paths, **options))

@@ -1,0 +1,1 @@
+"""Observability: logs, traces, metrics and the health port."""

@@ -1,0 +1,232 @@
+"""``compaction-worker replay``: read, replay, print the figures, write the plot and the histories."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from compaction_worker.contracts import cli_output
+from compaction_worker.contracts.events import Outcome
+from compaction_worker.contracts.history import render
+from compaction_worker.errors import CompactionWorkerError
+from compaction_worker.replay.plot import plot
+from compaction_worker.replay.reader import Format, ReplayInputError, read_paths
+from compaction_worker.replay.simulate import ConversationReport, Replay
+from compaction_worker.runtime.compactor import Summarizers
+from compaction_worker.runtime.components import configured_summarizers
+from compaction_worker.settings import BudgetSettings, Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What the command was asked for, besides the settings."""
+
+    paths: Sequence[Path]
+    fmt: Format = "auto"
+    model: str | None = None
+    context_window: int | None = None
+    plot: Path | None = None
+    output: Path | None = None
+    as_json: bool = False
+    progress: bool = True
+
+
+def with_thresholds(settings: Settings, trigger: float | None, target: float | None) -> Settings:
+    """``settings`` with ``--trigger`` and ``--target`` (fractions of the available window) applied."""
+    if trigger is None and target is None:
+        return settings
+    fields = settings.budget.model_dump()
+    if trigger is not None:
+        fields["trigger_fraction"] = trigger
+    if target is not None:
+        fields["target_fraction"] = target
+    try:
+        budget = BudgetSettings.model_validate(fields)
+    except ValidationError as e:
+        reasons = "; ".join(str(error["msg"]) for error in e.errors())
+        raise ReplayInputError(f"invalid thresholds: {reasons}") from e
+    return settings.model_copy(update={"budget": budget})
+
+
+def replay_command(
+    settings: Settings,
+    paths: Sequence[Path],
+    *,
+    trigger: float | None,
+    target: float | None,
+    **options: Any,
+) -> int:
+    """The CLI's ``replay``: its options applied, its errors as the CLI reports them; the exit status."""
+    try:
+        chosen = {k: v for k, v in options.items() if v is not None}
+        return run_replay(with_thresholds(settings, trigger, target), Options(paths, **chosen))
+    except CompactionWorkerError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def run_replay(settings: Settings, options: Options, *, summarizers: Summarizers | None = None) -> int:
+    """Replay, print and write what was asked; the exit status (1 when some input was skipped)."""
+    read = read_paths(options.paths, options.fmt)
+    errors: list[str] = [str(e) for e in read.errors]
+    replays: list[Replay] = []
+    chosen = summarizers or configured_summarizers(settings.summarizer)
+    for conversation in read.conversations:
+        try:
+            replays.append(
+                Replay(
+                    conversation,
+                    settings,
+                    chosen,
+                    model=options.model,
+                    context_window=options.context_window,
+                )
+            )
+        except ReplayInputError as e:
+            errors.append(f"{conversation.source}: {e}")
+    for error in errors:
+        click.echo(f"skipped: {error}", err=True)
+    if not replays:
+        raise ReplayInputError("no conversation to replay")
+    reports = asyncio.run(_replay_all(replays, options.progress))
+    try:
+        if options.plot is not None:
+            plot(reports, options.plot)
+        if options.output is not None:
+            options.output.write_text(
+                "".join(_history(r, settings).model_dump_json() + "\n" for r in reports), encoding="utf-8"
+            )
+    except OSError as e:
+        raise ReplayInputError(f"cannot write {e.filename}: {e.strerror}") from e
+    result = summary(reports, errors, options)
+    if options.as_json:
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        for line in table(result):
+            click.echo(line)
+    return 1 if errors else 0
+
+
+async def _replay_all(replays: Sequence[Replay], progress: bool) -> list[ConversationReport]:
+    turns = sum(len(r.turns) for r in replays)
+    with click.progressbar(
+        length=turns, label="replaying", file=sys.stderr, hidden=not progress, show_pos=True
+    ) as bar:
+        return [await r.run(lambda: bar.update(1)) for r in replays]
+
+
+def _history(report: ConversationReport, settings: Settings) -> cli_output.History:
+    """The final effective history as ``history --json`` prints it."""
+    return cli_output.History(
+        conversation_id=report.name,
+        version=report.meta.version,
+        context_status=report.meta.context_status,
+        tokens=report.meta.total_tokens,
+        chunks=[cli_output.Chunk.from_chunk(c) for c in report.history.chunks],
+        messages=render(report.history, settings.pipeline.summary_placement),
+    )
+
+
+def conversation_output(report: ConversationReport) -> cli_output.ReplayConversation:
+    """One conversation's figures in the ``--json`` model."""
+    usage = report.usage
+    return cli_output.ReplayConversation(
+        name=report.name,
+        source=report.source,
+        model=report.model,
+        window=report.budget.window,
+        window_source=report.window_source,
+        threshold=report.budget.threshold,
+        target=report.budget.target,
+        turns=len(report.points),
+        compactions=report.by_trigger(),
+        tokens_saved=report.tokens_saved,
+        llm_input_tokens=usage.prompt_tokens,
+        llm_output_tokens=usage.completion_tokens,
+        peak_tokens=report.peak,
+        final_tokens=report.points[-1].after if report.points else 0,
+        context_per_turn=[p.tokens for p in report.points],
+        runs=[
+            cli_output.ReplayRun(
+                turn=c.turn,
+                trigger=c.trigger,
+                outcome=c.outcome,
+                tokens_before=c.tokens_before,
+                tokens_after=c.tokens_after,
+                stages=list(c.stages),
+                llm_input_tokens=c.usage.prompt_tokens,
+                llm_output_tokens=c.usage.completion_tokens,
+                error=c.error,
+            )
+            for c in report.runs
+        ],
+    )
+
+
+def summary(
+    reports: Sequence[ConversationReport], errors: Sequence[str], options: Options
+) -> cli_output.Replay:
+    """The whole replay in the ``--json`` model: per conversation, then the totals."""
+    conversations = [conversation_output(r) for r in reports]
+    by_trigger: dict[str, int] = {}
+    for c in conversations:
+        for trigger, count in c.compactions.items():
+            by_trigger[trigger] = by_trigger.get(trigger, 0) + count
+    total = cli_output.ReplayFigures(
+        turns=sum(c.turns for c in conversations),
+        compactions=by_trigger,
+        tokens_saved=sum(c.tokens_saved for c in conversations),
+        llm_input_tokens=sum(c.llm_input_tokens for c in conversations),
+        llm_output_tokens=sum(c.llm_output_tokens for c in conversations),
+        peak_tokens=max((c.peak_tokens for c in conversations), default=0),
+    )
+    return cli_output.Replay(
+        conversations=conversations,
+        total=total,
+        errors=list(errors),
+        plot=str(options.plot) if options.plot else None,
+        output=str(options.output) if options.output else None,
+    )
+
+
+def table(result: cli_output.Replay) -> list[str]:
+    """The human-readable figures: one row per conversation, then the total."""
+    header = (
+        f"{'conversation':<28} {'turns':>6} {'compactions':<24} {'saved':>9} {'LLM in/out':>15} {'peak':>9}"
+    )
+    rows = [header]
+    for c in result.conversations:
+        rows.append(_row(c.name[:28], c))
+        rows.append(
+            f"  {c.model}: window {c.window} ({c.window_source}), threshold {c.threshold}, target {c.target}; "
+            f"final {c.final_tokens}" + _unproductive(c.runs)
+        )
+    if len(result.conversations) > 1:
+        rows.append(_row("total", result.total))
+    if result.plot:
+        rows.append(f"plot: {result.plot}")
+    if result.output:
+        rows.append(f"final histories: {result.output}")
+    return rows
+
+
+def _unproductive(runs: Sequence[cli_output.ReplayRun]) -> str:
+    """Runs that committed nothing, counted, with the first one's reason."""
+    idle = [r for r in runs if r.outcome is not Outcome.COMPACTED]
+    if not idle:
+        return ""
+    return f"; {len(idle)} run(s) committed nothing (first, turn {idle[0].turn}: {idle[0].error})"
+
+
+def _row(name: str, figures: cli_output.ReplayFigures) -> str:
+    count = sum(figures.compactions.values())
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(figures.compactions.items()))
+    compactions = f"{count} ({detail})" if count else "0"
+    llm = f"{figures.llm_input_tokens}/{figures.llm_output_tokens}"
+    return f"{name:<28} {figures.turns:>6} {compactions:<24} {figures.tokens_saved:>9} {llm:>15} {figures.peak_tokens:>9}"

@@ -1,0 +1,240 @@
+"""Recorded conversations from JSONL files: OpenAI chat, or the formats/ adapters' shapes.
+
+A file holds either one message per line (the whole file is one conversation) or one
+conversation per line (``{"messages": [...], "model": ...}``, or ``{"input": [...]}`` for
+Responses items). A bad line becomes a :class:`LineError` naming its file and line; the
+other lines are still read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from compaction_worker.contracts.events import ChatMessage
+from compaction_worker.errors import CompactionWorkerError
+from compaction_worker.formats import anthropic, langchain, responses
+
+try:
+    from langchain_core.messages import messages_from_dict as _messages_from_dict
+except ImportError:  # optional, as for the LangChain adapter: only LangChain input needs it
+    _messages_from_dict = None  # type: ignore[assignment]  # absent without langchain-core
+
+Format = Literal["auto", "openai", "responses", "anthropic", "langchain"]
+
+_RESPONSES_KINDS = frozenset({"message", "function_call", "function_call_output", "reasoning"})
+_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
+_LANGCHAIN_TYPES = frozenset({"human", "ai", "system", "tool", "function", "chat"})
+_CONVERSATION_KEYS = ("messages", "input")
+
+
+class ReplayInputError(CompactionWorkerError, ValueError):
+    """A recorded conversation that cannot be replayed."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """A line (0: the whole file) that could not be read, and why."""
+
+    path: Path
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}" if self.line else f"{self.path}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """One recorded conversation in the stored form (OpenAI chat messages, as the worker stores them)."""
+
+    name: str
+    messages: tuple[dict[str, Any], ...]
+    model: str | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    context_window: int | None = None
+    source: str = ""
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """The conversations found, and the lines that were skipped."""
+
+    conversations: list[Conversation] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+
+
+def read_paths(paths: Iterable[Path], fmt: Format = "auto") -> ReadResult:
+    """Every conversation in the files (a directory: every file in it, sorted by name)."""
+    result = ReadResult()
+    for path in paths:
+        # Hidden files (editor backups, .DS_Store) are no recordings.
+        files = (
+            sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            if path.is_dir()
+            else [path]
+        )
+        for file in files:
+            found = read_file(file, fmt)
+            result.conversations += found.conversations
+            result.errors += found.errors
+    return result
+
+
+def read_file(path: Path, fmt: Format = "auto") -> ReadResult:
+    """The conversations in one JSONL file (see the module's docstring for the two layouts)."""
+    result = ReadResult()
+    records: list[tuple[int, dict[str, Any]]] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        result.errors.append(LineError(path, 0, f"cannot read: {e}"))
+        return result
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as e:
+            result.errors.append(LineError(path, number, f"not JSON: {e}"))
+            continue
+        if not isinstance(data, dict):
+            result.errors.append(LineError(path, number, f"not a JSON object but {type(data).__name__}"))
+            continue
+        records.append((number, data))
+    if not records:
+        if not result.errors:
+            result.errors.append(LineError(path, 0, "no conversation in the file"))
+        return result
+    if _is_conversation(records[0][1]):
+        for number, data in records:
+            try:
+                if not _is_conversation(data):
+                    raise ReplayInputError("a message line in a file of conversation lines")
+                result.conversations.append(_conversation(data, fmt, f"{path.stem}:{number}", path))
+            except (ReplayInputError, ValueError) as e:
+                result.errors.append(LineError(path, number, _reason(e)))
+        return result
+    messages = _message_lines(records, fmt, path, result.errors)
+    if messages:
+        result.conversations.append(Conversation(path.stem, tuple(messages), source=str(path)))
+    return result
+
+
+def _reason(error: Exception) -> str:
+    """An error's first line: a report names each bad line on one line."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _is_conversation(data: Mapping[str, Any]) -> bool:
+    return any(isinstance(data.get(key), list) for key in _CONVERSATION_KEYS)
+
+
+def _conversation(data: Mapping[str, Any], fmt: Format, default_name: str, path: Path) -> Conversation:
+    """One conversation line: ``messages`` (chat, Anthropic or LangChain) or ``input`` (Responses)."""
+    name = data.get("conversation_id") or data.get("id") or default_name
+    items: list[Any] = data["messages"] if isinstance(data.get("messages"), list) else data["input"]
+    if not all(isinstance(i, dict) for i in items):
+        raise ReplayInputError("every message must be a JSON object")
+    system = data.get("system") or data.get("instructions")
+    if fmt == "auto":
+        fmt = "responses" if "input" in data and "messages" not in data else _detect(items)
+        if fmt == "openai" and "system" in data:
+            fmt = "anthropic"
+    messages = _convert(items, fmt, system)
+    tools = data.get("tools")
+    window = data.get("context_window")
+    model = data.get("model")
+    return Conversation(
+        name=str(name),
+        messages=tuple(messages),
+        model=model if isinstance(model, str) else None,
+        tools=tuple(tools) if isinstance(tools, list) and tools else None,
+        context_window=window if isinstance(window, int) and window > 0 else None,
+        source=str(path),
+    )
+
+
+def _message_lines(
+    records: Sequence[tuple[int, dict[str, Any]]], fmt: Format, path: Path, errors: list[LineError]
+) -> list[dict[str, Any]]:
+    """A file of one message (or item) per line; each line converted alone except Responses items."""
+    if fmt == "auto":
+        fmt = _detect([data for _, data in records])
+    if fmt == "responses":
+        # A function_call item joins the assistant message before it: convert them together.
+        try:
+            return _convert([data for _, data in records], fmt, None)
+        except ValueError as e:
+            errors.append(LineError(path, 0, _reason(e)))
+            return []
+    messages: list[dict[str, Any]] = []
+    for number, data in records:
+        try:
+            messages += _convert([data], fmt, None)
+        except ValueError as e:
+            errors.append(LineError(path, number, _reason(e)))
+    return messages
+
+
+def _detect(items: Sequence[Mapping[str, Any]]) -> Format:
+    """The format the items are in, from their shape."""
+    if any(isinstance(i.get("data"), dict) and i.get("type") in _LANGCHAIN_TYPES for i in items):
+        return "langchain"
+    if any(i.get("type") in _RESPONSES_KINDS for i in items):
+        return "responses"
+    for item in items:
+        content = item.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in _ANTHROPIC_BLOCKS for b in content
+        ):
+            return "anthropic"
+    return "openai"
+
+
+def _convert(items: Sequence[Mapping[str, Any]], fmt: Format, system: Any) -> list[dict[str, Any]]:
+    """Stored messages, as the worker stores a turn's messages (its contract's plain form)."""
+    try:
+        converted = _adapted(items, fmt, system)
+    except (TypeError, KeyError, AttributeError) as e:  # a shape the adapter did not expect at all
+        raise ReplayInputError(f"not {fmt} messages: {type(e).__name__}: {e}") from e
+    stored = []
+    for i, message in enumerate(converted):
+        try:
+            stored.append(ChatMessage.model_validate(message).to_dict())
+        except ValidationError as e:
+            where = f"message {i}: " if len(converted) > 1 else ""
+            raise ReplayInputError(f"{where}not a valid chat message: {e.errors()[0]['msg']}") from e
+    return stored
+
+
+def _adapted(items: Sequence[Mapping[str, Any]], fmt: Format, system: Any) -> list[dict[str, Any]]:
+    """The items in chat form, through the format's adapter (chat itself: copied as they are)."""
+    if fmt == "responses":
+        converted = responses.to_openai(items)
+        if isinstance(system, str) and system:
+            converted.insert(0, {"role": "system", "content": system})
+    elif fmt == "anthropic":
+        converted = anthropic.to_openai(items, system or None)
+    elif fmt == "langchain":
+        converted = langchain.to_openai(_langchain_messages(items))
+    else:  # the stored form itself: checked by the caller, as the worker checks a turn's messages
+        converted = [dict(m) for m in items]
+        if isinstance(system, str) and system:
+            converted.insert(0, {"role": "system", "content": system})
+    return converted
+
+
+def _langchain_messages(items: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """LangChain messages from their dict form (``message_to_dict``'s ``{"type", "data"}``)."""
+    if _messages_from_dict is None:
+        raise ReplayInputError("LangChain messages need langchain-core: pip install langchain-core")
+    try:
+        return list(_messages_from_dict([dict(i) for i in items]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReplayInputError(f"not a LangChain message: {e}") from e

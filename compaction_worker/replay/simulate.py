@@ -1,0 +1,260 @@
+"""A recorded conversation replayed offline, turn by turn, through the worker's budget and pipeline.
+
+No broker or Redis: the conversation's metadata and effective history are kept in memory,
+in the worker's own types (``Meta``, ``EffectiveHistory``). Each turn is appended as the
+per-turn path appends it, checked with its threshold rule, and a compaction it sets off
+runs the worker's pipeline and is applied as the worker's commit applies it
+(``compactor.applied``). The one difference: a compaction lands before the next turn,
+where the worker runs it in the background while turns keep arriving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from compaction_worker import strategies
+from compaction_worker.budget.tokens import Budget, budget_for, conversation_budget, counter_for
+from compaction_worker.budget.windows import resolve_window
+from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger
+from compaction_worker.contracts.history import EffectiveHistory, Entry, text_of
+from compaction_worker.replay.reader import Conversation, ReplayInputError
+from compaction_worker.runtime.compactor import Summarizers, applied, context_status
+from compaction_worker.runtime.limits import limits_for
+from compaction_worker.runtime.turns import threshold_trigger
+from compaction_worker.settings import Settings
+from compaction_worker.state.meta import Meta
+from compaction_worker.strategies.draft import add_usage
+
+DEFAULT_MODEL = "gpt-4o-mini"
+"""The model of a conversation whose record names none and no ``--model`` was given."""
+
+MAX_RUNS_PER_TURN = 8
+"""A guard: the worker reschedules while a commit leaves the history over its threshold."""
+
+_NOW = 0.0
+"""Replay time for the threshold rule: failed runs set no backoff here, so it never matters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """One pipeline run during the replay: why, at which turn, what it did."""
+
+    turn: int
+    trigger: Trigger
+    outcome: Outcome
+    tokens_before: int
+    tokens_after: int
+    stages: tuple[str, ...] = ()
+    usage: LlmUsage = field(default_factory=LlmUsage)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPoint:
+    """Context tokens after a turn was appended, and after the compactions it set off."""
+
+    turn: int
+    tokens: int
+    after: int
+
+
+@dataclass(slots=True)
+class ConversationReport:
+    """What replaying one conversation did, and the effective history it ended with."""
+
+    name: str
+    model: str
+    budget: Budget
+    meta: Meta
+    history: EffectiveHistory
+    window_source: str = "registry"
+    """Where the window came from: ``event`` (the record or --context-window), ``registry``, ``fallback``..."""
+    source: str = ""
+    points: list[TurnPoint] = field(default_factory=list)
+    runs: list[Compaction] = field(default_factory=list)
+
+    @property
+    def compactions(self) -> list[Compaction]:
+        """The runs that committed a smaller history."""
+        return [c for c in self.runs if c.outcome is Outcome.COMPACTED]
+
+    def by_trigger(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for c in self.compactions:
+            counts[c.trigger.value] = counts.get(c.trigger.value, 0) + 1
+        return counts
+
+    @property
+    def tokens_saved(self) -> int:
+        return sum(c.tokens_before - c.tokens_after for c in self.compactions)
+
+    @property
+    def usage(self) -> LlmUsage:
+        total = LlmUsage()
+        for c in self.runs:
+            total = add_usage(total, c.usage)
+        return total
+
+    @property
+    def peak(self) -> int:
+        return max((p.tokens for p in self.points), default=self.meta.fixed_tokens)
+
+
+def split_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[list[dict[str, Any]]]]:
+    """The leading system messages (as the turn's ``system_prompt``) and the turns: a user message starts one."""
+    start = 0
+    while start < len(messages) and messages[start].get("role") == "system":
+        start += 1
+    system = "\n\n".join(text_of(m) for m in messages[:start]) or None
+    turns: list[list[dict[str, Any]]] = []
+    for message in messages[start:]:
+        if not turns or message.get("role") == "user":
+            turns.append([])
+        turns[-1].append(dict(message))
+    return system, turns
+
+
+class Replay:
+    """Replays one conversation; :meth:`run` returns its report."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        settings: Settings,
+        summarizers: Summarizers,
+        *,
+        model: str | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.summarizers = summarizers
+        self.name = conversation.name
+        model = model or conversation.model or DEFAULT_MODEL
+        window = context_window or conversation.context_window
+        budget_settings = settings.budget
+        unknown = resolve_window(model, budget_settings, None).source == "fallback"
+        if unknown and budget_settings.fallback_window is None and window is None:
+            raise ReplayInputError(
+                f"{self.name}: model {model!r} has no known context window; pass --context-window"
+            )
+        system, self.turns = split_turns(conversation.messages)
+        self.counter = counter_for(model, budget_settings)
+        tools = conversation.tools
+        info, budget = budget_for(model, budget_settings, window, None)
+        # The fields the per-turn path writes (turns.TurnHandler._append).
+        self.meta = Meta(
+            model=model,
+            window=budget.window,
+            threshold=budget.threshold,
+            overhead_tokens=budget_settings.conversation_overhead_tokens,
+            system_prompt=system,
+            system_tokens=(
+                self.counter.text(system) + budget_settings.message_overhead_tokens if system else 0
+            ),
+            tools=tools,
+            tools_tokens=self.counter.tools(tools),
+            context_window=window,
+        )
+        self.history = EffectiveHistory(chunks=(), entries=(), system_prompt=system, tools=tools)
+        self.transcript: list[Mapping[str, Any]] = []
+        self.report = ConversationReport(
+            self.name,
+            model,
+            budget,
+            self.meta,
+            self.history,
+            window_source=info.source,
+            source=conversation.source,
+        )
+
+    async def run(self, on_turn: Callable[[], None] = lambda: None) -> ConversationReport:
+        """Append every turn, compacting where the worker would; ``on_turn`` is called after each."""
+        for seq, messages in enumerate(self.turns, start=1):
+            await self.turn(seq, messages)
+            on_turn()
+        self.report.meta, self.report.history = self.meta, self.history
+        return self.report
+
+    def total(self) -> int:
+        """The conversation's context as the threshold rule sees it (calibrated estimate)."""
+        return int(self.meta.total_tokens * self.meta.calibration)
+
+    async def turn(self, seq: int, messages: Sequence[dict[str, Any]]) -> None:
+        """Append one turn, then run the compactions it sets off."""
+        entries = []
+        for message in messages:
+            self.transcript.append(message)
+            entries.append(Entry(len(self.transcript), seq, message, self.counter.message(message)))
+        self.meta = replace(
+            self.meta,
+            last_seq=seq,
+            msg_count=len(self.transcript),
+            history_tokens=self.meta.history_tokens + sum(e.tokens for e in entries),
+        )
+        self.history = self.history.with_parts(self.history.chunks, (*self.history.entries, *entries))
+        tokens = self.total()
+        trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
+        for _ in range(MAX_RUNS_PER_TURN):
+            if trigger is None:
+                break
+            run = await self.compact(seq, trigger)
+            self.report.runs.append(run)
+            if run.outcome is not Outcome.COMPACTED:
+                break
+            # As Compactor._reschedule_if_still_over: another run while still over the threshold.
+            _, budget = conversation_budget(self.meta, self.settings.budget)
+            trigger = Trigger.THRESHOLD if self.total() >= budget.threshold else None
+        self.report.points.append(TurnPoint(seq, tokens, self.total()))
+
+    async def compact(self, seq: int, trigger: Trigger) -> Compaction:
+        """One run as ``Compactor._compact`` does it (no lock, no events, no circuit breaker)."""
+        meta, history = self.meta, self.history
+        counter = counter_for(meta.model, self.settings.budget)
+        _, budget = conversation_budget(meta, self.settings.budget)
+        scale = meta.calibration or 1.0
+        limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)
+        summarizers = list(self.summarizers(meta.model, counter))
+        originals = {n: self.transcript[n - 1] for n in strategies.edited_ordinals(history)}
+        before = self.total()
+        try:
+            result = await strategies.compact(
+                history,
+                limits,
+                summarizers,
+                counter,
+                settings=self.settings.pipeline,
+                originals=originals,
+                conversation_id=self.name,
+                conversation_model=meta.model,
+            )
+        except Exception as e:  # as in the worker: a failed compaction is an outcome, the replay goes on
+            self.meta = replace(meta, failures=meta.failures + 1)
+            return Compaction(seq, trigger, Outcome.FAILED, before, before, error=f"{type(e).__name__}: {e}")
+        if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
+            self.history, delta = applied(history, result, counter)
+            # What the commit script writes (replace.lua): new totals and version, the no-op mark cleared.
+            self.meta = replace(
+                meta,
+                history_tokens=meta.history_tokens + delta,
+                version=meta.version + 1,
+                context_status=context_status(result.draft),
+                noop_tokens=0,
+                failures=0,
+                retry_after=0.0,
+            )
+            return Compaction(
+                seq,
+                trigger,
+                Outcome.COMPACTED,
+                before,
+                self.total(),
+                result.stages,
+                result.usage,
+                result.error,
+            )
+        # As Compactor._noop: remember the size that could not shrink.
+        self.meta = replace(meta, noop_tokens=int(meta.total_tokens * meta.calibration) or 1)
+        error = result.error or "the compaction would not shrink the history"
+        return Compaction(seq, trigger, Outcome.NOOP, before, before, (), result.usage, error)

@@ -1,0 +1,43 @@
+"""``compaction-worker bench --quick --json`` end to end: embedded broker and Redis, worker processes, every row."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+from click.testing import CliRunner
+
+from compaction_worker.bench.report import Row
+from compaction_worker.cli import SCHEMAS_DIR, main
+
+
+def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
+    result = CliRunner().invoke(main, ["bench", "--quick", "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output + (result.stderr or "") + repr(result.exception)
+    report = json.loads(result.stdout)
+    schema = json.loads((SCHEMAS_DIR / "cli" / "bench.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)
+    assert (report["repeat"], report["quick"]) == (1, True)
+    rows = {row["name"]: row for row in report["rows"]}
+    for row in report["rows"]:  # timing is never asserted: only that each figure was measured
+        assert isinstance(row["value"], int | float), row
+        assert math.isfinite(row["value"]), row
+        assert row["met"] is None or isinstance(row["met"], bool)
+    one, two = rows["one worker process"], rows["two worker processes"]
+    assert min(one["value"], one["baseline"]) > 0
+    assert (one["target"], one["at_least"]) == (0.6, True)
+    assert (two["baseline"], two["target"]) == (one["value"], 1.6)
+    head = rows["head-of-line: p99 store latency, 10% compacting"]
+    assert head["value"] > 0
+    assert (head["target"], head["target_on_value"]) == (100.0, True)
+    assert any(name.startswith("per-turn cost") for name in rows)
+    assert any(name.startswith("compaction cost excl. LLM") for name in rows)
+    assert any(name.startswith("summarizer input tokens") for name in rows)
+    assert Row(**{k: v for k, v in one.items() if k not in ("ratio", "met")}).met == one["met"]
+
+
+def test_an_unknown_scenario_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["bench", "--only", "nope"])
+    assert result.exit_code == 2
+    assert "no scenario matches nope" in result.output

@@ -1,0 +1,110 @@
+"""``compaction-worker replay`` end to end through click: figures, --json, the PNG, --output, bad lines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from compaction_worker import strategies
+from compaction_worker.cli import SCHEMAS_DIR, main
+from compaction_worker.contracts import cli_output
+from compaction_worker.contracts.events import ChatMessage
+from compaction_worker.contracts.history import is_summary_text
+from compaction_worker.replay.command import with_thresholds
+from compaction_worker.replay.reader import ReplayInputError
+from compaction_worker.settings import Settings
+from tests.replay.test_plot import png_size
+
+FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
+
+
+def test_replay_prints_the_figures_writes_the_png_and_the_final_history(tmp_path: Path) -> None:
+    png, out = tmp_path / "sawtooth.png", tmp_path / "history.jsonl"
+    args = ["replay", str(FIXTURE), "--context-window", "4000", "--plot", str(png), "--output", str(out)]
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output + result.stderr
+    data = json.loads(result.stdout)
+    jsonschema.Draft202012Validator(json.loads((SCHEMAS_DIR / "cli" / "replay.json").read_text())).validate(
+        data
+    )
+    report = cli_output.Replay.model_validate(data)
+    (conversation,) = report.conversations
+    assert (conversation.name, conversation.turns, conversation.window) == ("agent_session", 24, 4000)
+    compactions = conversation.compactions["threshold"]
+    assert compactions >= 2
+    assert report.total.compactions == {"threshold": compactions}
+    assert report.total.tokens_saved == conversation.tokens_saved > 0
+    assert (report.total.llm_input_tokens, report.total.llm_output_tokens) == (0, 0)
+    assert report.errors == []
+    assert "replaying" in result.stderr  # the progress bar's label, on stderr
+
+    assert png_size(png) == (1200, 600)
+    (line,) = out.read_text().splitlines()
+    history = cli_output.History.model_validate_json(line)
+    assert history.conversation_id == "agent_session"
+    assert history.version == compactions
+    assert history.tokens == conversation.final_tokens
+    assert history.chunks
+    for message in history.messages:
+        ChatMessage.model_validate(message)
+    assert is_summary_text(history.messages[1]["content"])
+    assert strategies.provider_problems(history.messages) == []
+
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0
+    assert f"{compactions} (threshold {compactions})" in text.stdout
+    assert "window 4000 (event), threshold 2400, target 1500" in text.stdout
+
+
+def test_thresholds_come_from_the_options_or_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "worker.yaml"
+    config.write_text("budget:\n  trigger_fraction: 0.6\n  target_fraction: 0.4\n")
+    args = ["replay", str(FIXTURE), "--context-window", "4000", "--json"]
+    from_file = CliRunner().invoke(main, ["--config", str(config), *args])
+    assert from_file.exit_code == 0, from_file.output
+    (conversation,) = json.loads(from_file.stdout)["conversations"]
+    assert (conversation["threshold"], conversation["target"]) == (1800, 1200)
+    from_options = CliRunner().invoke(main, [*args, "--trigger", "0.7", "--target", "0.3"])
+    (conversation,) = json.loads(from_options.stdout)["conversations"]
+    assert (conversation["threshold"], conversation["target"]) == (2100, 900)
+
+
+def test_a_target_over_the_trigger_is_refused() -> None:
+    with pytest.raises(ReplayInputError, match="invalid thresholds"):
+        with_thresholds(Settings(), 0.5, 0.6)
+    result = CliRunner().invoke(main, ["replay", str(FIXTURE), "--trigger", "0.5", "--target", "0.6"])
+    assert result.exit_code == 1
+    assert "Error: invalid thresholds: Value error, target_fraction must be below" in result.stderr
+
+
+def test_an_unwritable_plot_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    png = tmp_path / "missing" / "plot.png"
+    result = CliRunner().invoke(main, ["replay", str(FIXTURE), "--plot", str(png)])
+    assert result.exit_code == 1
+    assert f"Error: cannot write {png}" in result.stderr
+
+
+def test_bad_lines_are_named_and_the_rest_is_replayed(tmp_path: Path) -> None:
+    shutil.copy(FIXTURE, tmp_path / "good.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"role": "user", "content": "hi"}\n{"role": "user", "content": \n')
+    result = CliRunner().invoke(main, ["replay", str(tmp_path), "--context-window", "4000", "--json"])
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'bad.jsonl'}:2: not JSON" in result.stderr
+    data = json.loads(result.stdout)
+    assert [c["name"] for c in data["conversations"]] == ["bad", "good"]
+    assert [c["turns"] for c in data["conversations"]] == [1, 24]
+    assert data["errors"] == [
+        f"{tmp_path / 'bad.jsonl'}:2: not JSON: Expecting value: line 1 column 29 (char 28)"
+    ]
+
+
+def test_nothing_to_replay_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    result = CliRunner().invoke(main, ["replay", str(tmp_path / "empty.jsonl")])
+    assert result.exit_code == 1
+    assert "no conversation to replay" in result.stderr

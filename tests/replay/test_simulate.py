@@ -1,0 +1,166 @@
+"""Replaying a recorded conversation through the worker's budget, threshold rule and pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compaction_worker import strategies
+from compaction_worker.budget.tokens import counter_for
+from compaction_worker.contracts.events import Outcome, Trigger
+from compaction_worker.contracts.history import render
+from compaction_worker.replay.reader import Conversation, ReplayInputError, read_file
+from compaction_worker.replay.simulate import DEFAULT_MODEL, ConversationReport, Replay, split_turns
+from compaction_worker.runtime.components import configured_summarizers
+from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
+from compaction_worker.testing import FakeLLMServer
+from tests.orchestration import Parts, raw
+
+FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
+WINDOW = 4000
+"""Small enough for the fixture (24 turns, ~11K tokens) to compact several times."""
+
+
+def _conversation() -> Conversation:
+    (conversation,) = read_file(FIXTURE).conversations
+    return conversation
+
+
+async def _replay(settings: Settings, window: int | None = WINDOW, **kw: str) -> ConversationReport:
+    replay = Replay(
+        _conversation(), settings, configured_summarizers(settings.summarizer), context_window=window, **kw
+    )
+    return await replay.run()
+
+
+def test_a_user_message_starts_a_turn_and_leading_system_messages_are_the_prompt() -> None:
+    system, turns = split_turns(
+        [
+            {"role": "system", "content": "a"},
+            {"role": "system", "content": "b"},
+            {"role": "assistant", "content": "greeting"},
+            {"role": "user", "content": "1"},
+            {"role": "assistant", "content": "x"},
+            {"role": "system", "content": "mid"},
+            {"role": "user", "content": "2"},
+        ]
+    )
+    assert system == "a\n\nb"
+    assert [[m["content"] for m in t] for t in turns] == [["greeting"], ["1", "x", "mid"], ["2"]]
+
+
+async def test_the_fixture_compacts_at_each_threshold_crossing_down_to_the_target() -> None:
+    settings = Settings()
+    report = await _replay(settings)
+    budget = report.budget
+    assert (budget.window, budget.threshold, budget.target) == (4000, 2400, 1500)
+    assert len(report.points) == 24
+    compactions = report.compactions
+    assert len(compactions) >= 2
+    assert report.by_trigger() == {"threshold": len(compactions)}
+    # One compaction for each turn whose append crossed the threshold; each lands at or under the target.
+    crossings = [p.turn for p in report.points if p.tokens >= budget.threshold]
+    assert [c.turn for c in compactions] == crossings
+    assert all(c.tokens_before >= budget.threshold and c.tokens_after <= budget.target for c in compactions)
+    assert all(p.after < budget.threshold for p in report.points)
+    assert report.tokens_saved == sum(p.tokens - p.after for p in report.points) > 0
+    assert report.peak == max(p.tokens for p in report.points)
+    assert (report.usage.prompt_tokens, report.usage.completion_tokens) == (0, 0)  # extractive
+    assert all(c.stages and "summarize" in c.stages for c in compactions)
+
+
+async def test_the_totals_are_the_worker_s_counts_of_what_the_history_holds() -> None:
+    """The running total (appends, then each commit's delta) equals a recount of the final history."""
+    report = await _replay(Settings())
+    counter = counter_for(report.model, Settings().budget)
+    first_turn = split_turns(_conversation().messages)[1][0]
+    meta = report.meta
+    assert report.points[0].tokens == meta.fixed_tokens + counter.messages(first_turn)
+    overhead = strategies.summary_overhead(counter)
+    history = report.history
+    recount = strategies.draft_tokens(strategies.Draft(history.chunks, history.entries), overhead)
+    assert meta.total_tokens == meta.fixed_tokens + recount == report.points[-1].after
+    assert meta.version == len(report.compactions)
+    assert history.chunks  # the summaries are in the history the runtime would send
+    assert strategies.provider_problems(render(history)) == []
+
+
+async def test_a_lower_trigger_compacts_more_often() -> None:
+    default = await _replay(Settings())
+    eager = Settings(budget=BudgetSettings(trigger_fraction=0.6, target_fraction=0.5))
+    report = await _replay(eager)
+    assert (report.budget.threshold, report.budget.target) == (1800, 1500)
+    assert len(report.compactions) > len(default.compactions)
+
+
+async def test_a_window_too_big_to_reach_compacts_nothing() -> None:
+    report = await _replay(Settings(), window=None)  # gpt-4o-mini: 128K tokens
+    assert report.runs == []
+    assert report.points[-1].after == report.peak
+
+
+def test_an_unknown_model_without_a_window_is_refused() -> None:
+    """As the worker dead-letters its turns when no fallback window is configured."""
+    strict = Settings(budget=BudgetSettings(fallback_window=None))
+    with pytest.raises(ReplayInputError, match="no known context window"):
+        Replay(_conversation(), strict, configured_summarizers(SummarizerSettings()), model="acme/unknown")
+
+
+async def test_an_llm_summarizer_s_tokens_are_counted(fake_llm: FakeLLMServer) -> None:
+    settings = Settings(
+        summarizer=SummarizerSettings(
+            model="openai/fake", api_base=fake_llm.url, api_key="fake", max_retries=0
+        )
+    )
+    report = await _replay(settings)
+    assert report.compactions
+    assert report.usage.prompt_tokens > 0
+    assert report.usage.completion_tokens > 0
+    assert len(fake_llm.requests) >= len(report.compactions)
+    assert all(c.trigger is Trigger.THRESHOLD and c.outcome is Outcome.COMPACTED for c in report.compactions)
+
+
+@pytest.mark.integration
+async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
+    parts: Parts, settings: Settings
+) -> None:
+    """The real per-turn path and compactor over Redis, each compaction run before the next turn:
+    the same context after every turn, the same compactions, the same final history."""
+    report = await _replay(settings)
+    system, turns = split_turns(_conversation().messages)
+    cid, worker_points, runs = "agent_session", [], 0
+    for seq, messages in enumerate(turns, start=1):
+        fields = {"system_prompt": system} if seq == 1 else {}
+        await parts.turns.handle(raw(cid, seq, *messages, context_window=WINDOW, **fields), cid.encode())
+        tokens = (await parts.store.meta(cid)).total_tokens
+        while (claim := await parts.jobs.claim(cid)) is not None:
+            completed = await parts.compactor.run(claim)
+            runs += completed is not None and completed.outcome is Outcome.COMPACTED
+        worker_points.append((seq, tokens, (await parts.store.meta(cid)).total_tokens))
+    assert [(p.turn, p.tokens, p.after) for p in report.points] == worker_points
+    assert len(report.compactions) == runs >= 2
+    snapshot = await parts.store.snapshot(cid)
+    assert render(report.history) == render(snapshot.history)
+
+
+async def test_a_soft_threshold_compacts_first_in_the_background() -> None:
+    settings = Settings(budget=BudgetSettings(soft_trigger_fraction=0.6))
+    report = await _replay(settings)
+    assert report.budget.soft_threshold == 1800
+    assert set(report.by_trigger()) == {"soft_threshold"}
+    assert max(p.tokens for p in report.points) < report.budget.threshold
+
+
+async def test_tools_and_the_system_prompt_are_fixed_tokens_that_stay() -> None:
+    tools = ({"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}},)
+    conversation = _conversation()
+    with_tools = Conversation(conversation.name, conversation.messages, tools=tools)
+    settings = Settings()
+    counter = counter_for(DEFAULT_MODEL, settings.budget)
+    replay = Replay(with_tools, settings, configured_summarizers(settings.summarizer), context_window=WINDOW)
+    report = await replay.run()
+    assert report.meta.tools_tokens == counter.tools(tools) > 0
+    assert report.meta.system_tokens == counter.text(report.history.system_prompt or "") + 4
+    assert report.history.tools == tools
+    assert render(report.history)[0]["content"].startswith("You are a coding agent")
