@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+import tiktoken
 from pydantic import ValidationError
 
 from compaction_worker.contracts.events import TurnEvent
@@ -255,6 +256,22 @@ class TestDefaultSummary:
         assert "more messages" in summary
         assert "message 0 talks" in summary
         assert "message 499 talks" in summary
+
+    def test_the_requests_max_tokens_bounds_the_summary(self) -> None:
+        """A model asked for at most max_tokens writes to fit them: so does the fake (tiktoken-counted)."""
+        lines = [
+            f"user: message {n} edits src/pkg/module_{n}.py and runs `pytest -k case_{n}` again."
+            for n in range(200)
+        ]
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "\n".join(lines)}]}
+        unbounded = default_summary(body)
+        encoding = tiktoken.get_encoding("o200k_base")
+        assert len(encoding.encode(unbounded)) > 185
+
+        bounded = default_summary({**body, "max_tokens": 185})
+
+        assert len(encoding.encode(bounded)) <= 185
+        assert "message 0 edits" in bounded
 
     def test_text_parts_and_no_role_headers(self) -> None:
         """Content parts are read; without role headers each paragraph is one entry."""

@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from compaction_worker import _litellm
 from compaction_worker.bench.agent_data import agent_turn, compact_json, fill, label
+from compaction_worker.bench.report import Progress, Row, format_table
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.local.embedded import EmbeddedRedis
@@ -37,33 +38,6 @@ COMPACT_MODEL = "azure/gpt-4o"
 """A 128K window: the 1M-token conversation compacts many times on its way."""
 LARGE_WINDOW = 8_000_000
 """The window the per-turn rows' events state, so a 1M-token history stays under its threshold."""
-
-Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class CostRow:
-    """One line of the table: a figure, the figure beside it, their ratio and the target on it."""
-
-    name: str
-    value: float
-    unit: str
-    baseline: float | None = None
-    baseline_name: str = ""
-    target: float | None = None
-    """The ratio (or, without a baseline, the value) must be at most this."""
-    note: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        return self.value / self.baseline if self.baseline else None
-
-    @property
-    def met(self) -> bool | None:
-        if self.target is None:
-            return None
-        measured = self.ratio if self.baseline is not None else self.value
-        return measured is not None and measured <= self.target
 
 
 @dataclass(slots=True)
@@ -109,7 +83,7 @@ def _quantile(values: Sequence[float], q: float) -> float:
 # --- row 1: per-turn cost against history length -------------------------------------------------
 
 
-async def per_turn_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
+async def per_turn_rows(env: CostEnv, progress: Progress) -> list[Row]:
     """Median per-turn cost at 1K, 100K and 1M tokens of history, beside a loop that recounts the history."""
     sizes = (1_000, env.size(100_000), env.size(1_000_000))
     turns, naive_turns = env.repeats(60), env.repeats(5)
@@ -142,7 +116,7 @@ async def per_turn_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
     rows = []
     for size in sizes:
         rows.append(
-            CostRow(
+            Row(
                 f"per-turn cost, {label(size)} tokens of history",
                 statistics.median(worker[size]) * 1000,
                 "ms",
@@ -152,7 +126,7 @@ async def per_turn_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
         )
     base = rows[0].value
     rows.append(
-        CostRow(
+        Row(
             f"per-turn cost at {label(sizes[-1])} / at {label(sizes[0])}",
             rows[-1].value,
             "ms",
@@ -223,7 +197,7 @@ async def _compact_now(parts: Components, cid: str) -> CompactionCompleted | Non
     return None if claim is None else await parts.compactor.run(claim)
 
 
-async def compaction_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
+async def compaction_rows(env: CostEnv, progress: Progress) -> list[Row]:
     """p50/p99 of a manual compaction's cost without its LLM calls, at 50K and 500K tokens of history."""
     sizes = (env.size(50_000, 8_000), env.size(500_000, 16_000))
     repeats = env.repeats(20)
@@ -255,7 +229,7 @@ async def compaction_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
         llm_share = statistics.median(total[size]) - statistics.median(overhead[size])
         for name, q in (("p50", 0.5), ("p99", 0.99)):
             rows.append(
-                CostRow(
+                Row(
                     f"compaction cost excl. LLM, {label(size)} tokens, {name}",
                     _quantile(overhead[size], q),
                     "ms",
@@ -277,7 +251,7 @@ async def redis_bytes(redis: Redis, keys: Sequence[str]) -> int:
     return total
 
 
-async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[CostRow]:
+async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[Row]:
     """A conversation of 1M tokens through the per-turn path, compacted as it goes (fake LLM).
 
     Reports Redis bytes against the raw transcript's bytes before the first compaction and at
@@ -317,7 +291,7 @@ async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[CostR
     rows = []
     if before is not None:
         rows.append(
-            CostRow(
+            Row(
                 "Redis bytes per conversation, before compaction",
                 before[0],
                 "B",
@@ -327,7 +301,7 @@ async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[CostR
             )
         )
     rows.append(
-        CostRow(
+        Row(
             f"Redis bytes per conversation, after {len(log)} compactions",
             after,
             "B",
@@ -337,7 +311,7 @@ async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[CostR
         )
     )
     rows.append(
-        CostRow(
+        Row(
             f"summarizer input tokens over {label(appended)} tokens",
             sent,
             "tokens",
@@ -354,33 +328,17 @@ ROWS = (per_turn_rows, compaction_rows, long_conversation_rows)
 """The cost scenarios, in the order the table shows them."""
 
 
-def format_rows(rows: Sequence[CostRow]) -> str:
-    """The rows as a plain table: figure, the figure beside it, ratio, target and whether it is met."""
-    lines = []
-    for row in rows:
-        beside = f"{row.baseline:,.2f} {row.unit} ({row.baseline_name})" if row.baseline is not None else ""
-        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else ""
-        target = ""
-        if row.target is not None:
-            target = f"target <= {row.target:g}{'x' if row.baseline is not None else ' ' + row.unit}: "
-            target += "met" if row.met else "MISSED"
-        lines.append(f"{row.name:<52} {row.value:>14,.2f} {row.unit:<6} {ratio:>8}  {beside}  {target}")
-        if row.note:
-            lines.append(f"{'':<52}   {row.note}")
-    return "\n".join(lines)
-
-
 async def _main(scale: float, only: str | None) -> None:
     with EmbeddedRedis() as server, FakeLLMServer() as llm:
         redis = Redis.from_url(server.url)
         env = CostEnv(redis, llm, scale=scale)
-        rows: list[CostRow] = []
+        rows: list[Row] = []
         for scenario in ROWS:
             if only is None or only in scenario.__name__:
                 rows += await scenario(env, lambda text: print(f"  .. {text}", end="\r", flush=True))
         await redis.aclose()
     print(" " * 80)
-    print(format_rows(rows))
+    print(format_table(rows))
 
 
 if __name__ == "__main__":

@@ -42,20 +42,6 @@ class Row:
             return False
         return measured >= self.target if self.at_least else measured <= self.target
 
-    @classmethod
-    def like(cls, row: Any) -> Row:
-        """A Row from any object with Row's fields (the cost rows' ``CostRow``); ``at_least`` defaults to False."""
-        return cls(
-            name=row.name,
-            value=float(row.value),
-            unit=row.unit,
-            baseline=None if row.baseline is None else float(row.baseline),
-            baseline_name=row.baseline_name,
-            target=row.target,
-            at_least=getattr(row, "at_least", False),
-            note=row.note,
-        )
-
 
 def target_text(row: Row) -> str:
     """``>= 0.6x: met``, ``<= 100 ms: MISSED``, or empty without a target."""

@@ -176,13 +176,19 @@ def default_summary(body: dict[str, Any]) -> str:
     One bullet (first sentence, at most 12 words) per message found in the transcript,
     under the headings a real summary has; at most ~300 words and at most half the
     transcript's words (but 32 at least), so a summary of any transcript worth
-    compacting is clearly shorter than what it covers.
+    compacting is clearly shorter than what it covers; and within the request's
+    ``max_tokens``, as a model asked for that many writes to fit them.
     """
     transcript = _transcript_of(body)
     entries = _entries(transcript)
     if not entries:
         return "## Current state\n- (empty transcript)"
     budget = min(_SUMMARY_WORDS, max(_MIN_BUDGET_WORDS, len(transcript.split()) // 2))
+    # A model asked for at most max_tokens writes to fit them, as the prompt asks; a word of
+    # these bullets (paths, code) is up to ~3 tokens, headings included.
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+    if isinstance(max_tokens, int) and max_tokens > 0:
+        budget = min(budget, max(8, max_tokens // 3))
     goal_index = next((i for i, (role, _) in enumerate(entries) if role == "user"), 0)
     last_index = len(entries) - 1
     goal = _bullet(*entries[goal_index])

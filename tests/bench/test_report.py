@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from types import SimpleNamespace
 
 from compaction_worker.bench.report import ProgressLine, Row, format_table, markdown_table, rows_json, spread
 
@@ -29,14 +28,6 @@ def test_a_zero_baseline_has_no_ratio_and_misses_a_ratio_target() -> None:
     row = Row("one", 5.0, "turns/s", 0.0, "bare", target=0.6, at_least=True)
     assert row.ratio is None
     assert row.met is False
-
-
-def test_like_copies_a_cost_row_and_reads_it_as_a_ceiling() -> None:
-    cost = SimpleNamespace(
-        name="bytes", value=3, unit="B", baseline=1, baseline_name="raw", target=2.5, note="n", met=False
-    )
-    row = Row.like(cost)
-    assert (row.value, row.baseline, row.at_least, row.met, row.note) == (3.0, 1.0, False, False, "n")
 
 
 def test_the_table_shows_each_row_its_ratio_and_whether_it_met_its_target() -> None:

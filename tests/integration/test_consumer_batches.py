@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING
 import pytest
 
 from compaction_worker.client.client import Client
-from compaction_worker.errors import ConfigError
 from compaction_worker.local.embedded import EmbeddedRedis
 from compaction_worker.runtime.turns import TurnOutcome
 from compaction_worker.runtime.worker import build_worker
 from tests.orchestration import raw, user
 
-from .helpers import committed_records, group_offsets, poll_until, publish_many, read_topic, worker_settings
+from .helpers import (
+    committed_records,
+    group_offsets,
+    poll_until,
+    publish_many,
+    read_topic,
+    running,
+    worker_settings,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import MakeTopics
@@ -38,15 +45,7 @@ STOP_AFTER = 150
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     """A Redis of this test's own, persistent (fsync on every write), so a restart keeps what was stored."""
-    server = EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data")
-    try:
-        server.start()
-    except ConfigError as e:
-        pytest.skip(str(e))
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from running(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
 
 
 async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from compaction_worker.client.client import Client
-from compaction_worker.errors import ConfigError
 from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.local.embedded import EmbeddedRedis, free_port
 from compaction_worker.observability.health import LIVEZ, METRICS, READYZ
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
 
-from .helpers import poll_until, worker_settings
+from .helpers import poll_until, running, worker_settings
 from .processes import WorkerProcess
 
 if TYPE_CHECKING:
@@ -38,15 +37,7 @@ LIVENESS_TIMEOUT = 3.0
 @pytest.fixture
 def own_redis() -> Iterator[EmbeddedRedis]:
     """A Redis of this test's own, so stopping it disturbs no other test."""
-    server = EmbeddedRedis()
-    try:
-        server.start()
-    except ConfigError as e:
-        pytest.skip(str(e))
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from running(EmbeddedRedis())
 
 
 def get(port: int, path: str) -> tuple[int, str]:

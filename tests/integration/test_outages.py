@@ -17,13 +17,12 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, TurnEvent
-from compaction_worker.errors import ConfigError
 from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.runtime.topics import create_topics
@@ -38,6 +37,7 @@ from .helpers import (
     group_offsets,
     poll_until,
     read_topic,
+    running,
     worker_settings,
 )
 
@@ -55,7 +55,6 @@ ASSIGNED = re.compile(r"Consumer (\S+) assigned to partitions")
 WORKER = {"lock_ttl_seconds": 2.0, "retry_backoff_seconds": 0.5}
 
 Streams = Mapping[str, Sequence[TurnEvent]]
-Server = TypeVar("Server", EmbeddedKafka, EmbeddedRedis)
 
 
 # --- servers of our own -----------------------------------------------------------------
@@ -69,25 +68,13 @@ def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     reply, so even an unclean stop could not lose it; the test stops it gracefully
     (SIGTERM), and the restarted server loads the file before it answers PING.
     """
-    yield from _running(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
+    yield from running(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
 
 
 @pytest.fixture
 def own_kafka() -> Iterator[EmbeddedKafka]:
     """An embedded broker for one test; its memory storage empties on restart."""
-    yield from _running(EmbeddedKafka())
-
-
-def _running(server: Server) -> Iterator[Server]:
-    """Start ``server`` (skip the test if its binary is missing), yield it, close it."""
-    try:
-        server.start()
-    except ConfigError as e:
-        pytest.skip(str(e))
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from running(EmbeddedKafka())
 
 
 # --- helpers ------------------------------------------------------------------------------
