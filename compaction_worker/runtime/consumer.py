@@ -36,6 +36,10 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.BusyLoadingError,
+    # A Redis Cluster in failover: slots unserved or moving, a primary down.
+    redis_errors.ClusterError,
+    redis_errors.RedisClusterException,
+    redis_errors.TryAgainError,
     OSError,
     KafkaError,
 )

@@ -13,7 +13,7 @@ import pytest
 import redis.exceptions
 from aiokafka import ConsumerRecord, TopicPartition
 
-from compaction_worker.runtime.consumer import Record, conversations, handle_batch
+from compaction_worker.runtime.consumer import INFRA_ERRORS, Record, conversations, handle_batch
 
 TOPIC = "turns"
 
@@ -111,3 +111,18 @@ async def test_a_cancelled_batch_commits_nothing() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ConnectionError("connection refused"),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.SlotNotCoveredError("slot 1234 is not covered"),
+        redis.exceptions.TryAgainError("TRYAGAIN"),
+    ],
+)
+def test_a_single_server_or_cluster_outage_is_an_infrastructure_error(error: Exception) -> None:
+    """Logged as an outage (a warning), not as a bug with its traceback; a bad reply is not one."""
+    assert isinstance(error, INFRA_ERRORS)
+    assert not isinstance(redis.exceptions.ResponseError("WRONGTYPE"), INFRA_ERRORS)
