@@ -229,6 +229,15 @@ class PipelineSettings(_Section):
     max_tool_output_lines: int | None = Field(
         default=2000, ge=10, description="Tool outputs over this many lines are cut; None: no limit."
     )
+    task_max_tokens: int = Field(
+        default=20_000,
+        ge=0,
+        description="The task (the first user message) stays verbatim up to this size; past it, its head, "
+        "tail and distinctive terms; 0: summarized like any message.",
+    )
+    task_max_fraction: float = Field(
+        default=0.2, gt=0, le=1, description="The same, as a share of the window; the smaller wins."
+    )
 
 
 class SummarizerSettings(_Section):

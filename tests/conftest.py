@@ -191,7 +191,7 @@ def fake_llm(fake_llm_server: FakeLLMServer) -> FakeLLMServer:
 
 @pytest.fixture
 def settings() -> Settings:
-    return orchestration.test_settings()
+    return orchestration.make_settings()
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""What the turn, compaction and rewind tests share: an in-memory publisher, events, the wired parts."""
+"""What the tests share: their settings, an in-memory publisher, events, the wired parts."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -19,7 +21,7 @@ from compaction_worker.state.jobs import JobQueue
 from compaction_worker.strategies import summary_overhead
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.testing import turn_payload
+from compaction_worker.testing import turn_bytes
 
 
 class Published:
@@ -71,13 +73,43 @@ def compactor_with(parts: Parts, published: Publisher, summarizers: Summarizers)
     return make_parts(parts.store.redis, parts.settings, published, summarizers).compactor
 
 
-def test_settings() -> Settings:
-    """Settings with a small event-size limit, a key prefix of its own and no expiry."""
-    return Settings(redis={"key_prefix": "t", "retention_seconds": None}, kafka={"max_event_bytes": 16384})
+def make_settings(
+    kafka_bootstrap: str | None = None,
+    redis_url: str | None = None,
+    topics: Sequence[str] | None = None,
+    /,
+    **sections: Mapping[str, Any],
+) -> Settings:
+    """A test's settings: ``sections`` merged key by key over those of where the test runs.
 
-
-def raw(cid: str, seq: int, *messages: dict[str, Any], **fields: Any) -> bytes:
-    return json.dumps(turn_payload(cid, seq, list(messages), **fields)).encode()
+    In process (no ``kafka_bootstrap``; the ``settings`` fixture): key prefix ``t``, no
+    expiry, a 16 KiB event limit. A worker on the real broker: on ``topics`` (turns,
+    started, completed, dlq), ``redis_url`` and a consumer group and key prefix of its own,
+    two consumers, short session timeouts, an hour's expiry and a fast sweeper.
+    """
+    data: dict[str, Any]
+    if kafka_bootstrap is None:
+        data = {"redis": {"key_prefix": "t", "retention_seconds": None}, "kafka": {"max_event_bytes": 16384}}
+    else:
+        assert topics is not None, "a worker on the real broker needs its topics"
+        turns, started, completed, dlq = topics
+        suffix = uuid.uuid4().hex[:8]
+        data = {
+            "kafka": {
+                "bootstrap_servers": kafka_bootstrap,
+                "enable_idempotence": False,
+                "group_id": f"test-{suffix}",
+                "consumers": 2,
+                "session_timeout_ms": 6000,
+                "heartbeat_interval_ms": 1000,
+            },
+            "redis": {"url": redis_url, "key_prefix": f"t{suffix}", "retention_seconds": 3600},
+            "topics": {"turns": turns, "started": started, "completed": completed, "dlq": dlq},
+            "worker": {"sweep_interval_seconds": 0.2},
+        }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return Settings(**data)
 
 
 def user(text: str) -> dict[str, Any]:
@@ -97,7 +129,9 @@ def conversation(turns: int) -> list[bytes]:
             else assistant(f"answer {seq}: " + "because " * 60)
         )
         out.append(
-            raw("c", seq, msg, context_window=2048, **({"system_prompt": "Be brief."} if seq == 1 else {}))
+            turn_bytes(
+                "c", seq, [msg], context_window=2048, **({"system_prompt": "Be brief."} if seq == 1 else {})
+            )
         )
     return out
 

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from compaction_worker.cli import SCHEMAS_DIR, main
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.settings import Settings
-from compaction_worker.testing import turn_payload
+from compaction_worker.testing import turn_bytes
 from tests.orchestration import Published, make_parts
 from tests.runtime.test_compactor import compact_mentions
 
@@ -67,8 +67,8 @@ async def conversation(
         [{"role": "assistant", "content": "Fixed."}],
     ]
     for seq, messages in enumerate(turns, start=1):
-        payload = turn_payload("cli-conv", seq, messages, system_prompt="Be careful." if seq == 1 else None)
-        await handler.handle(json.dumps(payload).encode(), b"cli-conv")
+        payload = turn_bytes("cli-conv", seq, messages, system_prompt="Be careful." if seq == 1 else None)
+        await handler.handle(payload, b"cli-conv")
     return "cli-conv"
 
 
@@ -149,9 +149,7 @@ async def compacted(
     for seq in range(1, 13):
         role = "user" if seq % 2 else "assistant"
         text = f"{role} turn {seq}: " + " ".join(f"point{seq}-{i}" for i in range(150))
-        await parts.turns.handle(
-            json.dumps(turn_payload(cid, seq, [{"role": role, "content": text}])).encode(), None
-        )
+        await parts.turns.handle(turn_bytes(cid, seq, [{"role": role, "content": text}]), None)
     await parts.jobs.schedule(cid, Trigger.MANUAL)
     claim = await parts.jobs.claim(cid)
     assert claim is not None
@@ -197,7 +195,7 @@ def test_rewind_json_and_refusals(compacted: tuple[str, Settings]) -> None:
     assert unknown.exit_code == 1
     assert "no compaction version 5 (compactions: 1)" in unknown.output
     before = _json_output(["history", cid, "--json"], "history")
-    assert [c["first_seq"] for c in before["chunks"]] == [1]
+    assert [c["first_seq"] for c in before["chunks"]] == [2]  # turn 1, the task, stays verbatim
     data = _json_output(["rewind", cid, "--version", "1", "--json"], "rewind")
     assert (data["rewound_version"], data["version"], data["context_status"]) == (1, 2, "full")
     assert (data["restored_messages"], data["messages_after"]) == (12, 12)
@@ -227,7 +225,7 @@ async def archived(
 def test_artifacts_lists_every_archived_artifact(archived: CompactionCompleted) -> None:
     """Issue 9: `artifacts` lists what compactions extracted, marking what the effective history lost."""
     data = _json_output(["artifacts", "a", "--json"], "artifacts")
-    assert {"kind": "id", "text": "INC-40001", "turn_seq": 1, "ordinal": 1} in [
+    assert {"kind": "id", "text": "INC-40002", "turn_seq": 2, "ordinal": 2} in [
         {k: a[k] for k in ("kind", "text", "turn_seq", "ordinal")} for a in data
     ]
     assert sum(not a["in_history"] for a in data) == archived.artifacts_dropped > 0
@@ -363,8 +361,8 @@ def test_run_on_embedded_defaults(run_process: subprocess.Popen[str]) -> None:
         producer = AIOKafkaProducer(bootstrap_servers=found["COMPACTION_KAFKA__BOOTSTRAP_SERVERS"])
         await producer.start()
         try:
-            payload = turn_payload("from-cli", 1, [{"role": "user", "content": "hello"}])
-            await producer.send_and_wait("conversation.turn", json.dumps(payload).encode(), key=b"from-cli")
+            payload = turn_bytes("from-cli", 1, [{"role": "user", "content": "hello"}])
+            await producer.send_and_wait("conversation.turn", payload, key=b"from-cli")
         finally:
             await producer.stop()
 

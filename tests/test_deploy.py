@@ -7,12 +7,14 @@ defaults from contracts/events.py, and the shutdown timings leave the worker its
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import typing
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatch
@@ -21,11 +23,13 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
-from compaction_worker.observability.health import LIVEZ, METRICS, READYZ
-from compaction_worker.settings import Settings, WorkerSettings
+from compaction_worker.local.embedded import free_port
+from compaction_worker.observability.health import LIVEZ, METRICS, READYZ, HealthServer, Liveness
+from compaction_worker.settings import HealthSettings, Settings, WorkerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -674,6 +678,22 @@ def dockerignored(path: str) -> bool:
     return excluded
 
 
+def readme_uv_version() -> str:
+    """The uv release the README's install command pins."""
+    found = re.findall(r"pip install uv==(\S+)", (REPO / "README.md").read_text())
+    assert len(set(found)) == 1, found
+    return str(found[0])
+
+
+async def healthcheck_exit_code(command: list[str], port: int) -> int:
+    """Run the HEALTHCHECK's command with this interpreter against ``port``; its exit code."""
+    env = {**os.environ, "COMPACTION_HEALTH__PORT": str(port)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *command[1:], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return await asyncio.wait_for(process.wait(), timeout=30)
+
+
 class TestDockerfile:
     """The image: slim Python 3.11, non-root, the package without extras, the CLI as entrypoint."""
 
@@ -695,13 +715,24 @@ class TestDockerfile:
         assert uid.isdigit()
         assert int(uid) != 0
 
-    def test_installs_the_package_without_dev_or_embedded(self) -> None:
-        """pip installs the project itself, with no extras."""
-        installs = [args for keyword, args in instructions() if keyword == "RUN" and "pip install" in args]
-        assert installs
-        for args in installs:
-            assert not re.search(r"\[[^\]]*\b(dev|embedded)\b", args), args
-        assert any(re.search(r"pip install\s+(\S+\s+)*\.(\s|$)", args) for args in installs)
+    def test_installs_the_locked_versions_without_dev_or_embedded(self) -> None:
+        """uv installs uv.lock as it is (hash-checked, refused when stale), then the project, no extras."""
+        syncs = [args for keyword, args in instructions() if keyword == "RUN" and "uv sync" in args]
+        assert syncs
+        for args in syncs:
+            assert "--locked" in args.split(), args
+            assert not re.search(r"--(all-)?extras?\b", args), args
+        assert "--no-install-project" not in syncs[-1], "the last sync installs the project itself"
+        assert "--no-editable" in syncs[-1]
+        copied = " ".join(args for keyword, args in instructions() if keyword == "COPY")
+        assert "uv.lock" in copied.split()
+        assert not any("pip install ." in args for keyword, args in instructions() if keyword == "RUN")
+
+    def test_uv_is_the_release_the_readme_installs_with(self) -> None:
+        """The image and the README's install command resolve the lock with the same uv release."""
+        dockerfile_uv = re.findall(r"pip install uv==(\S+)", DOCKERFILE.read_text())
+        assert dockerfile_uv
+        assert dockerfile_uv == [readme_uv_version()]
 
     def test_uses_the_bundled_model_cost_map(self) -> None:
         """LiteLLM must not fetch its model registry at start-up."""
@@ -724,12 +755,25 @@ class TestDockerfile:
         assert dockerignored("tests/test_deploy.py")
         assert dockerignored("compaction_worker/__pycache__/worker.cpython-311.pyc")
 
-    def test_healthcheck_only_with_a_health_command(self) -> None:
-        """A HEALTHCHECK may only call `compaction-worker health`, and only once the CLI has it."""
+    async def test_healthcheck_probes_livez_on_the_health_port(self) -> None:
+        """The HEALTHCHECK, run as written, passes while the worker is live and fails when it is not."""
         checks = [args for keyword, args in final_stage() if keyword == "HEALTHCHECK"]
-        cli = "".join(p.read_text() for p in (REPO / "compaction_worker" / "cli").glob("*.py"))
-        has_health = re.search(r"""["']health["']|def health\b""", cli)
-        assert not checks or has_health, "HEALTHCHECK calls a command the CLI does not have"
-        for args in checks:
-            assert "compaction-worker" in args, args
-            assert "health" in args, args
+        assert len(checks) == 1
+        command = json.loads(checks[0].split(" CMD ", 1)[1])
+        assert command[0] == "python"
+        live, stale = Liveness(60), Liveness(0.001)
+        servers = [
+            HealthServer(HealthSettings(enabled=True, port=0), liveness, {}, CollectorRegistry())
+            for liveness in (live, stale)
+        ]
+        for server in servers:
+            await server.start()
+        try:
+            await asyncio.sleep(0.01)  # the stale one's loops are past their timeout
+            codes = [await healthcheck_exit_code(command, server.port) for server in servers]
+        finally:
+            for server in servers:
+                await server.stop()
+        nothing_listens = await healthcheck_exit_code(command, free_port())
+        assert codes == [0, 1]
+        assert nothing_listens != 0

@@ -10,10 +10,12 @@ import time
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 import tiktoken
 from pydantic import ValidationError
 
+from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
 from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.testing import (
     Chat,
@@ -23,6 +25,7 @@ from compaction_worker.testing import (
     summary_chunk,
     turn_payload,
 )
+from compaction_worker.testing.replies import OVERFLOW_PROVIDERS, provider_overflow_error
 
 try:
     # Sets LITELLM_LOCAL_MODEL_COST_MAP before litellm is imported anywhere.
@@ -64,6 +67,16 @@ async def complete(server: FakeLLMServer, **kwargs: Any) -> Any:
         **kwargs,
     }
     return await litellm.acompletion(**args)
+
+
+async def post(server: FakeLLMServer, **fields: Any) -> tuple[int, str, str]:
+    """One raw chat-completions request: the status, content type and body the fake sends."""
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{server.url}/chat/completions",
+            json={"model": "fake", "messages": [{"role": "user", "content": "hi"}], **fields},
+        )
+    return response.status_code, response.headers.get("content-type", ""), response.text
 
 
 class TestReplies:
@@ -128,90 +141,75 @@ class TestReplies:
 
     async def test_streaming_is_refused_with_a_clear_error(self, fake_llm: FakeLLMServer) -> None:
         """stream=true gets a 400 that says why."""
-        with pytest.raises(litellm.BadRequestError, match="does not support stream=true"):
-            await complete(fake_llm, stream=True)
+        status, _, body = await post(fake_llm, stream=True)
+
+        assert status == 400
+        assert "does not support stream=true" in json.loads(body)["error"]["message"]
 
     async def test_delay_does_not_block_concurrent_calls(self, fake_llm: FakeLLMServer) -> None:
-        """Two calls with a 1 s delay each finish together, in well under 2 s."""
+        """Two delayed calls are answered at the same time, not one after the other."""
         fake_llm.set_delay(1.0)
         started = time.monotonic()
+        calls = asyncio.gather(complete(fake_llm), complete(fake_llm))
+        most_at_once = 0
+        while not calls.done():
+            most_at_once = max(most_at_once, fake_llm.in_flight)
+            await asyncio.sleep(0.01)
+        await calls
 
-        await asyncio.gather(complete(fake_llm), complete(fake_llm))
-
-        elapsed = time.monotonic() - started
-        assert 1.0 <= elapsed < 1.8
+        assert most_at_once == 2
+        assert time.monotonic() - started >= 1.0, "the delay was not applied"
 
 
 class TestFailures:
-    async def test_fail_next_raises_the_mapped_exception_with_the_text(self, fake_llm: FakeLLMServer) -> None:
-        """Injected 500 and 429 surface as LiteLLM's exceptions, then the server recovers."""
+    async def test_fail_next_answers_with_the_failures_in_order(self, fake_llm: FakeLLMServer) -> None:
+        """Injected failures are sent one per request, in order, then the server recovers."""
         fake_llm.fail_next(1, 500)
         fake_llm.fail_next(1, 429, {"error": {"message": "slow down", "type": "rate_limit"}})
 
-        with pytest.raises(litellm.InternalServerError, match="injected failure \\(HTTP 500\\)"):
-            await complete(fake_llm, max_retries=0)
-        with pytest.raises(litellm.RateLimitError, match="slow down"):
-            await complete(fake_llm, max_retries=0)
-        response = await complete(fake_llm, max_retries=0)
+        first, second, third = [await post(fake_llm) for _ in range(3)]
 
-        assert response.choices[0].message.content
+        assert first[0] == 500
+        assert json.loads(first[2])["error"]["message"] == "FakeLLMServer: injected failure (HTTP 500)"
+        assert (second[0], json.loads(second[2])) == (
+            429,
+            {"error": {"message": "slow down", "type": "rate_limit"}},
+        )
+        assert third[0] == 200
+        assert json.loads(third[2])["choices"][0]["message"]["content"]
         assert len(fake_llm.requests) == 3
 
-    async def test_openai_client_retries_a_5xx_by_itself(self, fake_llm: FakeLLMServer) -> None:
-        """Without max_retries=0 the OpenAI client retries, so one 500 is not an error."""
-        fake_llm.fail_next(1, 503)
-
-        response = await complete(fake_llm)
-
-        assert response.choices[0].message.content
-        assert len(fake_llm.requests) == 2
-
     async def test_text_body(self, fake_llm: FakeLLMServer) -> None:
-        """A plain-text error body reaches the exception message."""
+        """A str body is sent as plain text with the status, as a proxy would."""
         fake_llm.fail_next(1, 400, "upstream said no")
 
-        with pytest.raises(litellm.BadRequestError, match="upstream said no"):
-            await complete(fake_llm)
+        status, content_type, body = await post(fake_llm)
 
-    @pytest.mark.parametrize(
-        ("provider", "exception", "text"),
-        [
-            (
-                "openai",
-                "ContextWindowExceededError",
-                "This model's maximum context length is 8192 tokens. However, your messages"
-                " resulted in 9000 tokens. Please reduce the length of the messages.",
-            ),
-            (
-                "gemini",
-                "ContextWindowExceededError",
-                "The input token count (9000) exceeds the maximum number of tokens allowed (8192).",
-            ),
-            # LiteLLM recognises Anthropic's wording only on its Anthropic route, not
-            # behind an OpenAI-compatible endpoint: it stays a plain BadRequestError.
-            ("anthropic", "BadRequestError", "prompt is too long: 9000 tokens > 8192 maximum"),
-        ],
-    )
-    async def test_overflow_next_raises_litellms_overflow_error(
-        self, fake_llm: FakeLLMServer, provider: str, exception: str, text: str
+        assert (status, body) == (400, "upstream said no")
+        assert content_type.startswith("text/plain")
+
+    @pytest.mark.parametrize("provider", sorted(OVERFLOW_PROVIDERS))
+    async def test_overflow_next_sends_the_providers_real_body(
+        self, fake_llm: FakeLLMServer, provider: str
     ) -> None:
-        """The provider's real overflow body maps to LiteLLM's exception, text intact."""
-        fake_llm.overflow_next(1, provider=provider)
+        """The provider's own status and JSON body, with the numbers asked for."""
+        fake_llm.overflow_next(1, provider=provider, actual=9000, maximum=8192)
 
-        with pytest.raises(litellm.BadRequestError) as caught:
-            await complete(fake_llm)
+        status, content_type, body = await post(fake_llm)
 
-        assert type(caught.value).__name__ == exception
-        assert text in str(caught.value)
-        assert caught.value.status_code == 400
+        assert (status, json.loads(body)) == provider_overflow_error(provider, 9000, 8192)
+        assert content_type.startswith("application/json")
+        assert "9000" in body
+        assert "8192" in body
 
     async def test_overflow_numbers_are_configurable(self, fake_llm: FakeLLMServer) -> None:
-        """actual/maximum end up in the provider text, and only n calls fail."""
+        """actual/maximum reach the overflow read from LiteLLM's exception, and only n calls fail."""
         fake_llm.overflow_next(2, actual=140_000, maximum=128_000)
 
         for _ in range(2):
-            with pytest.raises(litellm.ContextWindowExceededError, match="128000 tokens"):
-                await complete(fake_llm)
+            with pytest.raises(Exception) as caught:  # noqa: PT011  # the class is LiteLLM's choice
+                await complete(fake_llm, max_retries=0)
+            assert detect_overflow(caught.value) == OverflowInfo("openai", 140_000, 128_000)
         response = await complete(fake_llm)
 
         assert response.choices[0].message.content

@@ -223,7 +223,9 @@ def _collect(error: ErrorInput) -> tuple[list[str], bool, str | None]:
     """Texts of the error and its causes, whether it is typed as an overflow, its provider.
 
     Typed: LiteLLM's ContextWindowExceededError, or an HTTP status of 413 on an exception
-    (or its response) or in an error body.
+    (or its response) or in an error body. The texts are each exception's message, its
+    ``body`` and its ``response``'s text, so the verdict does not depend on how a client
+    library words its messages.
     """
     if isinstance(error, str):
         return [error], False, None
@@ -244,12 +246,19 @@ def _collect(error: ErrorInput) -> tuple[list[str], bool, str | None]:
             provider = attr
         provider = provider or _url_provider(current)
         texts.append(_safe_str(current))
-        body = getattr(current, "body", None)
+        # The provider's own words: SDKs keep the body parsed (JSON) or as text, and the
+        # HTTP response beside it; exception messages may leave the body out entirely.
+        body = _safe_attr(current, "body")
         if isinstance(body, dict | list):
             texts.append(_dump(body))
             typed = typed or _has_413(body)
+        elif isinstance(body, str):
+            texts.append(body[:_MAX_TEXT])
+        response_text = _safe_attr(_safe_attr(current, "response"), "text")
+        if isinstance(response_text, str):
+            texts.append(response_text[:_MAX_TEXT])
         current = current.__cause__ or current.__context__
-    return texts, typed, provider
+    return list(dict.fromkeys(texts)), typed, provider
 
 
 def _dump(body: object) -> str:

@@ -67,7 +67,9 @@ def bench(ctx: click.Context, /, **options: Any) -> None:
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["auto", "openai", "responses", "anthropic", "langchain"]))
+@click.option(
+    "--format", "fmt", type=click.Choice(["auto", "openai", "responses", "anthropic", "gemini", "langchain"])
+)
 @click.option("--model", help="The conversations' model (default: each record's 'model', else gpt-4o-mini).")
 @click.option("--context-window", type=int, help="Window in tokens, instead of the model's.")
 @click.option("--trigger", type=float, help="Compact at this fraction of the available window.")

@@ -51,7 +51,12 @@ class Entry:
 
     @property
     def pinned(self) -> bool:
-        return bool(self.message.get("pinned", False))
+        """Never compacted: a message the runtime marked ``pinned``, or a system message.
+
+        A system message is the runtime's instructions (its prompt sent as a message, or one
+        added later): no stage summarizes, prunes, cuts or drops it.
+        """
+        return self.role == "system" or bool(self.message.get("pinned", False))
 
     @property
     def synthetic(self) -> bool:

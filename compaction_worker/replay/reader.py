@@ -18,19 +18,19 @@ from pydantic import ValidationError
 
 from compaction_worker.contracts.events import ChatMessage
 from compaction_worker.errors import CompactionWorkerError
-from compaction_worker.formats import anthropic, langchain, responses
+from compaction_worker.formats import anthropic, gemini, langchain, responses
 
 try:
     from langchain_core.messages import messages_from_dict as _messages_from_dict
 except ImportError:  # optional, as for the LangChain adapter: only LangChain input needs it
     _messages_from_dict = None  # type: ignore[assignment]  # absent without langchain-core
 
-Format = Literal["auto", "openai", "responses", "anthropic", "langchain"]
+Format = Literal["auto", "openai", "responses", "anthropic", "gemini", "langchain"]
 
 _RESPONSES_KINDS = frozenset({"message", "function_call", "function_call_output", "reasoning"})
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 _LANGCHAIN_TYPES = frozenset({"human", "ai", "system", "tool", "function", "chat"})
-_CONVERSATION_KEYS = ("messages", "input")
+_CONVERSATION_KEYS = ("messages", "input", "contents")
 
 
 class ReplayInputError(CompactionWorkerError, ValueError):
@@ -136,14 +136,21 @@ def _is_conversation(data: Mapping[str, Any]) -> bool:
 
 
 def _conversation(data: Mapping[str, Any], fmt: Format, default_name: str, path: Path) -> Conversation:
-    """One conversation line: ``messages`` (chat, Anthropic or LangChain) or ``input`` (Responses)."""
+    """One conversation line: ``messages`` (chat, Anthropic or LangChain), ``input`` (Responses) or ``contents`` (Gemini)."""
     name = data.get("conversation_id") or data.get("id") or default_name
-    items: list[Any] = data["messages"] if isinstance(data.get("messages"), list) else data["input"]
+    key = next(k for k in _CONVERSATION_KEYS if isinstance(data.get(k), list))
+    items: list[Any] = data[key]
     if not all(isinstance(i, dict) for i in items):
         raise ReplayInputError("every message must be a JSON object")
-    system = data.get("system") or data.get("instructions")
+    system = (
+        data.get("system")
+        or data.get("instructions")
+        or data.get("system_instruction")
+        or data.get("systemInstruction")
+    )
     if fmt == "auto":
-        fmt = "responses" if "input" in data and "messages" not in data else _detect(items)
+        by_key: dict[str, Format] = {"input": "responses", "contents": "gemini"}
+        fmt = by_key.get(key) or _detect(items)
         if fmt == "openai" and "system" in data:
             fmt = "anthropic"
     messages = _convert(items, fmt, system)
@@ -188,6 +195,8 @@ def _detect(items: Sequence[Mapping[str, Any]]) -> Format:
         return "langchain"
     if any(i.get("type") in _RESPONSES_KINDS for i in items):
         return "responses"
+    if any(isinstance(i.get("parts"), list) and "content" not in i for i in items):
+        return "gemini"
     for item in items:
         content = item.get("content")
         if isinstance(content, list) and any(
@@ -221,6 +230,8 @@ def _adapted(items: Sequence[Mapping[str, Any]], fmt: Format, system: Any) -> li
             converted.insert(0, {"role": "system", "content": system})
     elif fmt == "anthropic":
         converted = anthropic.to_openai(items, system or None)
+    elif fmt == "gemini":
+        converted = gemini.to_openai(items, system or None)
     elif fmt == "langchain":
         converted = langchain.to_openai(_langchain_messages(items))
     else:  # the stored form itself: checked by the caller, as the worker checks a turn's messages

@@ -24,6 +24,10 @@ def limits_for(
         max_summary_tokens=settings.summarizer.max_summary_tokens,
         chunk_budget=int(target / scale * settings.pipeline.chunk_budget_fraction),
         force=force,
+        task_max_tokens=int(
+            min(settings.pipeline.task_max_tokens, settings.pipeline.task_max_fraction * budget.window)
+            / scale
+        ),
     )
 
 

@@ -52,6 +52,9 @@ class Limits:
     """When the summary chunks together would exceed this, they fold into one."""
     force: bool = False
     """Manual compaction: summarize what lies before the tail even when under the target."""
+    task_max_tokens: int = 0
+    """The task (the conversation's first user message) stays verbatim up to this size; past
+    it, its head and tail do, with the distinctive terms between them; 0: it is not kept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,22 +2,27 @@
 
 A message over ``oversized_fraction`` of the window, or a tool output over the byte or line
 limit, keeps its start and end around a notice; the latest user message, tool-call
-arguments, images, pinned and system messages are never cut.
+arguments, images and system messages are never cut. The task and pinned messages stay
+whole up to ``Limits.task_max_tokens``; past it they keep their head and tail, and the
+notice between carries the distinctive terms of what it omits (:mod:`..summaries.carry`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker.contracts.history import Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, plural
 from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, TEXT_TYPES, EditStage, outcome, rewrite
+from compaction_worker.strategies.tail import task_index
+from compaction_worker.summaries.carry import carry, distinctive_terms
 
 EDIT = "truncated"
 STAGE = "truncate_oversized"
 
+NOTICE_MARK = "omitted; the full text is preserved in the transcript"
 NOTICE_RESERVE_BYTES = 200
 """Bytes set aside for the notice and its line breaks, so a cut output stays within its limit."""
 MIN_KEEP_BYTES = 256
@@ -42,9 +47,19 @@ def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
     keep = int(min(settings.oversized_keep_fraction, settings.oversized_fraction) * window)
     entries = draft.entries
     last_user = max((i for i, e in enumerate(entries) if e.role == "user"), default=-1)
+    task_budget = ctx.limits.task_max_tokens
+    task = task_index(entries) if task_budget > 0 else None
     edited: dict[int, Entry] = {}
+    notes: list[str] = []
     for i, entry in enumerate(entries):
-        if entry.pinned or entry.edit == EDIT or entry.edit in PLACEHOLDER_EDITS:
+        if entry.edit == EDIT or entry.edit in PLACEHOLDER_EDITS or entry.role == "system":
+            continue
+        if i == task or entry.pinned:
+            if task_budget > 0 and entry.tokens > task_budget:
+                kept = cut_kept(entry, task_budget, ctx)
+                if kept is not None:
+                    edited[i], note = kept
+                    notes.append(f"{'the task' if i == task else 'a pinned message'} {note}")
             continue
         if entry.role not in ("user", "assistant", "tool") or i == last_user:
             continue
@@ -56,7 +71,62 @@ def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
         )
         if caps != Caps(None, None, None) and (new := shrink(entry, caps, ctx)) is not None:
             edited[i] = new
-    return outcome(draft, ctx, edited, STAGE, plural(len(edited), "message"))
+    out = outcome(draft, ctx, edited, STAGE, plural(len(edited), "message"))
+    return replace(out, notes=tuple(notes)) if notes else out
+
+
+def cut_kept(entry: Entry, budget: int, ctx: StageContext) -> tuple[Entry, str] | None:
+    """A task or pinned message over ``budget``: its head and tail, with the omitted part's terms.
+
+    Head and tail take three quarters of the budget; the notice between them carries the
+    distinctive terms found only in the omitted part, each with a few words of context, in
+    what is left. Returns the entry and a note of what was carried and what was not.
+    """
+    cut = shrink(entry, Caps(tokens=budget * 3 // 4, bytes=None, lines=None), ctx)
+    if cut is None:
+        return None
+    original = "\n".join(_texts(entry.message.get("content")))
+    kept = "\n".join(_texts(cut.message.get("content")))
+    room = budget - cut.tokens - ctx.count(CARRIED_INTRO)
+    carried = carry(original, max(0, room), ctx.count, skip=distinctive_terms(kept))
+    if carried.phrases:
+        quoted = CARRIED_INTRO + "; ".join(f"«{p}»" for p in carried.phrases)
+        content = _carry_in_notice(cut.message.get("content"), quoted)
+        if content is not None:
+            cut = rewrite(entry, content, EDIT, ctx)
+    total = len(carried.carried) + len(carried.dropped)
+    note = (
+        f"({plural(entry.tokens, 'token')}) was cut to its budget of {plural(budget, 'token')}: "
+        f"head and tail verbatim, {len(carried.carried)} of {plural(total, 'distinctive term')} "
+        "of the part between carried"
+    )
+    if carried.dropped:
+        note += f", {len(carried.dropped)} left out (all in the transcript)"
+    return cut, note
+
+
+CARRIED_INTRO = "; its distinctive terms, in context: "
+_NOTICE_END = " ...]"
+
+
+def _carry_in_notice(content: object, quoted: str) -> str | list[Any] | None:
+    """``content`` with ``quoted`` added to its first cut notice; None when it has none."""
+
+    def add(text: str) -> str | None:
+        at = text.find(NOTICE_MARK)
+        end = text.find(_NOTICE_END, at) if at >= 0 else -1
+        return None if end < 0 else f"{text[:end]}{quoted}{text[end:]}"
+
+    if isinstance(content, str):
+        return add(content)
+    if isinstance(content, list | tuple):
+        out = list(content)
+        for i, part in enumerate(out):
+            text = _part_text(part)
+            if text is not None and (new := add(text)) is not None:
+                out[i] = {**part, "text": new}
+                return out
+    return None
 
 
 TRUNCATE_OVERSIZED = EditStage(STAGE, truncate_oversized)
@@ -150,7 +220,7 @@ def cut_text(text: str, max_bytes: int, max_lines: int | None) -> str | None:
     middle = text[head_end:tail_start]
     lines = max(0, middle.count("\n") - 1)
     what = f"{len(middle):,} characters" + (f" ({plural(lines, 'line')})" if lines else "")
-    notice = f"[... {what} omitted; the full text is preserved in the transcript ...]"
+    notice = f"[... {what} {NOTICE_MARK}{_NOTICE_END}"
     return f"{text[:head_end]}\n{notice}\n{text[tail_start:]}"
 
 

@@ -83,6 +83,13 @@ async def compact(
     run = await off_loop(_Run, history, ctx)
     if run.tokens_before <= limits.target and not limits.force:
         return await off_loop(run.result, Outcome.NOOP, run.start, ["already under the target"])
+    if (instructions := instruction_tokens(history, limits)) >= limits.target:
+        # Nothing may cut the instructions, and nothing else can make room for them.
+        reason = (
+            f"the system prompt and tool schemas alone ({instructions} tokens) leave no room under "
+            f"the target ({limits.target} tokens); they are never cut"
+        )
+        return await off_loop(run.result, Outcome.NOOP, run.start, [reason])
 
     draft = run.start
     for stage in build_stages(settings):
@@ -102,6 +109,11 @@ async def compact(
         # stage could not do is no error then.
         return await off_loop(run.commit, draft, ())
     return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
+
+
+def instruction_tokens(history: EffectiveHistory, limits: Limits) -> int:
+    """What no stage may compact: the system prompt, system messages and tool schemas."""
+    return limits.fixed_tokens + sum(e.tokens for e in history.entries if e.role == "system")
 
 
 def edited_ordinals(history: EffectiveHistory) -> list[int]:

@@ -285,7 +285,7 @@ async def summarize(
     folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
     kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
     tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
-    parts = partition(draft.entries, limits.tail_max_messages, tail_budget)
+    parts = partition(draft.entries, limits.tail_max_messages, tail_budget, task=limits.task_max_tokens > 0)
     head, pinned, tail = parts.head, parts.pinned, parts.tail
     notes: tuple[str, ...] = (parts.note,) if parts.note else ()
     if not head and not fold:

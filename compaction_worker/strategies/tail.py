@@ -1,7 +1,9 @@
-"""Where the verbatim tail starts, and what else stays verbatim: pinned messages.
+"""Where the verbatim tail starts, and what else stays verbatim: pinned messages and the task.
 
 The tail is bounded by messages and tokens, snapped to a user turn, and never parts a
-tool call from its results; open tool calls at the end always stay in it.
+tool call from its results; open tool calls at the end always stay in it. Before the tail,
+pinned messages (the runtime's, and every system message) and the task (the conversation's
+first user message, see :func:`task_index`) stay verbatim with their tool pairs.
 """
 
 from __future__ import annotations
@@ -37,15 +39,27 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
     return points
 
 
-def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> int:
+def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False) -> int:
     """The index where the verbatim tail starts (``len(entries)`` for an empty tail).
 
     See :func:`choose_tail`, which also says why the tail could not start at a user turn.
     """
-    return choose_tail(entries, max_messages, max_tokens)[0]
+    return choose_tail(entries, max_messages, max_tokens, task=task)[0]
 
 
-def choose_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> tuple[int, str | None]:
+def task_index(entries: Sequence[Entry]) -> int | None:
+    """Where the task is: the earliest user message that is no synthetic one, if any.
+
+    Kept from the first compaction on, it is the conversation's first user message, the
+    statement of what the agent is to do. In a history compacted before the task was
+    kept, it is the earliest user message the history still holds.
+    """
+    return next((i for i, e in enumerate(entries) if e.role == "user" and not e.synthetic), None)
+
+
+def choose_tail(
+    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False
+) -> tuple[int, str | None]:
     """Where the verbatim tail starts, and a note when it could not start at a user turn.
 
     The longest clean tail within both bounds that starts at a user message: a tail that
@@ -58,7 +72,7 @@ def choose_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) ->
     their remaining results arrive with the next turn and would be orphans without them.
     """
     n = len(entries)
-    keep = pinned_indexes(entries)
+    keep = pinned_indexes(entries, task=task)
     suffix = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
         suffix[i] = suffix[i + 1] + entries[i].tokens
@@ -120,15 +134,17 @@ class Partition:
     bounds): what happened instead, for the ``compaction.completed`` event."""
 
 
-def partition(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> Partition:
-    """Choose the tail, then lift pinned messages (and their tool pairs) out of the head.
+def partition(
+    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False
+) -> Partition:
+    """Choose the tail, then lift pinned messages, and the task when ``task``, out of the head.
 
-    Synthetic entries (made up by an earlier repair) before the tail are dropped rather
-    than summarized: they stand for no transcript message, and what they paired with is
-    summarized too (or pinned, and then they stay with it).
+    Their tool pairs come with them. Synthetic entries (made up by an earlier repair)
+    before the tail are dropped rather than summarized: they stand for no transcript
+    message, and what they paired with is summarized too (or kept, and then they stay with it).
     """
-    split, note = choose_tail(entries, max_messages, max_tokens)
-    keep = pinned_indexes(entries[:split])
+    split, note = choose_tail(entries, max_messages, max_tokens, task=task)
+    keep = pinned_indexes(entries[:split], task=task)
     head = entries[:split]
     return Partition(
         head=tuple(e for i, e in enumerate(head) if i not in keep and not e.synthetic),
@@ -138,8 +154,8 @@ def partition(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> P
     )
 
 
-def pinned_indexes(entries: Sequence[Entry]) -> set[int]:
-    """Indexes of pinned entries plus the tool calls and results that belong with them.
+def pinned_indexes(entries: Sequence[Entry], *, task: bool = False) -> set[int]:
+    """Indexes of pinned entries (and the task, when ``task``) plus their tool calls and results.
 
     A pinned tool result brings its call, and so the call's other (parallel) results; a
     pinned tool-calling message brings its results. Pairs are found by position, so
@@ -151,8 +167,9 @@ def pinned_indexes(entries: Sequence[Entry]) -> set[int]:
         results_of.setdefault(call, []).append(result)
         call_of[result] = call
     keep: set[int] = set()
+    task_at = task_index(entries) if task else None
     for i, entry in enumerate(entries):
-        if not entry.pinned:
+        if not entry.pinned and i != task_at:
             continue
         caller = call_of.get(i, i)
         keep.add(i)

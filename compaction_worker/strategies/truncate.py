@@ -266,7 +266,10 @@ def _window(draft: Draft, ctx: StageContext, quote_tokens: int, summary_tokens: 
         opening = _quotes(start, quote_tokens, ctx.count)
     marker_budget = MARKER_RESERVE + (ctx.count(opening) if opening else 0)
     parts = partition(
-        draft.entries, limits.tail_max_messages, min(limits.tail_max_tokens, max(0, room - marker_budget))
+        draft.entries,
+        limits.tail_max_messages,
+        min(limits.tail_max_tokens, max(0, room - marker_budget)),
+        task=limits.task_max_tokens > 0,
     )
     head, pinned, tail = parts.head, parts.pinned, parts.tail
     if not head and not draft.chunks:

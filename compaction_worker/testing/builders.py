@@ -1,6 +1,7 @@
-"""Builders for tests: turn payloads, stored conversations, and a token counter to reason with.
+"""Builders for tests: turn events, stored conversations, and a token counter to reason with.
 
-:func:`turn_payload` builds a valid ``conversation.turn`` event; :class:`Chat` builds a
+:func:`turn_payload` builds a valid ``conversation.turn`` event (:func:`turn_event` as the
+model, :func:`turn_bytes` as a record's value); :class:`Chat` builds a
 conversation message by message as the store holds it (entries with ordinals and token
 counts) and :func:`summary_chunk` an earlier summary; :class:`WordCounter` counts tokens so
 that a test can work the numbers out by hand.
@@ -16,7 +17,7 @@ from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.strategies.draft import Counter, Draft
 
-__all__ = ["Chat", "WordCounter", "summary_chunk", "turn_payload"]
+__all__ = ["Chat", "WordCounter", "summary_chunk", "turn_bytes", "turn_event", "turn_payload"]
 
 
 class WordCounter:
@@ -186,3 +187,25 @@ def turn_payload(
         }
     )
     return event.model_dump(mode="json", exclude_none=True)
+
+
+def turn_event(
+    conversation_id: str,
+    turn_seq: int,
+    messages: list[dict[str, Any]],
+    model: str = "gpt-4o-mini",
+    **fields: Any,
+) -> TurnEvent:
+    """The :func:`turn_payload` event as a ``TurnEvent`` (what ``Client.publish_turn`` takes)."""
+    return TurnEvent.model_validate(turn_payload(conversation_id, turn_seq, messages, model, **fields))
+
+
+def turn_bytes(
+    conversation_id: str,
+    turn_seq: int,
+    messages: list[dict[str, Any]],
+    model: str = "gpt-4o-mini",
+    **fields: Any,
+) -> bytes:
+    """The :func:`turn_payload` event as a Kafka record's value: its JSON, UTF-8 encoded."""
+    return json.dumps(turn_payload(conversation_id, turn_seq, messages, model, **fields)).encode()

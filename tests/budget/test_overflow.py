@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from compaction_worker._litellm import litellm
 from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
+from compaction_worker.testing import FakeLLMServer
+from compaction_worker.testing.replies import OVERFLOW_PROVIDERS
 from tests.budget.overflow_corpus import OVERFLOWS
 
 # (source, text): errors that must not be read as overflows.
@@ -147,6 +148,21 @@ class TestParsing:
         assert detect_overflow(text) == OverflowInfo("anthropic", 9, 8)
 
 
+class StatusError(Exception):
+    """An SDK's HTTP error as the OpenAI, Anthropic and LiteLLM clients shape it.
+
+    Detection reads these attributes by name; the SDKs' own constructors change between
+    releases (OpenAI's 3.x takes another HTTP library's responses), so the real exceptions
+    are tested through the installed LiteLLM in :class:`TestThroughLiteLLM`.
+    """
+
+    def __init__(self, message: str, *, response: httpx.Response, body: object) -> None:
+        super().__init__(message)
+        self.response = response
+        self.status_code = response.status_code
+        self.body = body
+
+
 class TestExceptions:
     """Exceptions: LiteLLM's type, chains, and the provider attribute."""
 
@@ -210,9 +226,7 @@ class TestExceptions:
     def test_status_413_on_the_exception_is_an_overflow(self) -> None:
         """An SDK's 413 with no telling text is an overflow: the body was too large."""
         request = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
-        error = openai.APIStatusError(
-            "request failed", response=httpx.Response(413, request=request), body=None
-        )
+        error = StatusError("request failed", response=httpx.Response(413, request=request), body=None)
         assert detect_overflow(error) == OverflowInfo(None, None, None)
 
     def test_status_413_on_a_wrapped_response_is_an_overflow(self) -> None:
@@ -227,12 +241,10 @@ class TestExceptions:
         """A 400 or 429 without overflow text stays what it is."""
         request = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
         for status in (400, 429):
-            error = openai.APIStatusError(
-                "request failed", response=httpx.Response(status, request=request), body=None
-            )
+            error = StatusError("request failed", response=httpx.Response(status, request=request), body=None)
             assert detect_overflow(error) is None
 
-    def test_azure_deployment_through_the_openai_sdk(self) -> None:
+    def test_azure_deployment_through_an_sdk(self) -> None:
         """OpenAI's wording from an Azure endpoint is Azure's (the request URL says so)."""
         body = {
             "message": "This model's maximum context length is 128000 tokens. However, your messages "
@@ -245,7 +257,7 @@ class TestExceptions:
             "POST",
             "https://contoso.openai.azure.com/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
         )
-        error = openai.BadRequestError(
+        error = StatusError(
             f"Error code: 400 - {{'error': {body}}}",
             response=httpx.Response(400, request=request),
             body={"error": body},
@@ -418,3 +430,83 @@ class TestReferencePatterns:
             '"status": "RESOURCE_EXHAUSTED"}}'
         )
         assert detect_overflow(text) is None
+
+
+PROXY_413 = (
+    "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n"
+    "<center><h1>413 Request Entity Too Large</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    "</body>\r\n</html>\r\n"
+)
+
+
+async def _litellm_error(fake_llm: FakeLLMServer) -> BaseException:
+    """The exception the installed LiteLLM raises for the fake provider's next queued failure."""
+    with pytest.raises(Exception) as caught:  # noqa: PT011  # whichever class LiteLLM maps it to
+        await litellm.acompletion(
+            model="openai/fake",
+            messages=[{"role": "user", "content": "hi"}],
+            api_base=fake_llm.url,
+            api_key="fake",
+            max_retries=0,
+        )
+    return caught.value
+
+
+class TestThroughLiteLLM:
+    """Real exceptions from the installed LiteLLM, built from what a provider or proxy sends.
+
+    Only this project's verdict is asserted (overflow or not, provider, numbers), never the
+    class LiteLLM maps a body to or how it words its message: those change between releases.
+    """
+
+    @pytest.mark.parametrize("provider", sorted(OVERFLOW_PROVIDERS))
+    async def test_a_providers_json_overflow_body(self, fake_llm: FakeLLMServer, provider: str) -> None:
+        """Each provider's real body behind an OpenAI-compatible endpoint: an overflow, with its numbers."""
+        fake_llm.overflow_next(1, provider=provider, actual=9000, maximum=8192)
+        assert detect_overflow(await _litellm_error(fake_llm)) == OverflowInfo("openai", 9000, 8192)
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+            "prompt is too long: 9000 tokens > 8192 maximum",
+            "The input token count (9000) exceeds the maximum number of tokens allowed (8192).",
+        ],
+    )
+    async def test_a_plain_text_overflow_body(self, fake_llm: FakeLLMServer, text: str) -> None:
+        """A proxy that answers in text: read from the response, whatever the exception message says."""
+        fake_llm.fail_next(1, 400, text)
+        assert detect_overflow(await _litellm_error(fake_llm)) == OverflowInfo("openai", 9000, 8192)
+
+    async def test_a_proxys_html_413(self, fake_llm: FakeLLMServer) -> None:
+        """nginx's 413 page in front of the provider: an overflow without numbers."""
+        fake_llm.fail_next(1, 413, PROXY_413)
+        info = detect_overflow(await _litellm_error(fake_llm))
+        assert info is not None
+        assert (info.actual_tokens, info.max_tokens) == (None, None)
+
+    @pytest.mark.parametrize(
+        ("status", "body"),
+        [
+            (400, "upstream said no"),
+            (400, {"error": {"message": "invalid tool schema", "type": "invalid_request_error"}}),
+            (
+                429,
+                {
+                    "error": {
+                        "message": "Rate limit reached for gpt-4o on tokens per min (TPM): Limit 30000,"
+                        " Requested 31538.",
+                        "type": "tokens",
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+            ),
+            (500, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
+        ],
+    )
+    async def test_other_failures_are_not_overflows(
+        self, fake_llm: FakeLLMServer, status: int, body: dict[str, Any] | str
+    ) -> None:
+        """A plain refusal, a rate limit or a gateway error stays what it is."""
+        fake_llm.fail_next(1, status, body)
+        assert detect_overflow(await _litellm_error(fake_llm)) is None

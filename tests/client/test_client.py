@@ -22,7 +22,8 @@ from compaction_worker.contracts.history import (
 from compaction_worker.settings import Settings
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Snapshot, Store
-from tests.orchestration import Parts, Published, raw, user
+from compaction_worker.testing import turn_bytes
+from tests.orchestration import Parts, Published, user
 from tests.runtime.test_compactor import compact_mentions
 
 HISTORY = EffectiveHistory(
@@ -71,7 +72,7 @@ FILES = {"notes.md": "short notes", "report.txt": "a line of the quarterly repor
 async def test_fit_files_to_the_conversation_budget(parts: Parts, settings: Settings) -> None:
     """Reference 004 (file token budget): files get 60% of what the window has left, counted for its model."""
     await parts.turns.handle(
-        raw("c", 1, user("hello " * 200), context_window=8_192, max_output_tokens=1_024), b"c"
+        turn_bytes("c", 1, [user("hello " * 200)], context_window=8_192, max_output_tokens=1_024), b"c"
     )
     client = Client(settings, parts.store, None)
     stats = await client.context_stats("c")
@@ -90,7 +91,9 @@ async def test_fit_files_to_the_conversation_budget(parts: Parts, settings: Sett
 @pytest.mark.integration
 async def test_fit_files_in_calibrated_tokens(parts: Parts, settings: Settings) -> None:
     """Where the provider counts twice our estimate, files get half as many estimated tokens."""
-    await parts.turns.handle(raw("c", 1, user("hello"), context_window=8_192, max_output_tokens=1_024), b"c")
+    await parts.turns.handle(
+        turn_bytes("c", 1, [user("hello")], context_window=8_192, max_output_tokens=1_024), b"c"
+    )
     await parts.store.set_meta("c", calibration=2.0)
     client = Client(settings, parts.store, None)
     stats = await client.context_stats("c")
@@ -113,7 +116,8 @@ async def test_artifacts_are_listed_with_whether_the_history_carries_them(
     found = await Client(settings, store, None).artifacts("a")
     assert [a.seq for a in found] == sorted(a.seq for a in found)
     assert {a.kind for a in found} == {"cmd", "error", "host", "id"}
-    assert ("cmd", "kubectl rollout restart deployment/svc-1 -n prod", 1, 1) in [
+    # Turn 1 is the task, kept verbatim: the archive starts with turn 2.
+    assert ("cmd", "kubectl rollout restart deployment/svc-2 -n prod", 2, 2) in [
         (a.kind, a.text, a.seq, a.n) for a in found
     ]
     lost = [a for a in found if not a.in_history]

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from compaction_worker.client.client import Client
-from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger, TurnEvent
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
-from compaction_worker.testing import FakeLLMServer
-from tests.integration.helpers import read_topic, worker_settings
+from compaction_worker.testing import FakeLLMServer, turn_event
+from tests.integration.helpers import read_topic
+from tests.orchestration import make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +59,7 @@ class Running:
 async def running(kafka_bootstrap: str, redis_url: str) -> AsyncIterator[Running]:
     """One worker for the module, with extractive summaries: the fake LLM sees only the agent's calls."""
     topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
-    settings = worker_settings(kafka_bootstrap, redis_url, topics)
+    settings = make_settings(kafka_bootstrap, redis_url, topics)
     await ensure_topics(settings)
     worker = build_worker(settings)
     async with worker.running(), Client.connect(settings) as client:
@@ -131,11 +132,7 @@ async def test_chat_ui_shows_compacting_and_the_sizes(running: Running) -> None:
         for seq in range(1, 9):
             role = "user" if seq % 2 else "assistant"
             message = {"role": role, "content": f"turn {seq}: {LONG_REPLY}"}
-            await client.publish_turn(
-                TurnEvent.model_validate(
-                    {"conversation_id": cid, "turn_seq": seq, "model": "gpt-4o-mini", "messages": [message]}
-                )
-            )
+            await client.publish_turn(turn_event(cid, seq, [message]))
         await client.request_compaction(cid, 9, "gpt-4o-mini")
         assert process.stdout is not None
         lines: list[str] = []

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -24,30 +24,6 @@ from compaction_worker.settings import Settings
 from compaction_worker.state.index import bucket_keys
 from compaction_worker.state.jobs import jobs_index_key
 from compaction_worker.strategies import provider_problems
-
-
-def worker_settings(
-    kafka_bootstrap: str, redis_url: str, topics: Sequence[str], **sections: Mapping[str, Any]
-) -> Settings:
-    """Settings for a test worker on its own topics, group and key prefix."""
-    turns, started, completed, dlq = topics
-    suffix = uuid.uuid4().hex[:8]
-    data: dict[str, Any] = {
-        "kafka": {
-            "bootstrap_servers": kafka_bootstrap,
-            "enable_idempotence": False,
-            "group_id": f"test-{suffix}",
-            "consumers": 2,
-            "session_timeout_ms": 6000,
-            "heartbeat_interval_ms": 1000,
-        },
-        "redis": {"url": redis_url, "key_prefix": f"t{suffix}", "retention_seconds": 3600},
-        "topics": {"turns": turns, "started": started, "completed": completed, "dlq": dlq},
-        "worker": {"sweep_interval_seconds": 0.2},
-    }
-    for name, values in sections.items():
-        data[name] = {**data.get(name, {}), **values}
-    return Settings(**data)
 
 
 async def settle(workers: Sequence[Worker], expected_deliveries: int, within: float = 120) -> None:

@@ -30,9 +30,8 @@ from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
-from tests.orchestration import Parts, Published, all_keys
-
-from .helpers import worker_settings
+from compaction_worker.testing import turn_bytes, turn_payload
+from tests.orchestration import Parts, Published, all_keys, make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +58,8 @@ class Case:
 
 
 def event(cid: str, **changes: Any) -> dict[str, Any]:
-    """A valid turn of ``cid`` (seq 1, one user message), with fields changed or (``None``) removed."""
-    data: dict[str, Any] = {
-        "conversation_id": cid,
-        "turn_seq": 1,
-        "model": MODEL,
-        "messages": [{"role": "user", "content": f"hello from {cid}"}],
-    }
+    """A valid turn of ``cid`` (seq 1, one user message) as JSON, with fields changed or (``None``) removed."""
+    data = turn_payload(cid, 1, [{"role": "user", "content": f"hello from {cid}"}], MODEL)
     for name, value in changes.items():
         if value is None:
             data.pop(name, None)
@@ -297,8 +291,8 @@ def assert_lettered(case: Case, letter: DeadLetter) -> None:
 
 @pytest.fixture
 def settings() -> Settings:
-    """The corpus's settings with the key prefix the ``parts`` fixture's store uses."""
-    return Settings(redis={"key_prefix": "t"}, **SECTIONS)  # type: ignore[arg-type]
+    """The corpus's settings over the in-process ones (those of the ``parts`` fixture)."""
+    return make_settings(**SECTIONS)
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c.name for c in CORPUS])
@@ -324,7 +318,7 @@ DUP = "dup"
 
 def good_turn(cid: str, seq: int) -> bytes:
     role = "user" if seq % 2 else "assistant"
-    return dumps(event(cid, turn_seq=seq, messages=[{"role": role, "content": f"{cid} turn {seq}"}]))
+    return turn_bytes(cid, seq, [{"role": role, "content": f"{cid} turn {seq}"}], MODEL)
 
 
 async def test_corpus_through_the_broker_and_a_running_worker(
@@ -336,7 +330,7 @@ async def test_corpus_through_the_broker_and_a_running_worker(
 ) -> None:
     """Every bad record is dead-lettered once and intact; the worker keeps going; no bad conversation is stored."""
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=2)
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,

@@ -34,6 +34,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.state.gaps import GapIndex
 from compaction_worker.strategies import Draft, draft_tokens, summary_overhead
 from compaction_worker.testing import FakeLLMServer
+from tests.orchestration import make_settings
 
 from .helpers import (
     compaction_events,
@@ -42,7 +43,6 @@ from .helpers import (
     publish_many,
     read_topic,
     settle_store,
-    worker_settings,
 )
 from .processes import WorkerProcess
 
@@ -73,7 +73,7 @@ async def chaos_settings(
 ) -> Settings:
     """Workers' settings on fresh 4-partition topics, with the fake LLM as the summarizer."""
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)
-    return worker_settings(
+    return make_settings(
         kafka_bootstrap,
         redis_url,
         topics,

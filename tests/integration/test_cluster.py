@@ -15,8 +15,9 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer
+from tests.orchestration import make_settings
 
-from .helpers import compaction_events, coverage_problems, read_topic, settle_store, worker_settings
+from .helpers import compaction_events, coverage_problems, read_topic, settle_store
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ async def test_a_primary_restart_loses_nothing(
 ) -> None:
     """Half the turns, a primary down for a second (its slots unreachable), the rest: all stored once, compacted."""
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)  # type: ignore[operator]
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         redis_cluster.url,
         topics,

@@ -20,7 +20,8 @@ from compaction_worker.client.client import Client
 from compaction_worker.local.embedded import EmbeddedRedis
 from compaction_worker.runtime.turns import TurnOutcome
 from compaction_worker.runtime.worker import build_worker
-from tests.orchestration import raw, user
+from compaction_worker.testing import turn_bytes
+from tests.orchestration import make_settings, user
 
 from .helpers import (
     committed_records,
@@ -29,7 +30,6 @@ from .helpers import (
     publish_many,
     read_topic,
     running,
-    worker_settings,
 )
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(
     """Turns of the batch in hand that met the outage come back: each stored once, in order, all committed."""
     caplog.set_level(logging.WARNING, logger="compaction_worker.runtime.consumer")
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         own_redis.url,
         topics,
@@ -64,7 +64,9 @@ async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(
     run = uuid.uuid4().hex[:6]
     cids = [f"batch-{run}-{i}" for i in range(CONVERSATIONS)]
     backlog = [
-        (c.encode(), raw(c, seq, user(f"turn {seq} of {c}"))) for seq in range(1, TURNS + 1) for c in cids
+        (c.encode(), turn_bytes(c, seq, [user(f"turn {seq} of {c}")]))
+        for seq in range(1, TURNS + 1)
+        for c in cids
     ]
     stored = 0
 

@@ -10,8 +10,9 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer
+from tests.orchestration import make_settings
 
-from .helpers import compaction_events, coverage_problems, read_topic, settle, worker_settings
+from .helpers import compaction_events, coverage_problems, read_topic, settle
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ async def test_turns_twice_over_the_real_broker(
 ) -> None:
     """240 turns of 4 conversations, each delivered twice: compacted, counted once, reported consistently."""
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)  # type: ignore[operator]
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,

@@ -21,13 +21,12 @@ import redis.asyncio
 
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, LlmUsage, Outcome
 from compaction_worker.runtime.compactor import Compactor
-from compaction_worker.settings import Settings
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.store import Store
 from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
-from tests.orchestration import Published, connect, conversation, make_parts
+from tests.orchestration import Published, connect, conversation, make_parts, make_settings
 
 from .helpers import coverage_problems
 
@@ -60,25 +59,22 @@ class Scripted:
         return SummaryResult(text, self.name, self.count(text), LlmUsage())
 
 
-def settings() -> Settings:
-    # Jobs busy elsewhere are postponed by half the TTL: short, so B retries promptly. The
-    # job lease (twice the TTL) is the shortest there is: one second.
-    return Settings(
-        redis={"key_prefix": PREFIX, "retention_seconds": None}, worker={"lock_ttl_seconds": LOCK_TTL}
-    )
+# Jobs busy elsewhere are postponed by half the TTL: short, so B retries promptly. The
+# job lease (twice the TTL) is the shortest there is: one second.
+SETTINGS = make_settings(redis={"key_prefix": PREFIX}, worker={"lock_ttl_seconds": LOCK_TTL})
 
 
 def compactor(
     client: RedisClient, published: Published, summarizer: Callable[[Callable[[str], int]], Scripted]
 ) -> tuple[Compactor, Store, JobQueue]:
     """A worker's compaction side over ``client``, with the production lock, job queue and store."""
-    parts = make_parts(client, settings(), published, lambda _m, c: [summarizer(c.text)])
+    parts = make_parts(client, SETTINGS, published, lambda _m, c: [summarizer(c.text)])
     return parts.compactor, parts.store, parts.jobs
 
 
 async def over_threshold(client: RedisClient) -> Store:
     """The conversation, stored through the turn path, with its threshold job scheduled."""
-    parts = make_parts(client, settings(), Published())
+    parts = make_parts(client, SETTINGS, Published())
     for event in conversation(TURNS):
         await parts.turns.handle(event, CID.encode())
     assert await parts.jobs.job(CID) is not None

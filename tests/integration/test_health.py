@@ -12,7 +12,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,9 +21,9 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.local.embedded import EmbeddedRedis, free_port
 from compaction_worker.observability.health import LIVEZ, METRICS, READYZ
 from compaction_worker.runtime.worker import build_worker
-from compaction_worker.settings import Settings
+from tests.orchestration import make_settings
 
-from .helpers import poll_until, running, worker_settings
+from .helpers import poll_until, running
 from .processes import WorkerProcess
 
 if TYPE_CHECKING:
@@ -53,17 +53,15 @@ async def aget(port: int, path: str) -> tuple[int, str]:
     return await asyncio.to_thread(get, port, path)
 
 
-async def _health_settings(kafka_bootstrap: str, redis_url: str, make_topics: MakeTopics) -> Settings:
-    topics = await make_topics("turn", "started", "completed", "dlq", partitions=2)
+def health_sections() -> dict[str, dict[str, Any]]:
+    """These tests' settings sections: the health port on (a free one), short timeouts, quick retries."""
     health = {
         "enabled": True,
         "port": free_port(),
         "liveness_timeout_seconds": LIVENESS_TIMEOUT,
         "check_timeout_seconds": 1.0,
     }
-    return worker_settings(
-        kafka_bootstrap, redis_url, topics, health=health, worker={"retry_backoff_seconds": 0.2}
-    )
+    return {"health": health, "worker": {"retry_backoff_seconds": 0.2}}
 
 
 async def test_ready_follows_redis_and_live_holds_through_its_outage(
@@ -71,7 +69,8 @@ async def test_ready_follows_redis_and_live_holds_through_its_outage(
 ) -> None:
     """Up: live, ready, metrics. Redis stopped: not ready (the body names redis), still live
     for longer than the liveness timeout. Redis back: ready again, without a restart."""
-    settings = await _health_settings(kafka_bootstrap, own_redis.url, make_topics)
+    topics = await make_topics("turn", "started", "completed", "dlq", partitions=2)
+    settings = make_settings(kafka_bootstrap, own_redis.url, topics, **health_sections())
     port = settings.health.port
     worker = build_worker(settings)
     async with worker.running():
@@ -105,7 +104,8 @@ async def test_the_cli_worker_serves_health_when_enabled_by_environment(
     kafka_bootstrap: str, redis_url: str, make_topics: MakeTopics, tmp_path: Path
 ) -> None:
     """`compaction-worker run` with COMPACTION_HEALTH__* set says where it listens and answers there."""
-    settings = await _health_settings(kafka_bootstrap, redis_url, make_topics)
+    topics = await make_topics("turn", "started", "completed", "dlq", partitions=2)
+    settings = make_settings(kafka_bootstrap, redis_url, topics, **health_sections())
     port = settings.health.port
     process = WorkerProcess(settings, tmp_path, "health")
     process.start()

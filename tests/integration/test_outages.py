@@ -30,6 +30,7 @@ from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer
+from tests.orchestration import make_settings
 
 from .helpers import (
     compaction_events,
@@ -38,7 +39,6 @@ from .helpers import (
     poll_until,
     read_topic,
     running,
-    worker_settings,
 )
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     turns = 45
     streams = _streams(turns)
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=PARTITIONS)
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap, own_redis.url, topics, worker=WORKER, summarizer=_summarizer(fake_llm)
     )
     handled = _Handled()
@@ -319,7 +319,7 @@ async def test_broker_restart_mid_run_resumes_without_loss(
     turns, last_cut = 70, 25
     streams = _streams(turns)
     topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
-    settings = worker_settings(
+    settings = make_settings(
         own_kafka.bootstrap_servers, redis_url, topics, worker=WORKER, summarizer=_summarizer(fake_llm)
     )
     await create_topics(own_kafka.bootstrap_servers, topics, PARTITIONS)

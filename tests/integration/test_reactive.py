@@ -28,9 +28,10 @@ from compaction_worker.contracts.events import (
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
-from compaction_worker.testing import FakeLLMServer, provider_overflow_error
+from compaction_worker.testing import FakeLLMServer, provider_overflow_error, turn_event
+from tests.orchestration import make_settings
 
-from .helpers import coverage_problems, settle, worker_settings
+from .helpers import coverage_problems, settle
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +134,7 @@ async def running(
 ) -> AsyncIterator[Running]:
     """One worker for the module (starting one per case would dominate the run), on its own topics."""
     topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,
@@ -159,19 +160,13 @@ async def running(
 
 
 def _turn(cid: str, seq: int, role: str | None = None, **fields: Any) -> TurnEvent:
-    if role is not None:
-        words = " ".join(f"{role}{seq}-word{i}" for i in range(40))
-        fields["messages"] = [{"role": role, "content": f"turn {seq}: {words}"}]
-    return TurnEvent.model_validate(
-        {
-            "conversation_id": cid,
-            "turn_seq": seq,
-            "model": MODEL,
-            "context_window": WINDOW,
-            "max_output_tokens": MAX_OUTPUT,
-            **({"system_prompt": "You are a careful assistant."} if seq == 1 else {}),
-            **fields,
-        }
+    """Turn ``seq`` of ``cid``: 40 words of ``role``'s (no role: no message), the first with a system prompt."""
+    words = " ".join(f"{role}{seq}-word{i}" for i in range(40))
+    messages = [] if role is None else [{"role": role, "content": f"turn {seq}: {words}"}]
+    if seq == 1:
+        fields.setdefault("system_prompt", "You are a careful assistant.")
+    return turn_event(
+        cid, seq, messages, MODEL, context_window=WINDOW, max_output_tokens=MAX_OUTPUT, **fields
     )
 
 

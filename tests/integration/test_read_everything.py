@@ -20,7 +20,8 @@ from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import Outcome, TurnEvent
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.strategies.truncate import TRUNCATION_MODEL
-from compaction_worker.testing import FakeLLMServer
+from compaction_worker.testing import FakeLLMServer, turn_event
+from tests.orchestration import make_settings
 
 from .helpers import (
     compaction_events,
@@ -29,7 +30,6 @@ from .helpers import (
     publish_many,
     read_topic,
     settle,
-    worker_settings,
 )
 
 if TYPE_CHECKING:
@@ -80,15 +80,7 @@ def turn(seq: int) -> TurnEvent:
             {"role": "tool", "tool_call_id": call_id, "content": f"{marker(seq, 't')} {FILLER} {FILLER}"},
             {"role": "assistant", "content": f"Done {marker(seq, 'r')}: service {seq} is healthy. {FILLER}"},
         ]
-    return TurnEvent.model_validate(
-        {
-            "conversation_id": CID,
-            "turn_seq": seq,
-            "model": "gpt-4o-mini",
-            "context_window": WINDOW,
-            "messages": messages,
-        }
-    )
+    return turn_event(CID, seq, messages, context_window=WINDOW)
 
 
 def short_summary(body: dict[str, Any]) -> str:
@@ -110,7 +102,7 @@ async def test_every_summarized_message_reached_a_summarizer_request(
     fake_llm.set_responder(short_summary)
     fake_llm.set_delay(LLM_DELAY)
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=1)
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,

@@ -20,13 +20,15 @@ from typing import Any
 import pytest
 
 from compaction_worker.client.client import Client
-from compaction_worker.contracts.events import ChatMessage, CompactionCompleted, Outcome, TurnEvent
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, TurnEvent
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
+from compaction_worker.testing import turn_event
+from tests.orchestration import make_settings
 
-from .helpers import coverage_problems, read_topic, settle, worker_settings
+from .helpers import coverage_problems, read_topic, settle
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +51,7 @@ def call(call_id: str, name: str, arguments: Mapping[str, Any]) -> dict[str, Any
 
 def turn(seq: int) -> TurnEvent:
     """Turn ``seq``: call_0 reads /src/mod<seq>.py, call_1 re-reads /src/config.py."""
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": f"Step {seq}: check /src/mod{seq}.py against the config."},
         {
             "role": "assistant",
@@ -63,13 +65,7 @@ def turn(seq: int) -> TurnEvent:
         {"role": "tool", "tool_call_id": "call_1", "content": CONFIG},
         {"role": "assistant", "content": f"/src/mod{seq}.py matches the config."},
     ]
-    return TurnEvent(
-        conversation_id=CID,
-        turn_seq=seq,
-        model="gpt-4o-mini",
-        context_window=WINDOW,
-        messages=[ChatMessage.model_validate(m) for m in messages],
-    )
+    return turn_event(CID, seq, messages, context_window=WINDOW)
 
 
 def tool_of(call: ToolCall) -> tuple[str, str | None]:
@@ -114,7 +110,7 @@ async def test_reused_call_ids_over_the_real_broker(
     """Every tool result stays under its own call, turn after turn, while pruning and de-duplication save tokens."""
     topics = await make_topics("turn", "started", "completed", "dlq")  # type: ignore[operator]
     # Pruning protects half the window: more than the target, so de-duplication runs too.
-    settings = worker_settings(kafka_bootstrap, redis_url, topics, pipeline={"prune_protect_fraction": 0.5})
+    settings = make_settings(kafka_bootstrap, redis_url, topics, pipeline={"prune_protect_fraction": 0.5})
     assert settings.summarizer.model is None  # the extractive summarizer
     await ensure_topics(settings)
     worker = build_worker(settings)

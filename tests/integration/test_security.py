@@ -13,8 +13,9 @@ from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import RedisSettings
 from compaction_worker.testing import FakeLLMServer
+from tests.orchestration import make_settings
 
-from .helpers import compaction_events, read_topic, settle, worker_settings
+from .helpers import compaction_events, read_topic, settle
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +39,7 @@ async def test_no_secret_is_logged_or_published(
     must not leak through the settings' own representations either.
     """
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=1)  # type: ignore[operator]
-    settings = worker_settings(
+    settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,

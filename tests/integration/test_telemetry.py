@@ -16,10 +16,9 @@ from compaction_worker.observability import tracing
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
-from compaction_worker.testing import turn_payload
+from compaction_worker.testing import turn_event
 from tests.observability.memory import Memory, memory
-
-from .helpers import worker_settings
+from tests.orchestration import make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -58,14 +57,13 @@ async def test_a_traceparent_on_a_turn_reaches_compaction_completed(
     kafka_bootstrap: str, redis_url: str, make_topics: object, telemetry: Memory
 ) -> None:
     topics = await make_topics("turn", "started", "completed", "dlq")  # type: ignore[operator]
-    settings = worker_settings(kafka_bootstrap, redis_url, topics)
+    settings = make_settings(kafka_bootstrap, redis_url, topics)
     await ensure_topics(settings)
     worker = build_worker(settings)
 
     def turn(seq: int, **fields: Any) -> TurnEvent:
-        text = f"message {seq}: " + "words " * 80
-        return TurnEvent.model_validate(
-            turn_payload("conv", seq, [{"role": "user", "content": text}], **fields)
+        return turn_event(
+            "conv", seq, [{"role": "user", "content": f"message {seq}: " + "words " * 80}], **fields
         )
 
     async with worker.running(), Client.connect(settings) as client:

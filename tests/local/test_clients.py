@@ -7,7 +7,6 @@ reply); ``run`` and the README say so. These tests pin what does work.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -21,8 +20,9 @@ from compaction_worker.local.embedded import EmbeddedKafka
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
-from compaction_worker.testing import turn_payload
-from tests.integration.helpers import poll_until, worker_settings
+from compaction_worker.testing import turn_bytes
+from tests.integration.helpers import poll_until
+from tests.orchestration import make_settings
 
 with warnings.catch_warnings():
     # kafka-python 3.0 reads its protocol schemas through importlib.resources' deprecated API.
@@ -51,13 +51,9 @@ async def settings_on_embedded(embedded_bootstrap: str, redis_url: str) -> Setti
     """Worker settings on the embedded broker, with this test's own topics."""
     suffix = uuid.uuid4().hex[:8]
     names = [f"{name}-{suffix}" for name in ("turns", "started", "completed", "dlq")]
-    settings = worker_settings(embedded_bootstrap, redis_url, names)
+    settings = make_settings(embedded_bootstrap, redis_url, names)
     await ensure_topics(settings)
     return settings
-
-
-def _turn(conversation_id: str, text: str) -> bytes:
-    return json.dumps(turn_payload(conversation_id, 1, [{"role": "user", "content": text}])).encode()
 
 
 async def _publish_with_aiokafka(bootstrap: str, topic: str, key: str, payload: bytes) -> None:
@@ -86,14 +82,17 @@ async def test_aiokafka_and_kafka_python_turns_are_stored(settings_on_embedded: 
     worker = build_worker(settings)
     async with worker.running(), Client.connect(settings, kafka=False) as client:
         await _publish_with_aiokafka(
-            bootstrap, topic, "from-aiokafka", _turn("from-aiokafka", "hello from aiokafka")
+            bootstrap,
+            topic,
+            "from-aiokafka",
+            turn_bytes("from-aiokafka", 1, [{"role": "user", "content": "hello from aiokafka"}]),
         )
         await asyncio.to_thread(
             _publish_with_kafka_python,
             bootstrap,
             topic,
             "from-kafka-python",
-            _turn("from-kafka-python", "hi, kp"),
+            turn_bytes("from-kafka-python", 1, [{"role": "user", "content": "hi, kp"}]),
         )
 
         async def stored() -> bool:

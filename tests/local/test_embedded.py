@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 Server = TypeVar("Server", EmbeddedKafka, EmbeddedRedis)
 
+TANSU_CLIENT_WAIT = 5.0
+"""Seconds tansu waits on SIGTERM for connected clients to leave: what a stop that sat it out takes."""
+
 
 def _skip_if_missing(server: EmbeddedKafka | EmbeddedRedis) -> None:
     """Start ``server``, or skip the test when its binary is not installed."""
@@ -169,7 +172,9 @@ class TestEmbeddedKafka:
 
             assert not kafka.running
             assert not _listening(kafka.port)
-        assert took < 2
+        # Promptness is the point, so a duration it is: against the wait avoided, not a guess
+        # at how soon a loaded machine ends a process.
+        assert took < TANSU_CLIENT_WAIT
 
 
 # --- Redis ------------------------------------------------------------------------------

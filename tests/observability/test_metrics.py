@@ -9,9 +9,9 @@ from compaction_worker.observability import metrics
 from compaction_worker.observability.operations import exported_series
 from compaction_worker.runtime.components import observe_backlog
 from compaction_worker.summaries.contract import SummarizerError
-from compaction_worker.testing import FakeLLMServer
+from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.observability.memory import Memory
-from tests.orchestration import Parts, compact_now, conversation, raw, user
+from tests.orchestration import Parts, compact_now, conversation, user
 from tests.summaries.helpers import GOOD_SUMMARY, request, summarizer
 
 
@@ -22,7 +22,7 @@ class TestTurns:
         await parts.turns.handle(turns[0], b"c")  # duplicate
         await parts.turns.handle(turns[2], b"c")  # held behind turn 2
         await parts.turns.handle(b"{not json", b"c")  # dead-lettered
-        await parts.turns.handle(raw("d", 1, user("hi")), b"other")  # dead-lettered: key mismatch
+        await parts.turns.handle(turn_bytes("d", 1, [user("hi")]), b"other")  # dead-lettered: key mismatch
         await parts.turns.handle(turns[1], b"c")  # appended (releases turn 3: not a consumed record)
         assert telemetry.values("compaction.turns") == {
             (("status", "appended"),): 2,
@@ -104,7 +104,7 @@ class TestGauges:
         for turn in conversation(40):
             if (await parts.turns.handle(turn, b"c")).scheduled is not None:
                 break
-        await parts.turns.handle(raw("h", 5, user("early")), b"h")  # held: turns 1-4 missing
+        await parts.turns.handle(turn_bytes("h", 5, [user("early")]), b"h")  # held: turns 1-4 missing
         await observe_backlog(parts.jobs, parts.gaps, parts.outbox)
         values = {name: telemetry.values(name) for name in (m.name for m in metrics.METRICS)}
         assert values["compaction.jobs.pending"] == {(): 1}

@@ -72,6 +72,29 @@ class TestMessagePerLine:
         assert conversation.messages[1]["tool_calls"][0]["function"]["name"] == "ls"
         assert conversation.messages[2]["tool_call_id"] == "toolu_1"
 
+    def test_a_gemini_request_is_converted_with_its_system_instruction(self, tmp_path: Path) -> None:
+        """A conversation line in Gemini's shape: the instruction first, function calls paired."""
+        path = _write(
+            tmp_path / "gemini.jsonl",
+            {
+                "conversation_id": "g",
+                "systemInstruction": {"parts": [{"text": "Be terse."}]},
+                "contents": [
+                    {"role": "user", "parts": [{"text": "list the files"}]},
+                    {"role": "model", "parts": [{"functionCall": {"name": "ls", "args": {"path": "."}}}]},
+                    {
+                        "role": "user",
+                        "parts": [{"functionResponse": {"name": "ls", "response": {"out": "a.py"}}}],
+                    },
+                ],
+            },
+        )
+        (conversation,) = read_file(path).conversations
+        assert [m["role"] for m in conversation.messages] == ["system", "user", "assistant", "tool"]
+        assert conversation.messages[0]["content"] == "Be terse."
+        call_id = conversation.messages[2]["tool_calls"][0]["id"]
+        assert conversation.messages[3]["tool_call_id"] == call_id
+
     def test_responses_items_are_converted_together(self, tmp_path: Path) -> None:
         """A function_call item joins the assistant message before it, across lines."""
         path = _write(

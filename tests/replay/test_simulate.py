@@ -14,8 +14,8 @@ from compaction_worker.replay.reader import Conversation, ReplayInputError, read
 from compaction_worker.replay.simulate import DEFAULT_MODEL, ConversationReport, Replay, split_turns
 from compaction_worker.runtime.components import configured_summarizers
 from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
-from compaction_worker.testing import FakeLLMServer
-from tests.orchestration import Parts, raw
+from compaction_worker.testing import FakeLLMServer, turn_bytes
+from tests.orchestration import Parts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
 WINDOW = 4000
@@ -131,8 +131,11 @@ async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
     system, turns = split_turns(_conversation().messages)
     cid, worker_points, runs = "agent_session", [], 0
     for seq, messages in enumerate(turns, start=1):
-        fields = {"system_prompt": system} if seq == 1 else {}
-        await parts.turns.handle(raw(cid, seq, *messages, context_window=WINDOW, **fields), cid.encode())
+        system_prompt = system if seq == 1 else None  # None: left out of the event
+        await parts.turns.handle(
+            turn_bytes(cid, seq, list(messages), context_window=WINDOW, system_prompt=system_prompt),
+            cid.encode(),
+        )
         tokens = (await parts.store.meta(cid)).total_tokens
         while (claim := await parts.jobs.claim(cid)) is not None:
             completed = await parts.compactor.run(claim)

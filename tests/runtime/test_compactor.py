@@ -30,6 +30,7 @@ from compaction_worker.state.store import Store
 from compaction_worker.strategies import CompactionResult, Draft, provider_problems
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.testing import turn_bytes
 from tests.orchestration import (
     Parts,
     Published,
@@ -39,7 +40,6 @@ from tests.orchestration import (
     conversation,
     make_parts,
     overhead,
-    raw,
     user,
 )
 
@@ -85,7 +85,7 @@ class TestCompactor:
         """Reference 000 (no-op rejection): a compaction that cannot shrink commits nothing and blocks re-triggering (docs/design.md, invariant 5)."""
         # The system prompt alone is over the target: no stage can reach it.
         await parts.turns.handle(
-            raw("c", 1, user("hi"), system_prompt="rule " * 900, context_window=1024), b"c"
+            turn_bytes("c", 1, [user("hi")], system_prompt="rule " * 900, context_window=1024), b"c"
         )
         claim = await parts.jobs.claim("c")
         assert claim is not None
@@ -93,7 +93,7 @@ class TestCompactor:
         assert completed is not None
         assert completed.outcome is Outcome.NOOP
         assert (await parts.store.meta("c")).version == 0
-        outcome = await parts.turns.handle(raw("c", 2, assistant("ok"), context_window=1024), b"c")
+        outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("ok")], context_window=1024), b"c")
         assert outcome.scheduled is None
 
     async def test_started_is_published_before_the_summarizer_is_asked(
@@ -119,15 +119,15 @@ class TestCompactor:
 
     async def test_context_status_says_whether_the_model_sees_a_reduced_history(self, parts: Parts) -> None:
         """Reference 003 and issue 9: "summarized" as soon as anything the model saw was replaced, cleared tool outputs included; the stages say what."""
-        await parts.turns.handle(raw("p", 1, user("read the four files"), context_window=2048), b"p")
+        await parts.turns.handle(turn_bytes("p", 1, [user("read the four files")], context_window=2048), b"p")
         for k, word in enumerate(["alpha", "bravo", "charlie", "delta"], start=2):
             call = {"id": f"c{k}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
             read: list[dict[str, Any]] = [
                 {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": f"c{k}", "content": f"{word} " * 300},
             ]
-            await parts.turns.handle(raw("p", k, *read, context_window=2048), b"p")
-        await parts.turns.handle(raw("p", 6, user("thanks"), context_window=2048), b"p")
+            await parts.turns.handle(turn_bytes("p", k, list(read), context_window=2048), b"p")
+        await parts.turns.handle(turn_bytes("p", 6, [user("thanks")], context_window=2048), b"p")
         assert (await parts.store.meta("p")).context_status.value == "full"
         pruned = await compact_now(parts.jobs, parts.compactor, "p")
         assert (pruned.outcome, pruned.stages) == (Outcome.COMPACTED, ["prune"])
@@ -176,7 +176,7 @@ class TestStageSavings:
     async def test_noop_saves_nothing(self, parts: Parts) -> None:
         """A compaction that commits nothing reports no savings."""
         await parts.turns.handle(
-            raw("c", 1, user("hi"), system_prompt="rule " * 900, context_window=1024), b"c"
+            turn_bytes("c", 1, [user("hi")], system_prompt="rule " * 900, context_window=1024), b"c"
         )
         done = await compact_now(parts.jobs, parts.compactor)
         assert (done.outcome, done.stage_savings) == (Outcome.NOOP, {})
@@ -214,7 +214,7 @@ class TestReactive:
         estimate = await self._grown(parts.turns, parts.store)
         error = OPENAI_OVERFLOW.format(maximum=1000, actual=2 * estimate)
         outcome = await parts.turns.handle(
-            raw("c", 11, compaction={"mode": "overflow", "error": error}), b"c"
+            turn_bytes("c", 11, [], compaction={"mode": "overflow", "error": error}), b"c"
         )
         assert outcome.scheduled is Trigger.REACTIVE
         job = await parts.jobs.job("c")
@@ -229,7 +229,9 @@ class TestReactive:
         estimate = await self._grown(parts.turns, parts.store)
         actual, maximum = int(estimate * 1.5), 1200
         error = OPENAI_OVERFLOW.format(maximum=maximum, actual=actual)
-        await parts.turns.handle(raw("c", 11, compaction={"mode": "overflow", "error": error}), b"c")
+        await parts.turns.handle(
+            turn_bytes("c", 11, [], compaction={"mode": "overflow", "error": error}), b"c"
+        )
         done = await compact_now(parts.jobs, parts.compactor)
         _, claimed = budget_for("gpt-4o-mini", Settings().budget, 2048, None)
         # The stated maximum becomes the window (and sets the reserve), then the reactive target.
@@ -249,7 +251,7 @@ class TestReactive:
         _, budget = budget_for("gpt-4o-mini", Settings().budget, 2048, None)
         assert estimate < budget.target
         await parts.turns.handle(
-            raw("c", 11, compaction={"mode": "overflow", "error": BEDROCK_OVERFLOW}), b"c"
+            turn_bytes("c", 11, [], compaction={"mode": "overflow", "error": BEDROCK_OVERFLOW}), b"c"
         )
         done = await compact_now(parts.jobs, parts.compactor)
         assert (done.trigger, done.outcome) == (Trigger.REACTIVE, Outcome.COMPACTED), done.error
@@ -263,7 +265,7 @@ class TestReactive:
         """Reference 000 (no-op rejection): when the summary turn costs more than the span it replaces, the reactive run is a no-op."""
         await self._grown(parts.turns, parts.store)
         await parts.turns.handle(
-            raw("c", 11, compaction={"mode": "overflow", "error": BEDROCK_OVERFLOW}), b"c"
+            turn_bytes("c", 11, [], compaction={"mode": "overflow", "error": BEDROCK_OVERFLOW}), b"c"
         )
         wordy = compactor_with(parts, published, lambda _m, _c: [Wordy(overhead())])
         done = await compact_now(parts.jobs, wordy)
@@ -298,7 +300,7 @@ class TestCircuitBreaker:
         self, turns: TurnHandler, jobs: JobQueue, compactor: Compactor, seq: int
     ) -> CompactionCompleted:
         await turns.handle(
-            raw("c", seq, user(f"more {seq} " + "detail " * 80), compaction={"mode": "force"}), b"c"
+            turn_bytes("c", seq, [user(f"more {seq} " + "detail " * 80)], compaction={"mode": "force"}), b"c"
         )
         return await compact_now(jobs, compactor)
 
@@ -399,7 +401,7 @@ async def compact_mentions(
     parts = make_parts(redis_client, settings, published, summarizers=lambda _m, _c: [Forgetful()])
     for seq in range(1, 25):
         message = user(mentions(seq)) if seq % 2 else assistant(mentions(seq))
-        await parts.turns.handle(raw("a", seq, message, context_window=2048), b"a")
+        await parts.turns.handle(turn_bytes("a", seq, [message], context_window=2048), b"a")
     done = await compact_now(parts.jobs, parts.compactor, "a")
     assert done.outcome is Outcome.COMPACTED, done.error
     return done, parts

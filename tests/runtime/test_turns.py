@@ -18,7 +18,8 @@ from compaction_worker.contracts.events import (
 )
 from compaction_worker.runtime.turns import TurnStatus, turn_fingerprint
 from compaction_worker.settings import Settings
-from tests.orchestration import Parts, Published, all_keys, assistant, raw, user
+from compaction_worker.testing import turn_bytes
+from tests.orchestration import Parts, Published, all_keys, assistant, user
 
 pytestmark = pytest.mark.integration
 
@@ -66,22 +67,26 @@ class TestTurns:
 
     async def test_key_must_be_the_conversation_id(self, parts: Parts, published: Published) -> None:
         """An event keyed by something else would lose its ordering; it is dead-lettered."""
-        outcome = await parts.turns.handle(raw("c", 1, user("hi")), b"other")
+        outcome = await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"other")
         assert outcome.reason == "key_mismatch"
 
     async def test_duplicate_changes_nothing(self, parts: Parts) -> None:
         """A redelivered turn is recognised and stores nothing (docs/design.md, invariant 2)."""
-        assert (await parts.turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.APPENDED
+        assert (
+            await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"c")
+        ).status is TurnStatus.APPENDED
         before = await parts.store.meta("c")
-        assert (await parts.turns.handle(raw("c", 1, user("hi")), b"c")).status is TurnStatus.DUPLICATE
+        assert (
+            await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"c")
+        ).status is TurnStatus.DUPLICATE
         assert await parts.store.meta("c") == before
 
     async def test_republished_under_a_new_event_id_is_a_duplicate(
         self, parts: Parts, published: Published
     ) -> None:
         """A runtime publishing a turn again (new event_id and timestamp, same content) sends nothing to the DLQ."""
-        first = raw("c", 1, user("hi"), system_prompt="be brief", event_id=str(uuid.uuid4()))
-        again = raw("c", 1, user("hi"), system_prompt="be brief", event_id=str(uuid.uuid4()))
+        first = turn_bytes("c", 1, [user("hi")], system_prompt="be brief", event_id=str(uuid.uuid4()))
+        again = turn_bytes("c", 1, [user("hi")], system_prompt="be brief", event_id=str(uuid.uuid4()))
         assert first != again
         await parts.turns.handle(first, b"c")
         assert (await parts.turns.handle(again, b"c")).status is TurnStatus.DUPLICATE
@@ -103,11 +108,11 @@ class TestTurns:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis, changes: dict[str, Any]
     ) -> None:
         """A stored seq reused with other content goes to the DLQ (conflicting_duplicate, naming the seq); nothing stored moves."""
-        await parts.turns.handle(raw("c", 1, user("hi"), system_prompt="be brief"), b"c")
-        await parts.turns.handle(raw("c", 2, assistant("hello")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("hi")], system_prompt="be brief"), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("hello")]), b"c")
         before = {k: await redis_client.dump(k) for k in sorted(await all_keys(redis_client))}
         fields: dict[str, Any] = {"system_prompt": "be brief", "messages": [user("hi")], **changes}
-        payload = raw("c", 1, *fields.pop("messages"), **fields)
+        payload = turn_bytes("c", 1, list(fields.pop("messages")), **fields)
 
         outcome = await parts.turns.handle(payload, b"c", 0, 9)
 
@@ -129,19 +134,27 @@ class TestTurns:
         self, parts: Parts, published: Published
     ) -> None:
         """A conversation stored before fingerprints were kept keeps working: any redelivery is a duplicate."""
-        await parts.turns.handle(raw("c", 1, user("hi")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"c")
         await parts.store.redis.delete(parts.store.keys("c").fingerprints)
-        assert (await parts.turns.handle(raw("c", 1, user("bye")), b"c")).status is TurnStatus.DUPLICATE
+        assert (
+            await parts.turns.handle(turn_bytes("c", 1, [user("bye")]), b"c")
+        ).status is TurnStatus.DUPLICATE
         assert published.on("conversation.turn.dlq") == []
-        assert (await parts.turns.handle(raw("c", 2, assistant("ok")), b"c")).status is TurnStatus.APPENDED
+        assert (
+            await parts.turns.handle(turn_bytes("c", 2, [assistant("ok")]), b"c")
+        ).status is TurnStatus.APPENDED
 
     async def test_gap_is_held_until_filled_then_applied_in_order(self, parts: Parts) -> None:
         """Turns ahead of a gap wait; the missing turn releases them in order."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
-        assert (await parts.turns.handle(raw("c", 4, assistant("four")), b"c")).status is TurnStatus.BUFFERED
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        assert (
+            await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        ).status is TurnStatus.BUFFERED
+        assert (
+            await parts.turns.handle(turn_bytes("c", 4, [assistant("four")]), b"c")
+        ).status is TurnStatus.BUFFERED
         assert (await parts.store.meta("c")).last_seq == 1
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == [
             "one",
             "two",
@@ -154,10 +167,12 @@ class TestTurns:
         self, parts: Parts, published: Published
     ) -> None:
         """Turn 3 held behind a gap, then another turn 3: that one goes to the DLQ; the held one applies later."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three")), b"c")
-        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.BUFFERED
-        other = raw("c", 3, user("not three"))
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        assert (
+            await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        ).status is TurnStatus.BUFFERED
+        other = turn_bytes("c", 3, [user("not three")])
 
         outcome = await parts.turns.handle(other, b"c")
 
@@ -165,18 +180,20 @@ class TestTurns:
         (letter,) = [DeadLetter.model_validate(r) for r in published.on("conversation.turn.dlq")]
         assert (letter.turn_seq, base64.b64decode(letter.original_b64)) == (3, other)
         assert "held behind a gap" in letter.detail
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two", "three"]
 
     async def test_a_released_held_turn_redelivered_with_other_content_is_dead_lettered(
         self, parts: Parts, published: Published
     ) -> None:
         """A turn applied from behind a gap has its fingerprint stored like any other."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three")), b"c")
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
-        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.DUPLICATE
-        outcome = await parts.turns.handle(raw("c", 3, user("three, again")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        assert (
+            await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        ).status is TurnStatus.DUPLICATE
+        outcome = await parts.turns.handle(turn_bytes("c", 3, [user("three, again")]), b"c")
         assert outcome.reason == "conflicting_duplicate"
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two", "three"]
 
@@ -184,12 +201,12 @@ class TestTurns:
         self, parts: Parts, published: Published
     ) -> None:
         """A rebalance overlap: another worker held turn 2 before turn 1 was seen; a different turn 2 does not replace it."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        held = raw("c", 2, assistant("two"))
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        held = turn_bytes("c", 2, [assistant("two")])
         held_fp = turn_fingerprint(TurnEvent.model_validate_json(held))
         await parts.turns.gaps.hold("c", 2, held, fingerprint=held_fp)
 
-        outcome = await parts.turns.handle(raw("c", 2, assistant("other two")), b"c")
+        outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("other two")]), b"c")
 
         assert outcome.reason == "conflicting_duplicate"
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["one", "two"]
@@ -198,7 +215,9 @@ class TestTurns:
 
     async def test_threshold_schedules_a_job(self, parts: Parts) -> None:
         """References 000-004 (the automatic trigger): crossing the hard threshold records a threshold job."""
-        outcome = await parts.turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
+        outcome = await parts.turns.handle(
+            turn_bytes("c", 1, [user("word " * 900)], context_window=1024), b"c"
+        )
         assert outcome.scheduled is Trigger.THRESHOLD
         job = await parts.jobs.job("c")
         assert job is not None
@@ -208,17 +227,19 @@ class TestTurns:
     async def test_soft_threshold(self, parts: Parts, settings: Settings) -> None:
         """DESIGN "Budget", instead of references 000 (waiting) and 004 (warnings): between the soft and hard thresholds a background (soft) job is recorded."""
         settings.budget.soft_trigger_fraction = 0.3
-        outcome = await parts.turns.handle(raw("c", 1, user("word " * 700), context_window=2048), b"c")
+        outcome = await parts.turns.handle(
+            turn_bytes("c", 1, [user("word " * 700)], context_window=2048), b"c"
+        )
         assert outcome.scheduled is Trigger.SOFT_THRESHOLD
 
     async def test_manual_and_reactive_requests(self, parts: Parts) -> None:
         """References 000 and 002 (manual /compact, reactive compaction): a turn's compaction request is recorded with the turn, reactive with its error."""
-        await parts.turns.handle(raw("c", 1, user("hi"), compaction={"mode": "force"}), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("hi")], compaction={"mode": "force"}), b"c")
         job = await parts.jobs.job("c")
         assert job is not None
         assert job.trigger is Trigger.MANUAL
         err = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
-        await parts.turns.handle(raw("c", 2, compaction={"mode": "overflow", "error": err}), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [], compaction={"mode": "overflow", "error": err}), b"c")
         job = await parts.jobs.job("c")
         assert job is not None
         assert (job.trigger, job.error) == (Trigger.REACTIVE, err)
@@ -226,11 +247,13 @@ class TestTurns:
     async def test_automatic_compaction_can_be_switched_off(self, parts: Parts, settings: Settings) -> None:
         """Reference 004 (``enabled``, the master switch): off, a crossed threshold schedules nothing; a manual request still does."""
         settings.budget.auto_compact = False
-        outcome = await parts.turns.handle(raw("c", 1, user("word " * 900), context_window=1024), b"c")
+        outcome = await parts.turns.handle(
+            turn_bytes("c", 1, [user("word " * 900)], context_window=1024), b"c"
+        )
         assert outcome.scheduled is None
         assert await parts.jobs.job("c") is None
         await parts.turns.handle(
-            raw("c", 2, assistant("ok"), compaction={"mode": "force"}, context_window=1024), b"c"
+            turn_bytes("c", 2, [assistant("ok")], compaction={"mode": "force"}, context_window=1024), b"c"
         )
         job = await parts.jobs.job("c")
         assert job is not None
@@ -238,51 +261,54 @@ class TestTurns:
 
     async def test_the_request_framing_counts_once(self, parts: Parts, settings: Settings) -> None:
         """Reference 004 (TOKENS_PER_CONVERSATION, 24): a conversation-level overhead is part of the fixed tokens."""
-        await parts.turns.handle(raw("c", 1, user("hi")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"c")
         meta = await parts.store.meta("c")
         assert meta.overhead_tokens == settings.budget.conversation_overhead_tokens == 24
         assert meta.total_tokens == meta.history_tokens + meta.system_tokens + meta.tools_tokens + 24
 
     async def test_a_stated_maximum_below_the_window_becomes_the_window(self, parts: Parts) -> None:
         """Reference 004 (reactive): the provider's stated maximum caps the window for every later budget check."""
-        await parts.turns.handle(raw("c", 1, user("hi"), context_window=128_000), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("hi")], context_window=128_000), b"c")
         before = await parts.store.meta("c")
         assert (before.window, before.observed_window) == (128_000, None)
         err = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
         await parts.turns.handle(
-            raw("c", 2, compaction={"mode": "overflow", "error": err}, context_window=128_000), b"c"
+            turn_bytes("c", 2, [], compaction={"mode": "overflow", "error": err}, context_window=128_000),
+            b"c",
         )
         after = await parts.store.meta("c")
         assert (after.window, after.observed_window) == (8192, 8192)
         assert after.threshold < before.threshold
         # Later turns, even ones that still claim the larger window, keep the provider's word.
-        await parts.turns.handle(raw("c", 3, assistant("ok"), context_window=128_000), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [assistant("ok")], context_window=128_000), b"c")
         assert (await parts.store.meta("c")).window == 8192
         # A larger stated maximum does not raise it again; an error without numbers changes nothing.
         big = err.replace("8192", "16384")
-        await parts.turns.handle(raw("c", 4, compaction={"mode": "overflow", "error": big}), b"c")
+        await parts.turns.handle(turn_bytes("c", 4, [], compaction={"mode": "overflow", "error": big}), b"c")
         await parts.turns.handle(
-            raw("c", 5, compaction={"mode": "overflow", "error": "prompt is too long"}), b"c"
+            turn_bytes("c", 5, [], compaction={"mode": "overflow", "error": "prompt is too long"}), b"c"
         )
         assert (await parts.store.meta("c")).window == 8192
 
     async def test_calibration_follows_reported_usage(self, parts: Parts) -> None:
         """Reference 003 (estimates close to the provider's count): provider-reported prompt tokens move the calibration factor."""
-        await parts.turns.handle(raw("c", 1, user("hello " * 100)), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("hello " * 100)]), b"c")
         estimate = (await parts.store.meta("c")).total_tokens
-        await parts.turns.handle(raw("c", 2, assistant("ok"), usage={"prompt_tokens": estimate * 2}), b"c")
+        await parts.turns.handle(
+            turn_bytes("c", 2, [assistant("ok")], usage={"prompt_tokens": estimate * 2}), b"c"
+        )
         assert (await parts.store.meta("c")).calibration > 1.2
 
     async def test_system_prompt_and_tool_schemas_count_toward_the_threshold(self, parts: Parts) -> None:
         """References 000 (context meter), 001 and 004 (budget checker): the system prompt and tool schemas count toward the threshold."""
         message = user("word " * 300)  # well under the 768-token threshold of a 1,024-token window
         schema = {"type": "function", "function": {"name": "search", "description": "word " * 600}}
-        alone = await parts.turns.handle(raw("alone", 1, message, context_window=1024), b"alone")
+        alone = await parts.turns.handle(turn_bytes("alone", 1, [message], context_window=1024), b"alone")
         tools = await parts.turns.handle(
-            raw("tools", 1, message, tools=[schema], context_window=1024), b"tools"
+            turn_bytes("tools", 1, [message], tools=[schema], context_window=1024), b"tools"
         )
         prompt = await parts.turns.handle(
-            raw("prompt", 1, message, system_prompt="rule " * 600, context_window=1024), b"prompt"
+            turn_bytes("prompt", 1, [message], system_prompt="rule " * 600, context_window=1024), b"prompt"
         )
         assert alone.scheduled is None
         assert tools.scheduled is prompt.scheduled is Trigger.THRESHOLD
@@ -299,12 +325,12 @@ class TestUnknownModelWarning:
         model, other = f"acme/unknown-{uuid.uuid4().hex}", f"acme/unknown-{uuid.uuid4().hex}"
         with caplog.at_level(logging.WARNING, logger="compaction_worker.runtime.turns"):
             for seq in range(1, 4):
-                await parts.turns.handle(raw("a", seq, user(f"a{seq}"), model=model), b"a")
-                await parts.turns.handle(raw("b", seq, user(f"b{seq}"), model=model), b"b")
-            await parts.turns.handle(raw("a", 4, user("a4"), model=other), b"a")
-            await parts.turns.handle(raw("a", 5, user("a5"), model=other), b"a")
-            await parts.turns.handle(raw("c", 1, user("c1"), model="gpt-4o"), b"c")
-            await parts.turns.handle(raw("d", 1, user("d1"), model=model, context_window=8192), b"d")
+                await parts.turns.handle(turn_bytes("a", seq, [user(f"a{seq}")], model=model), b"a")
+                await parts.turns.handle(turn_bytes("b", seq, [user(f"b{seq}")], model=model), b"b")
+            await parts.turns.handle(turn_bytes("a", 4, [user("a4")], model=other), b"a")
+            await parts.turns.handle(turn_bytes("a", 5, [user("a5")], model=other), b"a")
+            await parts.turns.handle(turn_bytes("c", 1, [user("c1")], model="gpt-4o"), b"c")
+            await parts.turns.handle(turn_bytes("d", 1, [user("d1")], model=model, context_window=8192), b"d")
 
         warned = [
             (r.getMessage().split(":", 1)[0], model in r.getMessage(), other in r.getMessage())

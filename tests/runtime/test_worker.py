@@ -31,7 +31,8 @@ from compaction_worker.runtime.worker import Worker, build_worker, freeze_startu
 from compaction_worker.settings import Settings
 from compaction_worker.summaries.contract import CountTokens, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from tests.orchestration import Parts, Published, all_keys, compactor_with, conversation, raw, user
+from compaction_worker.testing import turn_bytes
+from tests.orchestration import Parts, Published, all_keys, compactor_with, conversation, make_settings, user
 
 COUNT = counter_for("gpt-4o-mini", Settings().budget).text  # the model of orchestration's turns
 
@@ -105,7 +106,7 @@ async def test_stop_hands_back_a_compaction_that_outlasts_the_grace(
     await pool.stop(grace=0.3)
     took = time.monotonic() - began
     assert summarizer.cancelled
-    assert 0.3 <= took < 5, took
+    assert took >= 0.3, "the compaction was not given its grace"
     assert not pool.tasks
     assert not await store.redis.exists(keys.lock), "the lock outlived the handed-back compaction"
     assert published.on("compaction.completed") == []
@@ -148,10 +149,9 @@ class TestAcknowledgement:
     """
 
     @pytest.fixture
-    def in_process(self, settings: Settings) -> Settings:
-        """The test settings with a (never contacted) broker address."""
-        settings.kafka.bootstrap_servers = "in-process:9092"
-        return settings
+    def in_process(self) -> Settings:
+        """The in-process settings with a (never contacted) broker address."""
+        return make_settings(kafka={"bootstrap_servers": "in-process:9092"})
 
     async def _deliver(
         self, worker: Worker, *events: tuple[bytes, bytes]
@@ -177,7 +177,7 @@ class TestAcknowledgement:
         outcomes: list[TurnOutcome] = []
         worker = build_worker(in_process, redis_client=redis_client, on_turn=outcomes.append)
 
-        result, tp, letters = await self._deliver(worker, (b"c", raw("c", 1, user("hello"))))
+        result, tp, letters = await self._deliver(worker, (b"c", turn_bytes("c", 1, [user("hello")])))
 
         assert (result.commits, result.rewinds) == ({tp: 1}, {})
         assert [o.status for o in outcomes] == [TurnStatus.APPENDED]
@@ -211,11 +211,11 @@ class TestAcknowledgement:
 
         result, tp, letters = await self._deliver(
             worker,
-            (b"a", raw("a", 1, user("one"))),
-            (b"b", raw("b", 1, user("one"))),
+            (b"a", turn_bytes("a", 1, [user("one")])),
+            (b"b", turn_bytes("b", 1, [user("one")])),
             (b"a", b'{"conversation_id": "a", "turn_seq": "2"}'),
-            (b"a", raw("a", 2, user("two"))),
-            (b"b", raw("b", 2, user("two"))),
+            (b"a", turn_bytes("a", 2, [user("two")])),
+            (b"b", turn_bytes("b", 2, [user("two")])),
         )
 
         assert (result.commits, result.rewinds, result.handled) == ({tp: 5}, {}, 5)
@@ -228,7 +228,7 @@ class TestAcknowledgement:
         unreachable = redis.asyncio.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
         worker = build_worker(in_process, redis_client=unreachable)
         try:
-            result, tp, letters = await self._deliver(worker, (b"c", raw("c", 1, user("hello"))))
+            result, tp, letters = await self._deliver(worker, (b"c", turn_bytes("c", 1, [user("hello")])))
         finally:
             await unreachable.aclose()
 

@@ -23,8 +23,9 @@ from compaction_worker.state.gaps import (
     parse_held,
 )
 from compaction_worker.state.index import bucket_key
+from compaction_worker.testing import turn_bytes
 from tests import orchestration
-from tests.orchestration import Parts, Published, assistant, raw, user
+from tests.orchestration import Parts, Published, assistant, user
 
 pytestmark = pytest.mark.integration
 
@@ -68,8 +69,8 @@ class TestExpiry:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """After the timeout a held turn is a sequence_gap letter with its bytes and a detail; it leaves the hash."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        third = raw("c", 3, user("three"))
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        third = turn_bytes("c", 3, [user("three")])
         assert (await parts.turns.handle(third, b"c")).status is TurnStatus.BUFFERED
         since_ms = await held_ms(parts.gaps, "c", 3)
         assert await index_score(redis_client, "c") == since_ms
@@ -91,7 +92,7 @@ class TestExpiry:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Expiry claims and returns the turn; only its release, once it is dead-lettered, forgets it."""
-        third = raw("c", 3, user("three"))
+        third = turn_bytes("c", 3, [user("three")])
         await parts.gaps.hold("c", 3, third, now=1000.0)
 
         (turn,) = await parts.gaps.expire(now=1000.0 + TIMEOUT + 1)
@@ -108,10 +109,10 @@ class TestExpiry:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Only turns past the timeout expire; the index then points at the oldest turn still held."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
         since_ms = await held_ms(parts.gaps, "c", 3)
-        await parts.gaps.hold("c", 4, raw("c", 4, assistant("four")), now=since_ms / 1000 + 200)
+        await parts.gaps.hold("c", 4, turn_bytes("c", 4, [assistant("four")]), now=since_ms / 1000 + 200)
 
         assert await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT - 1) == []
         assert published.events == []
@@ -135,12 +136,14 @@ class TestExpiry:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """The missing turn releases the held ones; the conversation leaves the index; a late sweep sends nothing."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three")), b"c")
-        await parts.turns.handle(raw("c", 4, assistant("four")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 4, [assistant("four")]), b"c")
         assert await index_score(redis_client, "c") is not None
 
-        assert (await parts.turns.handle(raw("c", 2, assistant("two")), b"c")).status is TurnStatus.APPENDED
+        assert (
+            await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        ).status is TurnStatus.APPENDED
 
         assert [r["seq"] for r in await parts.store.transcript("c")] == [1, 2, 3, 4]
         assert await index_score(redis_client, "c") is None
@@ -151,12 +154,12 @@ class TestExpiry:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Filling the first of two gaps releases what it can; what waits on the second stays indexed."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three")), b"c")
-        await parts.turns.handle(raw("c", 5, user("five")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 5, [user("five")]), b"c")
         since_ms = await held_ms(parts.gaps, "c", 5)
 
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
 
         assert (await parts.store.meta("c")).last_seq == 3
         assert await held_seqs(parts.gaps, "c") == [5]
@@ -168,10 +171,10 @@ class TestExpiry:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """Expiry touches only the held turns; later turns are held (and expire) again; the missing turn still fits."""
-        await parts.turns.handle(raw("c", 1, user("one"), system_prompt="Be brief."), b"c")
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
-        await parts.turns.handle(raw("c", 4, assistant("four")), b"c")
-        await parts.turns.handle(raw("c", 5, user("five")), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")], system_prompt="Be brief."), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 4, [assistant("four")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 5, [user("five")]), b"c")
         before = await stored_state(redis_client, "c")
         meta, snapshot = await parts.store.meta("c"), await parts.store.snapshot("c")
         since_ms = await held_ms(parts.gaps, "c", 4)
@@ -187,10 +190,14 @@ class TestExpiry:
         assert await stored_state(redis_client, "c") == before
         assert await parts.store.meta("c") == meta
         assert await parts.store.snapshot("c") == snapshot
-        assert (await parts.turns.handle(raw("c", 6, assistant("six")), b"c")).status is TurnStatus.BUFFERED
+        assert (
+            await parts.turns.handle(turn_bytes("c", 6, [assistant("six")]), b"c")
+        ).status is TurnStatus.BUFFERED
         again = await parts.dead_letters.expire_held(parts.gaps, now=time.time() + TIMEOUT + 1)
         assert [(e.turn_seq, e.detail.endswith("for turn 3")) for e in again] == [(6, True)]
-        assert (await parts.turns.handle(raw("c", 3, user("three")), b"c")).status is TurnStatus.APPENDED
+        assert (
+            await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        ).status is TurnStatus.APPENDED
         assert [r["seq"] for r in await parts.store.transcript("c")] == [1, 2, 3]
         assert [letter.turn_seq for letter in letters(published)] == [4, 5, 6]
 
@@ -242,7 +249,7 @@ class TestConcurrency:
             second = orchestration.make_parts(other_client, settings, published)
             held = {(cid, seq) for cid in ("a", "b", "c") for seq in range(3, 13)}
             for cid, seq in sorted(held):
-                await first.gaps.hold(cid, seq, raw(cid, seq, user(f"{cid}{seq}")), now=1000.0 + seq)
+                await first.gaps.hold(cid, seq, turn_bytes(cid, seq, [user(f"{cid}{seq}")]), now=1000.0 + seq)
             now = 1000.0 + 12 + TIMEOUT + 1
 
             results = await asyncio.gather(
@@ -264,7 +271,7 @@ class TestConcurrency:
         published = FailingOnce()
         parts = orchestration.make_parts(redis_client, settings, published)
         gaps, dead_letters = parts.gaps, parts.dead_letters
-        await gaps.hold("c", 3, raw("c", 3, user("three")), now=1000.0)
+        await gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
         now = 1000.0 + TIMEOUT + 1
 
         with pytest.raises(ConnectionError):
@@ -282,7 +289,7 @@ class TestConcurrency:
     ) -> None:
         """A turn held again (other bytes) while a sweep published the old copy is not deleted by that sweep."""
         parts = orchestration.make_parts(redis_client, settings, ReholdingPublisher(redis_client))
-        await parts.gaps.hold("c", 3, raw("c", 3, user("three")), now=1000.0)
+        await parts.gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
 
         assert [
             e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
@@ -295,8 +302,8 @@ class TestConcurrency:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A turn held earlier than the one that indexed its conversation (clocks differ) moves the score back."""
-        await parts.gaps.hold("c", 5, raw("c", 5, user("five")), now=2000.0)
-        await parts.gaps.hold("c", 4, raw("c", 4, user("four")), now=1000.0)
+        await parts.gaps.hold("c", 5, turn_bytes("c", 5, [user("five")]), now=2000.0)
+        await parts.gaps.hold("c", 4, turn_bytes("c", 4, [user("four")]), now=1000.0)
         assert await index_score(redis_client, "c") == 1_000_000
         assert [
             e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
@@ -306,9 +313,9 @@ class TestConcurrency:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A turn held by a worker that lost a race with its append is a duplicate: dropped, not dead-lettered."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
-        await parts.gaps.hold("c", 2, raw("c", 2, assistant("two")), now=1000.0)
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        await parts.gaps.hold("c", 2, turn_bytes("c", 2, [assistant("two")]), now=1000.0)
 
         assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
 
@@ -320,9 +327,12 @@ class TestConcurrency:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A held copy whose seq was stored with other content is a conflicting_duplicate letter, not a silent drop."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
-        same, other = raw("c", 2, assistant("two")), raw("c", 2, assistant("two, but other"))
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        same, other = (
+            turn_bytes("c", 2, [assistant("two")]),
+            turn_bytes("c", 2, [assistant("two, but other")]),
+        )
         await parts.gaps.hold("c", 2, same, now=1000.0, fingerprint=await parts.store.fingerprint("c", 2))
         assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
         other_fp = turn_fingerprint(TurnEvent.model_validate_json(other))
@@ -356,7 +366,7 @@ class TestConcurrency:
         real_zrem = redis_client.zrem
 
         async def zrem_after_a_hold(*args: Any) -> Any:
-            await gaps.hold("c", 3, raw("c", 3, user("three")), now=5.0)
+            await gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=5.0)
             return await real_zrem(*args)
 
         monkeypatch.setattr(redis_client, "zrem", zrem_after_a_hold)
@@ -367,9 +377,9 @@ class TestConcurrency:
 class TestHeldTurns:
     async def test_a_redelivered_duplicate_releases_the_turn_held_behind_it(self, parts: Parts) -> None:
         """A crash between an append and its drain: the redelivery of the appended turn releases the next."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three")), b"c")
-        second = raw("c", 2, assistant("two"))
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        second = turn_bytes("c", 2, [assistant("two")])
         await parts.turns.handle_held(second, "c", 2)  # applied, but not drained: the "crash"
         assert await held_seqs(parts.gaps, "c") == [3]
 
@@ -382,11 +392,11 @@ class TestHeldTurns:
         self, parts: Parts, published: Published, settings: Settings, redis_client: redis.asyncio.Redis
     ) -> None:
         """A held turn that the settings now reject goes to the DLQ at release and no longer blocks or expires."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        await parts.turns.handle(raw("c", 3, user("three"), model="mystery-model-x"), b"c")
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")], model="mystery-model-x"), b"c")
         settings.budget.fallback_window = None  # unknown models are now refused
 
-        await parts.turns.handle(raw("c", 2, assistant("two")), b"c")
+        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
 
         assert [(letter.reason.value, letter.turn_seq) for letter in letters(published)] == [
             ("unknown_model", 3)
@@ -400,8 +410,8 @@ class TestHeldTurns:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A held turn without the time prefix drains as it is and expires on the first sweep that reaches it."""
-        await parts.turns.handle(raw("c", 1, user("one")), b"c")
-        third, fourth = raw("c", 3, user("three")), raw("c", 4, user("four"))
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        third, fourth = turn_bytes("c", 3, [user("three")]), turn_bytes("c", 4, [user("four")])
         await redis_client.hset("t:{c}:pending", "3", third)
         await parts.gaps.hold("c", 4, fourth)
         oldest, _ = await parts.gaps.held_turns("c")
@@ -453,7 +463,7 @@ class TestSetting:
 
 async def test_turn_handler_uses_the_configured_timeout(redis_client: redis.asyncio.Redis) -> None:
     """The handler's gap index takes its timeout from worker.gap_timeout_seconds."""
-    settings = Settings(redis={"key_prefix": "t"}, worker={"gap_timeout_seconds": 7})
+    settings = orchestration.make_settings(worker={"gap_timeout_seconds": 7})
     turns = orchestration.make_parts(redis_client, settings, Published()).turns
     assert isinstance(turns, TurnHandler)
     assert turns.gaps.timeout_ms == 7000

@@ -300,7 +300,12 @@ def conversations(
     for m, s in zip(built.messages, built.seqs, strict=True):
         chat.add(m, seq=start - 1 + s)
     entries = chat.entries
-    pinned_units = {u for u, m in zip(built.units, built.messages, strict=True) if m.get("pinned")}
+    # A system message is pinned as if the runtime had marked it (Entry.pinned).
+    pinned_units = {
+        u
+        for u, m in zip(built.units, built.messages, strict=True)
+        if m.get("pinned") or m["role"] == "system"
+    }
     must_keep = {i for i, u in enumerate(built.units) if u in pinned_units} | _open_unit(built)
     chunks: list[SummaryChunk] = []
     users = [i for i, m in enumerate(built.messages) if m["role"] == "user" and i > 0]
@@ -341,6 +346,8 @@ def limits_for(draw: st.DrawFn, tokens: int) -> Limits:
         max_summary_tokens=draw(st.sampled_from((64, 256, 2_048))),
         chunk_budget=int(target * draw(st.sampled_from((0.05, 0.2, 0.5)))),
         force=draw(st.integers(0, 7)) == 0,
+        # The task kept whole, within a share of the window, or summarized like any message.
+        task_max_tokens=draw(st.sampled_from((0, int(window * 0.2), 10**6))),
     )
 
 
@@ -349,14 +356,21 @@ EDITS = frozenset({"pruned", "deduplicated", "truncated"})
 
 
 def coverage_problems(
-    conversation: Conversation, chunks: Sequence[SummaryChunk], entries: Sequence[Entry]
+    conversation: Conversation,
+    chunks: Sequence[SummaryChunk],
+    entries: Sequence[Entry],
+    *,
+    task_max_tokens: int = 0,
 ) -> list[str]:
     """Ways a compacted history fails to account for every original message exactly once.
 
     Each transcript ordinal must be either one entry (verbatim, or edited by a cheap stage
     keeping its role and tool pairing) or covered by one chunk; pinned messages must be
-    verbatim entries; entries that stand for no ordinal must be marked synthetic.
+    verbatim entries (one over ``task_max_tokens`` may be cut to it, unless it is a system
+    message); entries that stand for no ordinal must be marked synthetic.
     """
+    sizes = {e.n: e.tokens for e in conversation.entries}
+    cut_before = {e.n for e in conversation.entries if e.edit == "truncated"}
     problems: list[str] = []
     where: dict[int, list[str]] = {n: [] for n in conversation.transcript}
     for chunk in chunks:
@@ -381,7 +395,16 @@ def coverage_problems(
                     problems.append(f"edited message {entry.n} changed its {key}")
         else:
             problems.append(f"message {entry.n} has unknown edit {entry.edit!r}")
-        if entry.n in conversation.pinned and (entry.edit is not None or entry.message != original):
+        cut_to_budget = (
+            entry.edit == "truncated"
+            and original.get("role") != "system"
+            and (entry.n in cut_before or 0 < task_max_tokens < sizes.get(entry.n, 0))
+        )
+        if (
+            entry.n in conversation.pinned
+            and not cut_to_budget
+            and (entry.edit is not None or entry.message != original)
+        ):
             problems.append(f"pinned message {entry.n} is not verbatim (edit {entry.edit!r})")
     for n, places in sorted(where.items()):
         if n not in conversation.transcript:

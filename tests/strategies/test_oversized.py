@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction_worker.contracts.history import Entry
-from compaction_worker.strategies.draft import Draft
+from compaction_worker.strategies.draft import Draft, Limits, StageContext
 from compaction_worker.strategies.oversized import cut_text, truncate_oversized
 from compaction_worker.testing import Chat
 
@@ -181,3 +181,83 @@ class TestCutText:
         assert text.endswith(tail)
         assert len(head) + len(tail) < len(text)
         assert notice.endswith(NOTICE_END)
+
+
+def plain(count: int) -> str:
+    """About ``count`` words with nothing distinctive in them."""
+    return " ".join(["this part says nothing rare"] * (count // 5))
+
+
+class TestTheTask:
+    """The task (first user message) and pinned messages: whole up to their budget, then cut with their terms."""
+
+    @staticmethod
+    def task_context(budget: int) -> StageContext:
+        limits = Limits(
+            target=5_000,
+            fixed_tokens=0,
+            window=WINDOW,
+            tail_max_messages=6,
+            tail_max_tokens=2_500,
+            max_summary_tokens=500,
+            chunk_budget=2_500,
+            task_max_tokens=budget,
+        )
+        return context(limits=limits)
+
+    @staticmethod
+    def spec(filler: int) -> str:
+        """A task statement: plain words at its head and tail, identifiers only in the middle."""
+        middle = " ".join(f"module_{i}/file_{i}.py raises Error{i}" for i in range(40))
+        return f"Please begin {plain(filler)} {middle} {plain(filler)} and finish"
+
+    def test_a_task_within_its_budget_is_not_cut(self) -> None:
+        """Even over the huge-message size: the task's own budget decides."""
+        task = words(2_600)
+        chat = Chat().user(task).assistant().user()
+        assert truncate_oversized(chat.draft(), self.task_context(3_000)).report is None
+
+    def test_a_task_over_its_budget_keeps_head_tail_and_every_term(self) -> None:
+        """Head and tail verbatim, the middle's terms in the notice with their context, within budget."""
+        task = self.spec(600)
+        chat = Chat().user(task).assistant().user()
+        out = truncate_oversized(chat.draft(), self.task_context(900))
+        entry = by_n(out.draft)[1]
+        text = str(entry.message["content"])
+        assert entry.edit == "truncated"
+        assert entry.tokens <= 900
+        assert text.startswith("Please begin this part")
+        assert text.endswith("this part says nothing rare and finish")
+        for i in range(40):
+            assert f"module_{i}/file_{i}.py" in text
+            assert f"Error{i}" in text
+        (note,) = out.notes
+        assert note.startswith("the task (")
+        assert "80 of 80 distinctive terms of the part between carried" in note
+
+    def test_what_does_not_fit_is_counted(self) -> None:
+        """A budget too small for every term: the note says how many were left out."""
+        chat = Chat().user(self.spec(300)).assistant().user()
+        out = truncate_oversized(chat.draft(), self.task_context(400))
+        (note,) = out.notes
+        assert "left out (all in the transcript)" in note
+        assert by_n(out.draft)[1].tokens <= 400
+
+    def test_the_task_is_cut_even_as_the_latest_user_message(self) -> None:
+        """An agent run has one user message: kept, it must still fit its budget."""
+        chat = Chat().user(self.spec(600)).assistant()
+        out = truncate_oversized(chat.draft(), self.task_context(900))
+        assert by_n(out.draft)[1].edit == "truncated"
+
+    def test_system_messages_are_never_cut(self) -> None:
+        """However large: the runtime's instructions stay whole."""
+        chat = Chat().add({"role": "system", "content": words(4_000)}).user("go").assistant().user()
+        assert truncate_oversized(chat.draft(), self.task_context(900)).report is None
+
+    def test_a_pinned_message_has_the_same_budget(self) -> None:
+        """A runtime-pinned message over the budget is cut like the task."""
+        pinned = {"role": "assistant", "content": self.spec(600), "pinned": True}
+        chat = Chat().user("short task").add(pinned).user()
+        out = truncate_oversized(chat.draft(), self.task_context(900))
+        assert by_n(out.draft)[2].edit == "truncated"
+        assert out.notes[0].startswith("a pinned message (")

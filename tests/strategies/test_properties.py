@@ -28,6 +28,7 @@ from compaction_worker.strategies.draft import Counter, Draft, StageContext, Sta
 from compaction_worker.strategies.oversized import truncate_oversized
 from compaction_worker.strategies.prune import prune_tool_outputs
 from compaction_worker.strategies.repair import SYNTHETIC_GAP, repair
+from compaction_worker.strategies.tail import task_index
 from compaction_worker.strategies.truncate import MARKER_RESERVE, QUOTE_TOKENS, TRUNCATION_MODEL
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
@@ -138,7 +139,9 @@ def reachable(case: Case, counter: Counter) -> bool:
     (pinned messages with their pairs, an open call at the end), a marker, the summary
     turn, and room for a repair separator next to each kept message, all fit."""
     c = case.conversation
-    keep = sum(e.tokens for e in c.entries if e.n in c.must_keep)
+    # The task counts whole: a cut may not get it under its budget (images, a short text).
+    task = task_index(c.entries) if case.limits.task_max_tokens > 0 else None
+    keep = sum(e.tokens for i, e in enumerate(c.entries) if e.n in c.must_keep or i == task)
     separator = counter.message({"role": "user", "content": SYNTHETIC_GAP})
     slack = separator * (len(c.must_keep) + 2)
     overhead = summary_overhead(counter)
@@ -179,7 +182,11 @@ def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counte
         assert provider_problems(render(after, placement), unique_call_ids=unique) == [], placement
     assert result.messages_after == len(render(after, case.placement))
     # docs/design.md, invariant 1: every original message is an entry or covered by a chunk, once.
-    assert coverage_problems(c, draft.chunks, draft.entries) == []
+    assert coverage_problems(c, draft.chunks, draft.entries, task_max_tokens=limits.task_max_tokens) == []
+    # The task and every system message stay: whole, or (the task) cut to its budget.
+    if limits.task_max_tokens > 0 and (task := task_index(c.entries)) is not None:
+        assert c.entries[task].n in {e.n for e in draft.entries}
+    assert {e.n for e in c.entries if e.role == "system"} <= {e.n for e in draft.entries}
     # docs/design.md, invariant 8: every result still answers its own call and holds what is its own.
     assert ownership_problems(c, draft.entries) == []
     # docs/design.md, invariant 6: every new chunk is a validated summary within its cap, or the marker.
@@ -291,7 +298,12 @@ def test_no_stage_attaches_content_to_another_call(
     for name in stages:
         draft = STAGES[name](draft, ctx).draft
         assert ownership_problems(conversation, draft.entries) == [], name
-        assert coverage_problems(conversation, draft.chunks, draft.entries) == [], name
+        assert (
+            coverage_problems(
+                conversation, draft.chunks, draft.entries, task_max_tokens=limits.task_max_tokens
+            )
+            == []
+        ), name
     unique = not duplicates_ids(conversation.transcript.values())
     history = EffectiveHistory(draft.chunks, draft.entries)
     assert provider_problems(render(history), unique_call_ids=unique) == []

@@ -17,6 +17,7 @@ from compaction_worker.strategies.tail import (
     pinned_indexes,
     select_tail,
     split_points,
+    task_index,
 )
 
 from .conversations import CALL_IDS, Conversation, conversations
@@ -358,3 +359,51 @@ def test_partition_properties(conversation: Conversation, max_messages: int, max
             <= max_tokens
         )
         assert not within or forced
+
+
+class TestTheTask:
+    """The task, the conversation's first user message, stays out of what is summarized."""
+
+    def test_the_task_is_lifted_out_of_the_head_with_the_system_prompt(self) -> None:
+        es = entries(("system", 5), ("user", 5), ("assistant", 5), ("user", 5), ("assistant", 5), ("user", 5))
+        parts = partition(es, 2, 1_000, task=True)
+        assert ns(parts.pinned) == [1, 2]
+        assert ns(parts.head) == [3, 4, 5]
+        without = partition(es, 2, 1_000)
+        assert ns(without.pinned) == [1]
+        assert ns(without.head) == [2, 3, 4, 5]
+
+    def test_an_agent_run_with_one_user_message_keeps_it(self) -> None:
+        """The tail starts inside the only turn; its question, the task, stays verbatim."""
+        steps = [m for i in range(6) for m in (call(f"c{i}"), result(f"c{i}"))]
+        es = entries(("system", 5), ("user", 5), *steps)
+        parts = partition(es, 4, 1_000, task=True)
+        assert ns(parts.pinned) == [1, 2]
+        assert parts.head
+        assert all(e.role in ("assistant", "tool") for e in parts.head)
+
+    def test_task_index_skips_synthetic_users(self) -> None:
+        es = entries(("system", 5), ("assistant", 5), ("user", 5))
+        synthetic = Entry(
+            n=0, seq=1, message={"role": "user", "content": "[continue]"}, tokens=1, edit="synthetic"
+        )
+        assert task_index([es[0], synthetic, *es[1:]]) == 3
+        assert task_index(es[:2]) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    conversation=st.sampled_from(CALL_IDS).flatmap(lambda ids: conversations(COUNTER, call_ids=ids)),
+    max_messages=st.integers(1, 12),
+    max_tokens=st.sampled_from((0, 10, 100, 1_000)),
+)
+def test_the_task_and_system_messages_are_never_in_the_head(
+    conversation: Conversation, max_messages: int, max_tokens: int
+) -> None:
+    """For any valid conversation: the first user message and every system message stay verbatim."""
+    es = conversation.entries
+    parts = partition(es, max_messages, max_tokens, task=True)
+    task = task_index(es)
+    assert all(e.role != "system" for e in parts.head)
+    assert task is None or es[task] not in parts.head
+    assert _pairs_by_part((parts.head, parts.pinned, parts.tail), es) == []

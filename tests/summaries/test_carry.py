@@ -1,0 +1,92 @@
+"""Distinctive terms found by their shape, and carried with their context within a budget (summaries/carry.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction_worker.summaries.carry import carry, distinctive_terms, is_distinctive
+from compaction_worker.testing import WordCounter
+
+COUNT = WordCounter().text
+
+ISSUE = (
+    "TimeDelta serialization precision: in marshmallow 3.0.0rc8 `fields.TimeDelta(precision='milliseconds')` "
+    "returns 344 for td = timedelta(milliseconds=345). See src/marshmallow/fields.py near line 1474. "
+    "Ping bob@example.com or set LOG_LEVEL=debug on api-gateway.internal:8443 before Friday."
+)
+
+
+class TestDistinctive:
+    @pytest.mark.parametrize(
+        "word",
+        [
+            "v2",
+            "3.11",
+            "8080",
+            "fields.py",
+            "a/b",
+            "KEY=value",
+            "x@y.io",
+            "snake_case",
+            "kebab-case",
+            "TimeDelta",
+            "camelCase",
+            "HTTP",
+            "deployment/web",
+            "ghcr.io/acme/api:1.4",
+        ],
+    )
+    def test_shapes_unlike_common_words(self, word: str) -> None:
+        """Digits, inner punctuation or an inner capital make a term, whatever its kind."""
+        assert is_distinctive(word)
+
+    @pytest.mark.parametrize("word", ["the", "Friday", "precision", "a", "well-", "x" * 200])
+    def test_common_words_and_blobs_are_not(self, word: str) -> None:
+        """A capitalised word, a plain word, a lone letter or a 200-character blob is not one."""
+        assert not is_distinctive(word)
+
+    def test_terms_in_order_once_with_code_spans_whole(self) -> None:
+        """Surrounding punctuation is stripped; a code span counts whole besides its words."""
+        terms = distinctive_terms(ISSUE)
+        assert terms[0] == "fields.TimeDelta(precision='milliseconds')"
+        for term in [
+            "TimeDelta",
+            "3.0.0rc8",
+            "344",
+            "src/marshmallow/fields.py",
+            "1474",
+            "bob@example.com",
+            "LOG_LEVEL=debug",
+            "api-gateway.internal:8443",
+        ]:
+            assert term in terms
+        assert len(terms) == len(set(terms))
+        assert "Friday" not in terms
+
+
+class TestCarry:
+    def test_everything_fits_a_large_budget(self) -> None:
+        """Each term is carried inside a phrase of the text, verbatim; nothing is dropped."""
+        out = carry(ISSUE, 1_000, COUNT)
+        assert set(out.carried) == set(distinctive_terms(ISSUE))
+        assert out.dropped == ()
+        squeezed = " ".join(ISSUE.split())
+        assert all(phrase in squeezed for phrase in out.phrases)
+
+    def test_a_small_budget_keeps_the_first_and_counts_the_rest(self) -> None:
+        """What does not fit is returned as dropped: carried and dropped make up all the terms."""
+        out = carry(ISSUE, 12, COUNT)
+        assert out.carried
+        assert out.dropped
+        assert sum(COUNT(p) + 1 for p in out.phrases) <= 12
+        assert set(out.carried) | set(out.dropped) == set(distinctive_terms(ISSUE))
+        assert not set(out.carried) & set(out.dropped)
+
+    def test_terms_said_elsewhere_are_skipped(self) -> None:
+        """A term already kept verbatim (in a head or tail) is not repeated."""
+        out = carry(ISSUE, 1_000, COUNT, skip=["TimeDelta", "344"])
+        assert "TimeDelta" not in out.carried
+        assert "344" not in out.carried + out.dropped
+
+    def test_no_terms_no_phrases(self) -> None:
+        assert carry("just some plain words here", 100, COUNT).phrases == ()
