@@ -24,7 +24,7 @@ import json
 import random
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,6 +244,82 @@ class ProseSession:
             yield self.seq, [{"role": "user" if user else "assistant", "content": text}]
 
 
+_SYLLABLES = ("ka", "lo", "mi", "ren", "to", "va", "zu", "pe", "sor", "di", "nex", "qua", "bri", "tel")
+_SEPARATORS = ("/", ".", ":", "=", "@", "_", "-", "#", "+")
+_UNITS = ("ms", "GB", "MiB", "%", "req/s", "EUR", "USD", "rpm", "kB")
+
+
+class UnlistedKinds:
+    """Statements of kinds no pattern in the code names, generated from a seed.
+
+    Each kind is a random shape: two to four parts (a made-up word, a capitalised one, an
+    upper-case one, a number, a hex string) joined by random separators, or a made-up
+    person's or company's name, or a number with a unit. A kind never seen by whoever wrote
+    the extractors stands for the things people really state: e-mail addresses,
+    ``NAME=VALUE``, ``kind/name``, image references, header names, flags, prices, ports.
+    Each is stated once, mid-sentence, by the user or the assistant, in a six-turn prose
+    task like :class:`ProseSession`'s; every other turn states one.
+    """
+
+    def __init__(self, seed: int, kinds: int = 12) -> None:
+        self.rng = random.Random(seed)
+        self.seq = 0
+        self.planted: list[Planted] = []
+        self.kinds = [self._new_kind(i) for i in range(kinds)]
+
+    def _word(self) -> str:
+        return "".join(self.rng.choices(_SYLLABLES, k=self.rng.randint(2, 3)))
+
+    def _new_kind(self, index: int) -> Callable[[], str]:
+        rng = self.rng
+        style = index % 4
+        if style == 0:  # a made-up person's or company's name
+            return lambda: f"{self._word().capitalize()} {self._word().capitalize()}"
+        if style == 1:  # a number with a unit, maybe a currency or a decimal
+            unit = rng.choice(_UNITS)
+            return lambda: (
+                f"{rng.randint(2, 9999)}.{rng.randint(0, 99):02d} {unit}"
+                if rng.random() < 0.5
+                else f"{rng.randint(10, 99999)}{unit}"
+            )
+        pieces = [rng.choice(("word", "Word", "UPPER", "number", "hex")) for _ in range(rng.randint(2, 4))]
+        joins = [rng.choice(_SEPARATORS) for _ in pieces[1:]]
+        if all(p == "word" for p in pieces) and set(joins) <= {"-"}:
+            pieces[-1] = "number"  # lowercase words joined by hyphens read as English
+
+        def make() -> str:
+            parts = {
+                "word": self._word,
+                "Word": lambda: self._word().capitalize(),
+                "UPPER": lambda: self._word().upper(),
+                "number": lambda: str(rng.randint(2, 65535)),
+                "hex": lambda: f"{rng.getrandbits(32):08x}",
+            }
+            out = parts[pieces[0]]()
+            for join, piece in zip(joins, pieces[1:], strict=True):
+                out += join + parts[piece]()
+            return out
+
+        return make
+
+    def _prose(self, words: int) -> str:
+        return " ".join(self.rng.choices(_PROSE_WORDS, k=words)).capitalize() + "."
+
+    def task(self, k: int) -> Iterator[Turn]:
+        """Six turns, user and assistant alternating; every other turn states one item mid-sentence."""
+        for i in range(6):
+            self.seq += 1
+            text = self._prose(self.rng.randint(90, 120))
+            if i % 2 == 0:
+                kind = self.rng.randrange(len(self.kinds))
+                item = self.kinds[kind]()
+                self.planted.append(Planted(f"kind{kind}", item))
+                words = text.split()
+                middle = self.rng.randint(20, 60)
+                text = f"{' '.join(words[:middle])} and it is {item} for this one {' '.join(words[middle:])}"
+            yield self.seq, [{"role": "user" if i % 4 == 0 else "assistant", "content": text}]
+
+
 class ParaphrasingSummarizer:
     """Stands for an LLM at its worst: a summary that keeps no artifact verbatim."""
 
@@ -311,17 +387,19 @@ async def run_fidelity(
     pipeline: PipelineSettings = SUMMARY_ONLY,
     summarizer: Summarizer | None = None,
     prose: bool = False,
+    unlisted: bool = False,
 ) -> Run:
     """Grow a session and compact it ``cycles`` times; measure what survives after each.
 
     ``recursive`` sets the chunk budget to zero, so that every compaction after the first
     folds all chunks into one (recursive-only summaries). Limits are derived from the
     default settings exactly as the worker derives them. ``prose`` runs the prose session
-    (:class:`ProseSession`) on :data:`PROSE_MODEL`'s 8K window instead of the coding session.
+    (:class:`ProseSession`) on :data:`PROSE_MODEL`'s 8K window instead of the coding session;
+    ``unlisted`` the session of kinds generated from ``seed`` (:class:`UnlistedKinds`) there.
     Raises RuntimeError when a cycle does not compact.
     """
     settings = Settings()
-    model = PROSE_MODEL if prose else MODEL
+    model = PROSE_MODEL if prose or unlisted else MODEL
     counter = counter_for(model, settings.budget)
     budget = compute_budget(resolve_window(model, settings.budget), settings.budget)
     limits = strategies.Limits(
@@ -332,10 +410,13 @@ async def run_fidelity(
         tail_max_tokens=int(settings.tail.max_fraction * budget.window),
         max_summary_tokens=settings.summarizer.max_summary_tokens,
         chunk_budget=0 if recursive else int(budget.target * pipeline.chunk_budget_fraction),
+        task_max_tokens=int(min(pipeline.task_max_tokens, pipeline.task_max_fraction * budget.window)),
     )
     overhead = strategies.summary_overhead(counter)
     summarizers = [summarizer or ExtractiveSummarizer(counter.text)]
-    session: Session | ProseSession = ProseSession(seed) if prose else Session(seed, scale)
+    session: Session | ProseSession | UnlistedKinds = (
+        UnlistedKinds(seed) if unlisted else ProseSession(seed) if prose else Session(seed, scale)
+    )
     history = EffectiveHistory((), (), system_prompt=SYSTEM_PROMPT)
     n, k, out = 0, 0, []
     transcript: dict[int, Mapping[str, Any]] = {}
@@ -410,6 +491,18 @@ async def prose(cycles: int = 10, seed: int = 7) -> Run:
     )
 
 
+async def unlisted(cycles: int = 10, seed: int = 7) -> Run:
+    """Issue 19's case: kinds generated from ``seed``, stated in prose, 8K window, a summary that keeps no identifier."""
+    return await run_fidelity(
+        f"unlisted kinds (seed {seed})",
+        cycles=cycles,
+        seed=seed,
+        unlisted=True,
+        pipeline=PipelineSettings(),
+        summarizer=ParaphrasingSummarizer(),
+    )
+
+
 def format_runs(runs: Sequence[Run]) -> str:
     """A table: one row per cycle, one column per configuration (kept verbatim / planted)."""
     width = max(len(r.label) for r in runs) + 2
@@ -441,6 +534,12 @@ async def _main(cycles: int, seed: int) -> None:
         "one artifact every third turn, a summarizer that keeps no identifier"
     )
     print(format_runs([run]))
+    runs = [await unlisted(cycles, seed + i) for i in range(3)]
+    print(
+        f"\nKinds no extractor names, generated from seeds {seed}..{seed + 2}: {PROSE_MODEL}, default "
+        "pipeline, one item every other turn, a summarizer that keeps no identifier"
+    )
+    print(format_runs(runs))
 
 
 def main() -> None:

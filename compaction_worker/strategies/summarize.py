@@ -287,6 +287,12 @@ async def summarize(
     tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
     parts = partition(draft.entries, limits.tail_max_messages, tail_budget, task=limits.task_max_tokens > 0)
     head, pinned, tail = parts.head, parts.pinned, parts.tail
+    if kept_chunks and (early := tuple(e for e in head if e.n < kept_chunks[-1].last_n)):
+        # Entries kept ahead of the chunks (a task kept when the settings said so) cannot join
+        # an added chunk, whose span would then hold an older chunk's too: they stay until a fold.
+        head = tuple(e for e in head if e.n >= kept_chunks[-1].last_n)
+        order = {id(e): i for i, e in enumerate(draft.entries)}
+        pinned = tuple(sorted((*pinned, *early), key=lambda e: order[id(e)]))
     notes: tuple[str, ...] = (parts.note,) if parts.note else ()
     if not head and not fold:
         return StageOutcome(draft, errors=("nothing before the verbatim tail to compact",), notes=notes)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from compaction_worker.summaries import mentions
+from compaction_worker.summaries import carry, mentions
 
 __all__ = [
     "KINDS",
@@ -27,11 +27,16 @@ __all__ = [
     "select_items",
 ]
 
-KINDS: Final = ("error", "cmd", "path", "url", "id", "host", "name", "fact")
+KINDS: Final = ("error", "cmd", "path", "url", "id", "host", "name", "fact", "term")
 """Item kinds, in the order they are listed and kept when the budget is tight.
 
 ``host`` is a host:port, ``name`` a kebab- or snake-case name (bucket, cluster, flag),
-``fact`` a number with its unit, a date or a version stated by the user."""
+``fact`` a number with its unit, a date or a version stated by the user. ``term`` is any
+other distinctive term of what the user or the assistant wrote, found by its shape rather
+than by a pattern per kind (:func:`..carry.line_terms`), as ``"<term> — <its context>"``."""
+
+TERM_CONTEXT: Final = " \u2014 "
+"""Between a term item's term (its core) and the words around it."""
 
 MAX_LINE_CHARS: Final = 2_000
 """Only the first this-many characters of a line are looked at."""
@@ -243,17 +248,20 @@ def _scan(messages: Sequence[Mapping[str, Any]]) -> Iterator[Found]:
 
 def _scan_message(message: Mapping[str, Any]) -> tuple[Found, ...]:
     text = _content_text(message.get("content"))
-    user = message.get("role") == "user"
+    role = str(message.get("role"))
     calls = tuple(_arguments(call) for call in message.get("tool_calls") or () if isinstance(call, Mapping))
-    found = _SCANS.get((text, user, calls))
+    found = _SCANS.get((text, role, calls))
     if found is None:
-        found = (*_scan_text(text, user=user), *(f for raw in calls for f in _scan_arguments(raw)))
-        _SCANS.put((text, user, calls), len(text) + sum(map(len, calls)), found)
+        found = (
+            *_scan_text(text, user=role == "user", prose=role in ("user", "assistant")),
+            *(f for raw in calls for f in _scan_arguments(raw)),
+        )
+        _SCANS.put((text, role, calls), len(text) + sum(map(len, calls)), found)
     return found
 
 
-_ScanKey = tuple[str, bool, tuple[str, ...]]
-"""A message as far as its scan goes: its text, whether the user wrote it, its calls' arguments."""
+_ScanKey = tuple[str, str, tuple[str, ...]]
+"""A message as far as its scan goes: its text, who wrote it, its calls' arguments."""
 
 
 class _ScanMemo:
@@ -327,8 +335,27 @@ def _commands(lines: Sequence[str]) -> Iterator[Found]:
             yield "cmd", _cap(command)
 
 
-def _scan_text(text: str, *, user: bool = False) -> Iterator[Found]:
-    """Items of a text; ``user``: the user wrote it, so the numbers it states are facts."""
+def _scan_text(text: str, *, user: bool = False, prose: bool = False) -> Iterator[Found]:
+    """Items of a text; ``user``: the user wrote it, so the numbers it states are facts;
+    ``prose``: the user or the assistant wrote it, so its other distinctive terms count too."""
+    for line, found, prose_line in _scan_lines(text, user=user):
+        yield from found
+        if prose and prose_line:
+            yield from _terms(line, found)
+
+
+def _terms(line: str, found: Sequence[Found]) -> Iterator[Found]:
+    """The line's distinctive terms that none of its other items holds, with their context."""
+    held = " ".join(text for _, text in found)
+    for term, phrase in carry.line_terms(line):
+        if term in held or len(term) > MAX_ITEM_CHARS:
+            continue
+        held += " " + term
+        yield "term", _cap(term if phrase == term else f"{term}{TERM_CONTEXT}{phrase}")
+
+
+def _scan_lines(text: str, *, user: bool) -> Iterator[tuple[str, list[Found], bool]]:
+    """Each line of a text with its items, and whether it is prose (not code, a command or a log line)."""
     fence: str | None = None  # the language of the ``` block we are in, "" for a plain one
     traceback = False
     for raw in text.splitlines():
@@ -343,18 +370,22 @@ def _scan_text(text: str, *, user: bool = False) -> Iterator[Found]:
         # A traceback ends at its first unindented line: the exception and its message.
         ends_traceback = traceback and bool(stripped) and not line[0].isspace()
         traceback = traceback and not ends_traceback
+        found: list[Found] = []
+        prose = False
         if stripped.startswith("$ ") or (fence in _SHELL_FENCES and fence != "console" and stripped):
-            yield from _commands([stripped[2:] if stripped.startswith("$ ") else stripped])
+            found += _commands([stripped[2:] if stripped.startswith("$ ") else stripped])
         elif ends_traceback or _ERROR_LINE.search(stripped):
-            yield "error", _cap(stripped)
+            found.append(("error", _cap(stripped)))
         elif (pytest := _PYTEST_ERROR.match(stripped)) and _is_exception(message := stripped[pytest.end() :]):
-            yield "error", _cap(message)  # the exception verbatim, without pytest's prefix
+            found.append(("error", _cap(message)))  # the exception verbatim, without pytest's prefix
         elif fence is None:  # prose: errors and commands inside sentences
-            yield from (("error", _cap(e)) for e in mentions.inline_errors(stripped))
-            yield from (("cmd", _cap(c)) for c in mentions.inline_commands(stripped))
-        yield from _scan_words(line)
+            prose = not traceback
+            found += (("error", _cap(e)) for e in mentions.inline_errors(stripped))
+            found += (("cmd", _cap(c)) for c in mentions.inline_commands(stripped))
+        found += _scan_words(line)
         if user and fence is None:
-            yield from (("fact", _cap(f)) for f in mentions.facts(stripped))
+            found += (("fact", _cap(f)) for f in mentions.facts(stripped))
+        yield line, found, prose
 
 
 def _is_exception(text: str) -> bool:

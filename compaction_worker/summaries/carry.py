@@ -2,7 +2,7 @@
 
 A term is distinctive by its shape, not by a pattern per kind: a digit inside (``v2``,
 ``3.11``, ``8080``), inner punctuation (``fields.py``, ``a/b``, ``KEY=value``, ``x@y.io``,
-``snake_case``, ``kebab-case``), an inner capital (``TimeDelta``, ``camelCase``,
+``snake_case``, ``deployment/web``), an inner capital (``TimeDelta``, ``camelCase``,
 ``HTTP``), or code and quote marks around it. :func:`carry` keeps those of a text that is
 cut, each with the few words around it, within a token budget; what does not fit is
 returned too, so that the loss can be counted.
@@ -11,12 +11,13 @@ returned too, so that the loss can be counted.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["Carried", "carry", "distinctive_terms", "is_distinctive"]
+__all__ = ["Carried", "carry", "distinctive_terms", "is_distinctive", "line_terms"]
 
 # A word: what lies between spaces, less the punctuation that only surrounds it.
 _WORD: Final = re.compile(r"\S+")
@@ -28,21 +29,112 @@ MAX_TERM_CHARS: Final = 120
 """A longer run without spaces (a blob, a minified line) is not a term anyone restates."""
 CONTEXT_WORDS: Final = 3
 """Words kept on each side of a carried term."""
+DATA_LINE_WORDS: Final = 8
+"""A line this long whose words are mostly distinctive is data (a log line, a table row), not prose."""
 
 
 def is_distinctive(word: str) -> bool:
-    """Whether a word (its surrounding punctuation stripped) is unlike a common word."""
-    if len(word) < 2 or len(word) > MAX_TERM_CHARS:
+    """Whether a word (its surrounding punctuation stripped) is unlike a common word.
+
+    English compounds of lowercase words (``well-known``, ``end-to-end``) and the common
+    slash pairs (``and/or``) are common words joined, not terms; ``deployment/web`` is one,
+    and a kebab-case name is the ``name`` kind's (``summaries.mentions``).
+    """
+    if len(word) < 2 or len(word) > MAX_TERM_CHARS or word in _COMMON_PAIRS:
         return False
-    return (
-        any(c.isdigit() for c in word)
-        or _INNER_PUNCT.search(word) is not None
-        or _INNER_CAPITAL.search(word) is not None
-    )
+    if any(c.isdigit() for c in word) or _INNER_CAPITAL.search(word) is not None:
+        return True
+    if _INNER_PUNCT.search(word) is None:
+        return False
+    # Lowercase words joined by hyphens: an English compound.
+    return not (word.islower() and "/" not in word and word.replace("-", "").isalpha())
+
+
+_COMMON_PAIRS: Final = frozenset(
+    "and/or either/or he/she his/her him/her s/he yes/no on/off read/write true/false input/output "
+    "client/server pros/cons w/o if/when e.g i.e a.m p.m".split()
+)
 
 
 def _strip(word: str) -> str:
     return word.strip(_EDGES)
+
+
+_SENTENCE_END: Final = (".", "!", "?", ":", ";")
+_NOT_NAMES: Final = frozenset(
+    "I I'm I've I'll I'd OK Ok Yes No Hi Hello Thanks Please The This That These Those It We You They He "
+    "She If When Then But And Or So Also Now Here There What Why How Where Which Who".split()
+)
+
+
+def line_terms(line: str) -> Iterator[tuple[str, str]]:
+    """``(term, phrase)`` for each distinctive term of a line of prose, the phrase its context.
+
+    Besides :func:`is_distinctive` words, a capitalised word is a term (a person's, a
+    company's, a weekday's, a technology's or a project's name), joined with the capitalised
+    words right after it ("Alice Chen", "Project Nimbus"); at the start of a sentence only
+    such a run of two or more counts, since every sentence starts with a capital.
+    """
+    words = line.split()
+    # Most words are plain lowercase prose: one cheap test each, and each kind of word
+    # classified once (words recur); the flags also tell a line of data from prose.
+    kinds = [_PLAIN if w.isalpha() and w.islower() else _kind(w) for w in words]
+    if len(words) >= DATA_LINE_WORDS and 2 * kinds.count(_TERM) > len(words):
+        return  # mostly ids and numbers: a line of data, where nothing stands out
+    i = 0
+    while i < len(words):
+        kind = kinds[i]
+        last = i
+        if kind == _TERM:
+            term = _strip(words[i])
+            if _NUMBER.fullmatch(words[i]) and i + 1 < len(words) and _is_unit(words[i + 1]):
+                last = i + 1  # a number with its unit: "345 ms", "4.5 GB", "20 req/s"
+                term = f"{words[i]} {_strip(words[last])}"
+        elif kind == _NAME:
+            while last + 1 < len(words) and kinds[last + 1] == _NAME:
+                if words[last].endswith((",", *_SENTENCE_END)):
+                    break
+                last += 1
+            starts_sentence = i == 0 or words[i - 1].endswith(_SENTENCE_END)
+            if starts_sentence and last == i:  # a sentence's first word: capitalised anyway
+                i += 1
+                continue
+            term = " ".join(_strip(w) for w in words[i : last + 1])
+        else:
+            i += 1
+            continue
+        low = max(0, i - CONTEXT_WORDS)
+        high = min(len(words) - 1, last + CONTEXT_WORDS)
+        yield term, " ".join(words[low : high + 1])
+        i = last + 1
+
+
+_PLAIN, _TERM, _NAME = 0, 1, 2
+_NUMBER: Final = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?")
+_NOT_UNITS: Final = frozenset("a an and at by for in is it of on or the to was we as if so".split())
+
+
+def _is_unit(raw: str) -> bool:
+    """Whether the word after a number reads as its unit: short, or a rate or a share."""
+    word = raw.rstrip(",.;:!?)")
+    if "/" in word or word == "%":
+        return 0 < len(word) <= 8
+    return 0 < len(word) <= 4 and word.isalpha() and word.lower() not in _NOT_UNITS
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _kind(raw: str) -> int:
+    """Whether a word as written is plain, a distinctive term or a capitalised name."""
+    word = _strip(raw)
+    if is_distinctive(word):
+        return _TERM
+    if _is_name(word) and word not in _NOT_NAMES:
+        return _NAME
+    return _PLAIN
+
+
+def _is_name(word: str) -> bool:
+    return len(word) > 1 and word[0].isupper() and word[1:].isalpha() and word[1:].islower()
 
 
 def distinctive_terms(text: str) -> list[str]:

@@ -64,6 +64,17 @@ _FINAL_TYPES: Final = (
     litellm.exceptions.BudgetExceededError,
 )
 _CUT_OFF: Final = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
+CUT_OFF_RETRIES: Final = 2
+"""A summary cut off at the output limit is asked again this often, each time for a shorter one."""
+
+
+def shorter_note(max_summary_tokens: int, attempt: int) -> str:
+    """What a retry after a cut-off adds to the instructions: a word budget cut by 40% per attempt."""
+    words = max(30, int(max_summary_tokens * 0.6 * 0.6**attempt))
+    return (
+        f"\n\nYour previous summary was cut off at the length limit before it ended. Write a shorter "
+        f"one that ends properly: at most {words} words, the most important facts first."
+    )
 _PER_MESSAGE_TOKENS: Final = 4
 
 
@@ -234,11 +245,12 @@ class LiteLLMSummarizer:
     async def _with_model(
         self, model: str, request: SummaryRequest, system: str, usage: _Usage
     ) -> SummaryResult:
-        clamped, retries = False, 0
+        clamped, retries, shorter = False, 0, 0
         while True:
             limit = self._input_limit(model, request)
             # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
-            prompt = await off_loop(self._prompt, request, system, clamped=clamped)
+            asked = system + shorter_note(request.max_summary_tokens, shorter) if shorter else system
+            prompt = await off_loop(self._prompt, request, asked, clamped=clamped)
             size = await off_loop(self._tokens, prompt)
             if limit is not None and size > limit:
                 if not clamped:
@@ -275,6 +287,16 @@ class LiteLLMSummarizer:
             text, finish = _reply(response)
             problem = summary_problem(text, self._count(text), request)
             if finish in _CUT_OFF:
+                if shorter < CUT_OFF_RETRIES:
+                    # The model wrote past the budget: the same budget, a shorter summary asked.
+                    shorter += 1
+                    log.info(
+                        "summary by %s was cut off (finish_reason=%s); asking for a shorter one",
+                        model,
+                        finish,
+                        extra={"conversation_id": request.conversation_id},
+                    )
+                    continue
                 problem = (f"the summary was cut off (finish_reason={finish})", False)
             if problem is None:
                 text = text.strip()

@@ -242,6 +242,8 @@ def core(kind: str, text: str) -> str:
     """The shortest verbatim part of an item that still says what it is (see the module doc)."""
     if kind == "fact":
         return _last_value(text) or text
+    if kind == "term":  # "<term> — <its context>": the term is what must survive
+        return text.split(" \u2014 ", 1)[0]
     if kind == "error":
         match = _CORE_ERROR.search(text[:2000])
         if match is not None:

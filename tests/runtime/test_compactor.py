@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from dataclasses import replace
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.budget.tokens import budget_for, calibrate
+from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import (
     CompactionCompleted,
     CompactionStarted,
@@ -444,6 +446,51 @@ class TestArchive:
         cores = {a.item: re.sub(r"^error: | twice$", "", a.text) for a in archived}
         lacking = [a for a in archived if not re.search(re.escape(cores[a.item]) + r"(?![\w])", shown)]
         assert 0 < done.artifacts_dropped == len(lacking) < len(archived)
+
+    async def test_the_count_is_exactly_what_the_history_lost_of_what_was_said(
+        self, redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+    ) -> None:
+        """Issue 19: items of kinds no extractor names, stated once each; the count is those the history lost.
+
+        The ground truth is what the test planted; every lost item is retrievable from the
+        archive, marked as no longer in the history.
+        """
+        rng = random.Random(19)
+
+        def word() -> str:
+            return "".join(rng.choices(("ka", "lo", "mi", "ren", "zu", "pe", "sor", "nex", "bri"), k=3))
+
+        shapes = (
+            lambda: f"{word().upper()}_{word().upper()}={word()}",
+            lambda: f"{word()}@{word()}.io",
+            lambda: f"{word().capitalize()} {word().capitalize()}",
+            lambda: f"{word()}/{word()}:{rng.randint(10, 99)}.{rng.randint(0, 9)}",
+            lambda: f"X-{word().capitalize()}-{word().capitalize()}",
+        )
+        pipeline = settings.pipeline.model_copy(
+            update={"artifact_budget_tokens": 60, "artifact_budget_fraction": 0}
+        )
+        parts = make_parts(
+            redis_client,
+            settings.model_copy(update={"pipeline": pipeline}),
+            published,
+            lambda _m, _c: [Forgetful()],
+        )
+        planted: list[str] = []
+        for seq in range(1, 25):
+            item = shapes[seq % len(shapes)]()
+            planted.append(item)
+            text = f"please note that it is {item} for this one, " + "and so on " * 40
+            message = user(text) if seq % 2 else assistant(text)
+            await parts.turns.handle(turn_bytes("u", seq, [message], context_window=2048), b"u")
+        done = await compact_now(parts.jobs, parts.compactor, "u")
+        assert done.outcome is Outcome.COMPACTED, done.error
+
+        shown = "\n".join(text_of(m) for m in await Client(settings, parts.store, None).messages("u"))
+        lost = {item for item in planted if item not in shown}
+        found = await Client(settings, parts.store, None).artifacts("u")
+        assert 0 < done.artifacts_dropped == len(lost) < len(planted)
+        assert {a.text.split(" \u2014 ")[0] for a in found if not a.in_history} == lost
 
     async def test_archiving_twice_keeps_the_first_sighting(self, redis_client: redis.asyncio.Redis) -> None:
         """A retried compaction writes the same archive: an item keeps where it was first seen."""

@@ -7,7 +7,7 @@ from dataclasses import replace
 from compaction_worker.contracts.history import public_message
 from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.summarize import summarize
-from compaction_worker.summaries.artifacts import extract_artifacts
+from compaction_worker.summaries.artifacts import KINDS, extract_artifacts
 from compaction_worker.testing import Chat
 
 from .helpers import COUNTER
@@ -114,7 +114,7 @@ class TestLedger:
             assert item in ledger
         assert len(ledger) == len(set(ledger))
         kinds = [item.split(":", 1)[0] for item in ledger]
-        assert kinds == sorted(kinds, key=["error", "cmd", "path", "url", "id"].index)
+        assert kinds == sorted(kinds, key=KINDS.index)
 
     async def test_the_ledger_takes_what_a_short_summary_leaves(self) -> None:
         """Issue 9: ledger items outrank prose; a short summary's unused share goes to the ledger.

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
-from compaction_worker.contracts.history import EffectiveHistory
+from compaction_worker.contracts.history import EffectiveHistory, Entry
 from compaction_worker.strategies.draft import Draft
 from compaction_worker.strategies.pipeline import compact
 from compaction_worker.strategies.summarize import summarize
@@ -287,3 +287,19 @@ class TestNotes:
         assert result.outcome is Outcome.COMPACTED
         assert any("the latest turn alone" in n for n in result.notes)
         assert any("pieces" in n for n in result.notes)
+
+
+class TestKeptAheadOfTheChunks:
+    async def test_a_task_kept_before_the_chunks_is_not_summarized_into_an_added_chunk(self) -> None:
+        """Kept while the settings kept it, then no longer: it stays until a fold, never covered twice."""
+        task = Entry(n=1, seq=1, message={"role": "user", "content": "the task"}, tokens=3)
+        chat = Chat(start=10)
+        for i in range(8):
+            chat.user(f"filler {i} {FILLER}").assistant(f"reply {i} {FILLER}")
+        draft = Draft((old_chunk(2, 9, 30),), (task, *chat.entries))
+        out = await summarize(draft, ctx_with(task_max_tokens=0), [Scripted()])
+        assert out.report is not None
+        old, added = out.draft.chunks
+        assert old.id == "c2"
+        assert added.first_n >= 10
+        assert out.draft.entries[0] is task

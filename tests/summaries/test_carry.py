@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compaction_worker.summaries.carry import carry, distinctive_terms, is_distinctive
+from compaction_worker.summaries.carry import carry, distinctive_terms, is_distinctive, line_terms
 from compaction_worker.testing import WordCounter
 
 COUNT = WordCounter().text
@@ -28,7 +28,7 @@ class TestDistinctive:
             "KEY=value",
             "x@y.io",
             "snake_case",
-            "kebab-case",
+            "checkout-v2",
             "TimeDelta",
             "camelCase",
             "HTTP",
@@ -40,9 +40,13 @@ class TestDistinctive:
         """Digits, inner punctuation or an inner capital make a term, whatever its kind."""
         assert is_distinctive(word)
 
-    @pytest.mark.parametrize("word", ["the", "Friday", "precision", "a", "well-", "x" * 200])
+    @pytest.mark.parametrize(
+        "word", ["the", "Friday", "precision", "a", "well-", "well-known", "end-to-end", "and/or", "x" * 200]
+    )
     def test_common_words_and_blobs_are_not(self, word: str) -> None:
-        """A capitalised word, a plain word, a lone letter or a 200-character blob is not one."""
+        """Plain words, compounds of them, a lone letter or a 200-character blob: none is one.
+
+        (A capitalised word is a term by its place in a sentence: see ``line_terms``.)"""
         assert not is_distinctive(word)
 
     def test_terms_in_order_once_with_code_spans_whole(self) -> None:
@@ -90,3 +94,21 @@ class TestCarry:
 
     def test_no_terms_no_phrases(self) -> None:
         assert carry("just some plain words here", 100, COUNT).phrases == ()
+
+
+class TestLineTerms:
+    def test_names_by_their_capitals_and_terms_by_their_shape(self) -> None:
+        """Names mid-sentence or in runs of two, identifiers anywhere; a sentence's first word is no name."""
+        line = "Alice Chen from Acme Corp wants it by Friday. We run Postgres 16 on db-7.internal:5432."
+        assert [term for term, _ in line_terms(line)] == [
+            "Alice Chen",
+            "Acme Corp",
+            "Friday",
+            "Postgres",
+            "16",
+            "db-7.internal:5432",
+        ]
+
+    def test_each_term_comes_with_the_words_around_it(self) -> None:
+        phrases = dict(line_terms("please mail the weekly report to ops@example.com before noon every day"))
+        assert phrases["ops@example.com"] == "weekly report to ops@example.com before noon every"

@@ -131,6 +131,38 @@ class TestLiteLLMCalls:
         with pytest.raises(SummarizerError, match="cut off"):
             await summ.summarize(request())
 
+    async def test_a_cut_off_summary_is_asked_again_shorter(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Issue 19: cut off at the output limit, the summary is asked again for fewer words, same limit."""
+        calls: list[dict[str, Any]] = []
+
+        async def first_cut_off(**kwargs: Any) -> Any:
+            calls.append(kwargs)
+            finish = "length" if len(calls) == 1 else "stop"
+            return litellm.ModelResponse(
+                model="m",
+                choices=[
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": GOOD_SUMMARY},
+                        "finish_reason": finish,
+                    }
+                ],
+            )
+
+        monkeypatch.setattr(litellm, "acompletion", first_cut_off)
+        summ = LiteLLMSummarizer(SummarizerSettings(model="openai/m"), count, sleep=Sleeps())
+
+        result = await summ.summarize(request())
+
+        assert result.text == GOOD_SUMMARY.strip()
+        assert len(calls) == 2
+        assert calls[0]["max_tokens"] == calls[1]["max_tokens"]
+        first, second = (call["messages"][0]["content"] for call in calls)
+        assert "was cut off" not in first
+        assert second.startswith(first)
+        assert "previous summary was cut off" in second
+        assert "at most" in second
+
 
 class TestRetries:
     """Retryable failures are asked again with backoff; others are not."""
