@@ -287,17 +287,18 @@ class UnlistedKinds:
         if all(p == "word" for p in pieces) and set(joins) <= {"-"}:
             pieces[-1] = "number"  # lowercase words joined by hyphens read as English
 
+        def part(piece: str) -> str:
+            if piece == "number":
+                return str(rng.randint(2, 65535))
+            if piece == "hex":
+                return f"{rng.getrandbits(32):08x}"
+            word = self._word()
+            return {"Word": word.capitalize(), "UPPER": word.upper()}.get(piece, word)
+
         def make() -> str:
-            parts = {
-                "word": self._word,
-                "Word": lambda: self._word().capitalize(),
-                "UPPER": lambda: self._word().upper(),
-                "number": lambda: str(rng.randint(2, 65535)),
-                "hex": lambda: f"{rng.getrandbits(32):08x}",
-            }
-            out = parts[pieces[0]]()
+            out = part(pieces[0])
             for join, piece in zip(joins, pieces[1:], strict=True):
-                out += join + parts[piece]()
+                out += join + part(piece)
             return out
 
         return make

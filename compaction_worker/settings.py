@@ -238,6 +238,15 @@ class PipelineSettings(_Section):
     task_max_fraction: float = Field(
         default=0.2, gt=0, le=1, description="The same, as a share of the window; the smaller wins."
     )
+    user_words_max_tokens: int = Field(
+        default=20_000,
+        ge=0,
+        description="The user's most recent messages stay verbatim up to this many tokens in all (as Codex "
+        "keeps them); 0: summarized like any message.",
+    )
+    user_words_max_fraction: float = Field(
+        default=0.1, gt=0, le=1, description="The same, as a share of the window; the smaller wins."
+    )
 
 
 class SummarizerSettings(_Section):

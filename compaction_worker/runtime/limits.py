@@ -15,6 +15,7 @@ def limits_for(
     settings: Settings, meta: Meta, budget: Budget, target: int, scale: float, *, force: bool
 ) -> strategies.Limits:
     """The pipeline's limits, in our estimate's units (``scale`` converts provider tokens back)."""
+    pipeline = settings.pipeline
     return strategies.Limits(
         target=int(target / scale),
         fixed_tokens=meta.fixed_tokens,
@@ -22,13 +23,18 @@ def limits_for(
         tail_max_messages=settings.tail.max_messages,
         tail_max_tokens=int(settings.tail.max_fraction * budget.window / scale),
         max_summary_tokens=settings.summarizer.max_summary_tokens,
-        chunk_budget=int(target / scale * settings.pipeline.chunk_budget_fraction),
+        chunk_budget=int(target / scale * pipeline.chunk_budget_fraction),
         force=force,
-        task_max_tokens=int(
-            min(settings.pipeline.task_max_tokens, settings.pipeline.task_max_fraction * budget.window)
-            / scale
+        task_max_tokens=_capped(pipeline.task_max_tokens, pipeline.task_max_fraction, budget.window, scale),
+        user_words_max_tokens=_capped(
+            pipeline.user_words_max_tokens, pipeline.user_words_max_fraction, budget.window, scale
         ),
     )
+
+
+def _capped(tokens: int, fraction: float, window: int, scale: float) -> int:
+    """A budget set as tokens and as a share of the window, the smaller, in estimate units."""
+    return int(min(tokens, fraction * window) / scale)
 
 
 def reactive_target(job: Job, meta: Meta, budget: Budget) -> tuple[int, float]:

@@ -55,6 +55,9 @@ class Limits:
     task_max_tokens: int = 0
     """The task (the conversation's first user message) stays verbatim up to this size; past
     it, its head and tail do, with the distinctive terms between them; 0: it is not kept."""
+    user_words_max_tokens: int = 0
+    """The user's most recent messages stay verbatim while their sizes add up to at most this,
+    unless the last resort (the sliding window) needs their room; 0: none is kept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from compaction_worker.summaries.artifacts import (
     extract_artifacts,
     item_kind,
     scan_items,
-    select_items,
 )
+from compaction_worker.summaries.selection import select_items
 
 __all__ = ["finalize_ledger", "ledger_allowance", "merge_ledgers", "plan_ledger", "span_ledger"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage
@@ -285,7 +285,13 @@ async def summarize(
     folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
     kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
     tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
-    parts = partition(draft.entries, limits.tail_max_messages, tail_budget, task=limits.task_max_tokens > 0)
+    parts = partition(
+        draft.entries,
+        limits.tail_max_messages,
+        tail_budget,
+        task=limits.task_max_tokens > 0,
+        user_words=limits.user_words_max_tokens,
+    )
     head, pinned, tail = parts.head, parts.pinned, parts.tail
     if kept_chunks and (early := tuple(e for e in head if e.n < kept_chunks[-1].last_n)):
         # Entries kept ahead of the chunks (a task kept when the settings said so) cannot join
@@ -352,15 +358,28 @@ class SummaryStage:
     kind = StageKind.REPLACE
 
     async def __call__(self, draft: Draft, ctx: StageContext) -> StageOutcome:
-        """The summarized draft, or the input draft with what the attempt cost and why it fell short."""
-        out = await summarize(
-            draft,
-            ctx,
-            ctx.summarizers,
-            originals=ctx.originals,
-            conversation_id=ctx.conversation_id,
-            conversation_model=ctx.conversation_model,
-        )
+        """The summarized draft, or the input draft with what the attempt cost and why it fell short.
+
+        When keeping the user's recent words verbatim leaves too little to summarize (the
+        history would not shrink) or too much to keep (it stays over the target), they are
+        summarized with the rest: the summary's own retry, before the last resort.
+        """
+        out = await self._summarize(draft, ctx)
+        kept_words = ctx.limits.user_words_max_tokens > 0
+        if kept_words and not (
+            out.report is not None
+            and reaches_target(out.draft, ctx)
+            and ctx.tokens(out.draft) < ctx.tokens(draft)
+        ):
+            plain = replace(ctx, limits=replace(ctx.limits, user_words_max_tokens=0))
+            again = await self._summarize(draft, plain)
+            out = replace(
+                again,
+                usage=add_usage(out.usage, again.usage),
+                errors=(*out.errors, *again.errors),
+                tried=out.tried + again.tried,
+                failures=out.failures + again.failures,
+            )
         if out.report is None or reaches_target(out.draft, ctx):
             return out
         return StageOutcome(
@@ -369,6 +388,17 @@ class SummaryStage:
             errors=(*out.errors, f"summary by {out.summarizer} left the history over the target"),
             tried=out.tried,
             failures=out.failures,
+        )
+
+    @staticmethod
+    async def _summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
+        return await summarize(
+            draft,
+            ctx,
+            ctx.summarizers,
+            originals=ctx.originals,
+            conversation_id=ctx.conversation_id,
+            conversation_model=ctx.conversation_model,
         )
 
 

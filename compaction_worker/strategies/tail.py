@@ -39,12 +39,14 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
     return points
 
 
-def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False) -> int:
+def select_tail(
+    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False, user_words: int = 0
+) -> int:
     """The index where the verbatim tail starts (``len(entries)`` for an empty tail).
 
     See :func:`choose_tail`, which also says why the tail could not start at a user turn.
     """
-    return choose_tail(entries, max_messages, max_tokens, task=task)[0]
+    return choose_tail(entries, max_messages, max_tokens, task=task, user_words=user_words)[0]
 
 
 def task_index(entries: Sequence[Entry]) -> int | None:
@@ -57,8 +59,27 @@ def task_index(entries: Sequence[Entry]) -> int | None:
     return next((i for i, e in enumerate(entries) if e.role == "user" and not e.synthetic), None)
 
 
+def user_words_indexes(entries: Sequence[Entry], budget: int, *, skip: int | None = None) -> set[int]:
+    """The user's own messages that stay verbatim: the most recent first, while ``budget`` tokens last.
+
+    A message too large for what is left is passed over for older, smaller ones: a pasted
+    log must not cost the user's short instructions their place. ``skip`` (the task) has a
+    budget of its own.
+    """
+    kept: set[int] = set()
+    left = budget
+    for i in range(len(entries) - 1, -1, -1):
+        entry = entries[i]
+        if left <= 0:
+            break
+        if entry.role == "user" and not entry.synthetic and i != skip and entry.tokens <= left:
+            kept.add(i)
+            left -= entry.tokens
+    return kept
+
+
 def choose_tail(
-    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False
+    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False, user_words: int = 0
 ) -> tuple[int, str | None]:
     """Where the verbatim tail starts, and a note when it could not start at a user turn.
 
@@ -72,7 +93,7 @@ def choose_tail(
     their remaining results arrive with the next turn and would be orphans without them.
     """
     n = len(entries)
-    keep = pinned_indexes(entries, task=task)
+    keep = pinned_indexes(entries, task=task, user_words=user_words)
     suffix = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
         suffix[i] = suffix[i + 1] + entries[i].tokens
@@ -135,16 +156,17 @@ class Partition:
 
 
 def partition(
-    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False
+    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False, user_words: int = 0
 ) -> Partition:
-    """Choose the tail, then lift pinned messages, and the task when ``task``, out of the head.
+    """Choose the tail, then lift pinned messages, the task when ``task``, and the most recent user
+    messages within ``user_words`` tokens out of the head.
 
     Their tool pairs come with them. Synthetic entries (made up by an earlier repair)
     before the tail are dropped rather than summarized: they stand for no transcript
     message, and what they paired with is summarized too (or kept, and then they stay with it).
     """
-    split, note = choose_tail(entries, max_messages, max_tokens, task=task)
-    keep = pinned_indexes(entries[:split], task=task)
+    split, note = choose_tail(entries, max_messages, max_tokens, task=task, user_words=user_words)
+    keep = pinned_indexes(entries[:split], task=task, user_words=user_words)
     head = entries[:split]
     return Partition(
         head=tuple(e for i, e in enumerate(head) if i not in keep and not e.synthetic),
@@ -154,8 +176,9 @@ def partition(
     )
 
 
-def pinned_indexes(entries: Sequence[Entry], *, task: bool = False) -> set[int]:
-    """Indexes of pinned entries (and the task, when ``task``) plus their tool calls and results.
+def pinned_indexes(entries: Sequence[Entry], *, task: bool = False, user_words: int = 0) -> set[int]:
+    """Indexes of pinned entries, the task when ``task``, the user's words within ``user_words``
+    tokens (:func:`user_words_indexes`), plus their tool calls and results.
 
     A pinned tool result brings its call, and so the call's other (parallel) results; a
     pinned tool-calling message brings its results. Pairs are found by position, so
@@ -168,8 +191,9 @@ def pinned_indexes(entries: Sequence[Entry], *, task: bool = False) -> set[int]:
         call_of[result] = call
     keep: set[int] = set()
     task_at = task_index(entries) if task else None
+    words = user_words_indexes(entries, user_words, skip=task_at)
     for i, entry in enumerate(entries):
-        if not entry.pinned and i != task_at:
+        if not entry.pinned and i != task_at and i not in words:
             continue
         caller = call_of.get(i, i)
         keep.add(i)

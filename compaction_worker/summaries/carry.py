@@ -51,8 +51,11 @@ def is_distinctive(word: str) -> bool:
 
 
 _COMMON_PAIRS: Final = frozenset(
-    "and/or either/or he/she his/her him/her s/he yes/no on/off read/write true/false input/output "
-    "client/server pros/cons w/o if/when e.g i.e a.m p.m".split()
+    {
+        *("and/or", "either/or", "he/she", "his/her", "him/her", "s/he", "yes/no", "on/off"),
+        *("read/write", "true/false", "input/output", "client/server", "pros/cons", "w/o", "if/when"),
+        *("e.g", "i.e", "a.m", "p.m"),
+    }
 )
 
 
@@ -62,8 +65,12 @@ def _strip(word: str) -> str:
 
 _SENTENCE_END: Final = (".", "!", "?", ":", ";")
 _NOT_NAMES: Final = frozenset(
-    "I I'm I've I'll I'd OK Ok Yes No Hi Hello Thanks Please The This That These Those It We You They He "
-    "She If When Then But And Or So Also Now Here There What Why How Where Which Who".split()
+    {
+        *("I", "I'm", "I've", "I'll", "I'd", "OK", "Ok", "Yes", "No", "Hi", "Hello", "Thanks", "Please"),
+        *("The", "This", "That", "These", "Those", "It", "We", "You", "They", "He", "She", "If", "When"),
+        *("Then", "But", "And", "Or", "So", "Also", "Now", "Here", "There", "What", "Why", "How"),
+        *("Where", "Which", "Who"),
+    }
 )
 
 
@@ -111,7 +118,29 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
 
 _PLAIN, _TERM, _NAME = 0, 1, 2
 _NUMBER: Final = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?")
-_NOT_UNITS: Final = frozenset("a an and at by for in is it of on or the to was we as if so".split())
+_NOT_UNITS: Final = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "at",
+        "by",
+        "for",
+        "in",
+        "is",
+        "it",
+        "of",
+        "on",
+        "or",
+        "the",
+        "to",
+        "was",
+        "we",
+        "as",
+        "if",
+        "so",
+    }
+)
 
 
 def _is_unit(raw: str) -> bool:

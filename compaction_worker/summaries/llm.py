@@ -36,6 +36,7 @@ from compaction_worker.summaries.prompts import (
     clamp_tool_output,
     compose_prompt,
     default_instructions,
+    shorter_note,
     transcript_blocks,
 )
 from compaction_worker.summaries.validation import summary_problem
@@ -66,15 +67,6 @@ _FINAL_TYPES: Final = (
 _CUT_OFF: Final = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
 CUT_OFF_RETRIES: Final = 2
 """A summary cut off at the output limit is asked again this often, each time for a shorter one."""
-
-
-def shorter_note(max_summary_tokens: int, attempt: int) -> str:
-    """What a retry after a cut-off adds to the instructions: a word budget cut by 40% per attempt."""
-    words = max(30, int(max_summary_tokens * 0.6 * 0.6**attempt))
-    return (
-        f"\n\nYour previous summary was cut off at the length limit before it ended. Write a shorter "
-        f"one that ends properly: at most {words} words, the most important facts first."
-    )
 _PER_MESSAGE_TOKENS: Final = 4
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "piece_boundaries",
     "piece_end",
     "render_content",
+    "shorter_note",
     "transcript_blocks",
     "transcript_costs",
 ]
@@ -72,6 +73,15 @@ def default_instructions(max_summary_tokens: int) -> str:
         "- Attribute: say what the user said or asked and what the assistant did or proposed.\n"
         "- Earlier summaries, when given, are folded in: keep what in them still matters.\n"
         f"- Be concise: no preamble, no closing remarks. Stay under {words} words."
+    )
+
+
+def shorter_note(max_summary_tokens: int, attempt: int) -> str:
+    """What a retry after a cut-off summary adds to the instructions: a word budget 40% smaller each time."""
+    words = max(30, int(max_summary_tokens * 0.6 * 0.6**attempt))
+    return (
+        f"\n\nYour previous summary was cut off at the length limit before it ended. Write a shorter "
+        f"one that ends properly: at most {words} words, the most important facts first."
     )
 
 

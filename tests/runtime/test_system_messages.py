@@ -11,11 +11,14 @@ from typing import Any, Literal
 
 import pytest
 
-from compaction_worker.contracts.events import Outcome
+from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import render, text_of
+from compaction_worker.settings import Settings
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.strategies import provider_problems
+from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
 from compaction_worker.testing import turn_bytes
-from tests.orchestration import Parts, assistant, compact_now, user
+from tests.orchestration import Parts, Published, assistant, compact_now, make_parts, user
 
 pytestmark = pytest.mark.integration
 
@@ -132,3 +135,48 @@ class TestSystemPrompt:
         history = (await parts.store.snapshot("c")).history
         assert text_of(history.entries[0].message) == huge
         assert history.chunks == ()
+
+
+class Forgetful:
+    """A summarizer that keeps nothing of what it read: only what stays verbatim survives it."""
+
+    name = "forgetful"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        text = "The assistant worked on the request."
+        return SummaryResult(text, self.name, 8, LlmUsage())
+
+
+class TestTheUsersWords:
+    async def test_the_current_request_is_not_summarized_in_a_long_agent_turn(
+        self, redis_client: RedisClient, settings: Settings, published: Published
+    ) -> None:
+        """Issue 19: a request followed by many tool steps keeps its words verbatim through compaction."""
+        parts = make_parts(redis_client, settings, published, summarizers=lambda _m, _c: [Forgetful()])
+        await run_steps(parts, "c", range(1, 13))
+        request = "Now rename the `total` column to `amount_cents` in every migration, and keep the old name as a view."
+        await send(parts, "c", [user(request)])
+        for i in range(12):
+            call = {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "read", "arguments": f'{{"n": {i}}}'},
+            }
+            await send(
+                parts,
+                "c",
+                [
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {
+                        "role": "tool",
+                        "tool_call_id": "call_0",
+                        "content": f"migration {i}: " + "column line " * 30,
+                    },
+                ],
+            )
+        await compact(parts, "c")
+
+        messages = render((await parts.store.snapshot("c")).history)
+        assert sum(request in text_of(m) for m in messages) == 1
+        assert sum(TASK in text_of(m) for m in messages) == 1
+        assert provider_problems(messages) == []

@@ -18,6 +18,7 @@ from compaction_worker.strategies.tail import (
     select_tail,
     split_points,
     task_index,
+    user_words_indexes,
 )
 
 from .conversations import CALL_IDS, Conversation, conversations
@@ -407,3 +408,25 @@ def test_the_task_and_system_messages_are_never_in_the_head(
     assert all(e.role != "system" for e in parts.head)
     assert task is None or es[task] not in parts.head
     assert _pairs_by_part((parts.head, parts.pinned, parts.tail), es) == []
+
+
+class TestTheUsersWords:
+    """The user's most recent messages stay verbatim within a budget, before assistant prose."""
+
+    def test_most_recent_first_within_the_budget_passing_over_a_paste(self) -> None:
+        es = entries(
+            ("user", 10), ("assistant", 50), ("user", 30), ("assistant", 50), ("user", 500), ("user", 20)
+        )
+        assert user_words_indexes(es, 60) == {5, 2, 0}
+        assert user_words_indexes(es, 60, skip=0) == {5, 2}
+        assert user_words_indexes(es, 0) == set()
+
+    def test_the_current_request_stays_when_the_tail_starts_inside_its_turn(self) -> None:
+        """An agent turn with many tool steps: the tail cannot hold it, the request is still kept."""
+        steps = [m for i in range(6) for m in (call(f"c{i}"), result(f"c{i}"))]
+        es = entries(("user", 5), ("assistant", 5), ("user", 8), *steps)
+        without = partition(es, 4, 1_000)
+        assert 3 in ns(without.head)
+        parts = partition(es, 4, 1_000, user_words=20)
+        assert ns(parts.pinned) == [1, 3]
+        assert all(e.role in ("assistant", "tool") for e in parts.head)
