@@ -1,6 +1,7 @@
 """Artifact fidelity across compaction cycles: additive chunks with ledgers versus recursive folds.
 
 Run: python benchmarks/fidelity.py [--cycles 10] [--seed 7]
+     python benchmarks/fidelity.py --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
 
 A synthetic coding session plants exact artifacts (file paths, shell commands, error
 texts, ids, URLs; numbers ride inside them) across its turns. It grows like a live
@@ -33,9 +34,10 @@ from compaction_worker.budget.tokens import compute_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
-from compaction_worker.settings import PipelineSettings, Settings
+from compaction_worker.settings import PipelineSettings, Settings, SummarizerSettings
 from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.summaries.llm import LiteLLMSummarizer
 from compaction_worker.summaries.prompts import SECTIONS
 
 MODEL = "gpt-4o-mini"  # a 128k window from the bundled registry, o200k tokenizer
@@ -261,8 +263,9 @@ class UnlistedKinds:
     task like :class:`ProseSession`'s; every other turn states one.
     """
 
-    def __init__(self, seed: int, kinds: int = 12) -> None:
+    def __init__(self, seed: int, kinds: int = 12, every: int = 2) -> None:
         self.rng = random.Random(seed)
+        self.every = every
         self.seq = 0
         self.planted: list[Planted] = []
         self.kinds = [self._new_kind(i) for i in range(kinds)]
@@ -307,11 +310,11 @@ class UnlistedKinds:
         return " ".join(self.rng.choices(_PROSE_WORDS, k=words)).capitalize() + "."
 
     def task(self, k: int) -> Iterator[Turn]:
-        """Six turns, user and assistant alternating; every other turn states one item mid-sentence."""
+        """Six turns, user and assistant alternating; every ``every``-th turn states one item mid-sentence."""
         for i in range(6):
             self.seq += 1
             text = self._prose(self.rng.randint(90, 120))
-            if i % 2 == 0:
+            if self.seq % self.every == 1 or self.every == 1:
                 kind = self.rng.randrange(len(self.kinds))
                 item = self.kinds[kind]()
                 self.planted.append(Planted(f"kind{kind}", item))
@@ -389,6 +392,8 @@ async def run_fidelity(
     summarizer: Summarizer | None = None,
     prose: bool = False,
     unlisted: bool = False,
+    window: int | None = None,
+    every: int = 2,
 ) -> Run:
     """Grow a session and compact it ``cycles`` times; measure what survives after each.
 
@@ -396,13 +401,14 @@ async def run_fidelity(
     folds all chunks into one (recursive-only summaries). Limits are derived from the
     default settings exactly as the worker derives them. ``prose`` runs the prose session
     (:class:`ProseSession`) on :data:`PROSE_MODEL`'s 8K window instead of the coding session;
-    ``unlisted`` the session of kinds generated from ``seed`` (:class:`UnlistedKinds`) there.
+    ``unlisted`` the session of kinds generated from ``seed`` (:class:`UnlistedKinds`) there,
+    stating one item every ``every`` turns. ``window`` replaces the model's own window.
     Raises RuntimeError when a cycle does not compact.
     """
     settings = Settings()
     model = PROSE_MODEL if prose or unlisted else MODEL
     counter = counter_for(model, settings.budget)
-    budget = compute_budget(resolve_window(model, settings.budget), settings.budget)
+    budget = compute_budget(resolve_window(model, settings.budget, window), settings.budget)
     limits = strategies.Limits(
         target=budget.target,
         fixed_tokens=counter.text(SYSTEM_PROMPT) + settings.budget.message_overhead_tokens,
@@ -416,7 +422,11 @@ async def run_fidelity(
     overhead = strategies.summary_overhead(counter)
     summarizers = [summarizer or ExtractiveSummarizer(counter.text)]
     session: Session | ProseSession | UnlistedKinds = (
-        UnlistedKinds(seed) if unlisted else ProseSession(seed) if prose else Session(seed, scale)
+        UnlistedKinds(seed, every=every)
+        if unlisted
+        else ProseSession(seed)
+        if prose
+        else Session(seed, scale)
     )
     history = EffectiveHistory((), (), system_prompt=SYSTEM_PROMPT)
     n, k, out = 0, 0, []
@@ -504,6 +514,34 @@ async def unlisted(cycles: int = 10, seed: int = 7) -> Run:
     )
 
 
+async def real_model(
+    model: str, api_base: str | None, api_key: str | None, *, cycles: int = 5, seed: int = 7
+) -> Run:
+    """Issue 19's real-model case: 12 facts of seeded kinds over about 60 turns on a 6K window, summarized by ``model``.
+
+    One fact every fifth turn, the default pipeline; folds come as the chunks outgrow their
+    budget. Any LiteLLM model string works (``openai/<name>`` with ``api_base`` for a local
+    OpenAI-compatible server such as llama-cpp-python's).
+    """
+    counter = counter_for(PROSE_MODEL, Settings().budget)
+    summarizer = LiteLLMSummarizer(
+        SummarizerSettings(
+            model=model, api_base=api_base, api_key=api_key, timeout_seconds=900, max_retries=1
+        ),
+        counter.text,
+    )
+    return await run_fidelity(
+        f"{model} (seed {seed})",
+        cycles=cycles,
+        seed=seed,
+        unlisted=True,
+        every=5,
+        window=6_144,
+        pipeline=PipelineSettings(),
+        summarizer=summarizer,
+    )
+
+
 def format_runs(runs: Sequence[Run]) -> str:
     """A table: one row per cycle, one column per configuration (kept verbatim / planted)."""
     width = max(len(r.label) for r in runs) + 2
@@ -543,12 +581,28 @@ async def _main(cycles: int, seed: int) -> None:
     print(format_runs(runs))
 
 
+async def _real(model: str, api_base: str | None, api_key: str | None, cycles: int, seed: int) -> None:
+    print(f"Facts of seeded kinds kept verbatim, summarized by {model}: 6K window, one fact every fifth turn")
+    run = await real_model(model, api_base, api_key, cycles=cycles, seed=seed)
+    print(format_runs([run]))
+    for cycle in run.cycles:
+        print(f"  cycle {cycle.cycle}: {', '.join(cycle.stages)}; {cycle.chunks} chunk(s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Artifact fidelity across compaction cycles.")
-    parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument("--cycles", type=int, default=None, help="10 without --model, 5 with it")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--model", help="a LiteLLM model string: summarize with it (the real-model case)")
+    parser.add_argument(
+        "--api-base", help="the model's API base, e.g. a local server's http://127.0.0.1:8765/v1"
+    )
+    parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
     args = parser.parse_args()
-    asyncio.run(_main(args.cycles, args.seed))
+    if args.model:
+        asyncio.run(_real(args.model, args.api_base, args.api_key, args.cycles or 5, args.seed))
+    else:
+        asyncio.run(_main(args.cycles or 10, args.seed))
 
 
 if __name__ == "__main__":

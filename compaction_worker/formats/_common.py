@@ -11,6 +11,7 @@ is mapped from its new content instead.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -86,3 +87,15 @@ def split_data_url(url: str) -> tuple[str, str] | None:
 
 def text_part(text: str) -> Message:
     return {"type": "text", "text": text}
+
+
+def call_arguments(raw: Any) -> dict[str, Any]:
+    """A chat tool call's ``arguments`` as the JSON object a native format takes: the object it
+    encodes, or the raw text under ``arguments`` when it encodes none."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {"arguments": raw}
+    return value if isinstance(value, dict) else {"arguments": raw}

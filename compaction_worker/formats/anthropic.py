@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from compaction_worker.formats._common import (
     FormatError,
     Message,
+    call_arguments,
     data_url,
     keep,
     restore,
@@ -134,17 +135,6 @@ def _assistant(message: Mapping[str, Any]) -> Message:
     return out
 
 
-def _arguments(raw: Any) -> Any:
-    """A call's arguments as Anthropic ``input``: the JSON object, or the raw text under ``arguments``."""
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return {"arguments": raw}
-    return value if isinstance(value, dict) else {"arguments": raw}
-
-
 def _assistant_back(message: Message) -> dict[str, Any]:
     content = message.get("content")
     calls = message.get("tool_calls") or []
@@ -155,7 +145,7 @@ def _assistant_back(message: Message) -> dict[str, Any]:
             "type": "tool_use",
             "id": call.get("id"),
             "name": call["function"]["name"],
-            "input": _arguments(call["function"].get("arguments")),
+            "input": call_arguments(call["function"].get("arguments")),
         }
         for call in calls
     ]

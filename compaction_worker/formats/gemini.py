@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from compaction_worker.formats._common import (
     FormatError,
     Message,
+    call_arguments,
     data_url,
     keep,
     restore,
@@ -248,23 +249,12 @@ def _assistant(content: Content) -> Message:
     return out
 
 
-def _args(raw: Any) -> Any:
-    """A call's arguments as Gemini ``args``: the JSON object, or the raw text under ``arguments``."""
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return {"arguments": raw}
-    return value if isinstance(value, dict) else {"arguments": raw}
-
-
 def _assistant_back(message: Message) -> Content:
     calls = [
         {
             "function_call": {
                 "name": call["function"]["name"],
-                "args": _args(call["function"].get("arguments")),
+                "args": call_arguments(call["function"].get("arguments")),
             }
         }
         for call in message.get("tool_calls") or []

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from compaction_worker.formats._common import (
     FormatError,
     Message,
+    call_arguments,
     data_url,
     keep,
     restore,
@@ -94,14 +95,6 @@ def _forward(message: BaseMessage) -> Message:
     raise FormatError(f"a {type(message).__name__}: only System, Human, AI and Tool messages map to chat")
 
 
-def _args(raw: Any) -> dict[str, Any]:
-    try:
-        value = json.loads(raw or "{}")
-    except (TypeError, ValueError):
-        return {"arguments": raw}
-    return value if isinstance(value, dict) else {"arguments": raw}
-
-
 def _back(message: Message) -> BaseMessage:
     raw = message.get("content")
     content: str | list[Any] = raw if isinstance(raw, str) else [dict(p) for p in raw or []]
@@ -113,7 +106,9 @@ def _back(message: Message) -> BaseMessage:
     if role == "tool":
         return _lc.ToolMessage(content=content, tool_call_id=str(message["tool_call_id"]))
     calls = [
-        _lc.ToolCall(name=c["function"]["name"], args=_args(c["function"].get("arguments")), id=c.get("id"))
+        _lc.ToolCall(
+            name=c["function"]["name"], args=call_arguments(c["function"].get("arguments")), id=c.get("id")
+        )
         for c in message.get("tool_calls") or []
     ]
     return _lc.AIMessage(content=content, tool_calls=calls)

@@ -167,16 +167,15 @@ def _is_name(word: str) -> bool:
 
 
 def distinctive_terms(text: str) -> list[str]:
-    """The text's distinctive terms, each once, in order of first appearance."""
+    """The text's distinctive terms (code spans, then each line's :func:`line_terms`), each once."""
     found: dict[str, None] = {}
     for match in _CODE.finditer(text):
         span = (match.group(1) or match.group(2) or "").strip()
         if span and len(span) <= MAX_TERM_CHARS and (" " not in span or match.group(1)):
             found.setdefault(span)
-    for match in _WORD.finditer(text):
-        word = _strip(match.group())
-        if is_distinctive(word):
-            found.setdefault(word)
+    for line in text.splitlines():
+        for term, _ in line_terms(line):
+            found.setdefault(term)
     return list(found)
 
 
