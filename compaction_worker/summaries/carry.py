@@ -64,6 +64,8 @@ def _strip(word: str) -> str:
 
 
 _SENTENCE_END: Final = (".", "!", "?", ":", ";")
+_BULLET: Final = re.compile(r"[-*+>\u2022]|#{1,6}|\d{1,3}[.)]|\(?[a-z]\)")
+"""A list item's or a heading's marker: the word after it starts a sentence."""
 _NOT_NAMES: Final = frozenset(
     {
         *("I", "I'm", "I've", "I'll", "I'd", "OK", "Ok", "Yes", "No", "Hi", "Hello", "Thanks", "Please"),
@@ -102,7 +104,9 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
                 if words[last].endswith((",", *_SENTENCE_END)):
                     break
                 last += 1
-            starts_sentence = i == 0 or words[i - 1].endswith(_SENTENCE_END)
+            starts_sentence = (
+                i == 0 or words[i - 1].endswith(_SENTENCE_END) or _BULLET.fullmatch(words[i - 1])
+            )
             if starts_sentence and last == i:  # a sentence's first word: capitalised anyway
                 i += 1
                 continue
