@@ -29,7 +29,7 @@ from compaction_worker.state.archive import Archive
 from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.outbox import Outbox, pack
+from compaction_worker.state.outbox import Outbox, event_field, pack
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.strategies.offload import off_loop
 from compaction_worker.summaries.contract import Summarizer
@@ -358,7 +358,7 @@ class Compactor:
             "chunks_before": [c.to_json() for c in snapshot.history.chunks],
             "covered_through_n": max((c.last_n for c in result.draft.chunks), default=0),
         }
-        field = str(run.compaction_id)
+        field = event_field(completed.version, str(run.compaction_id))
         score = await self.outbox.expect(cid)
         await self.store.commit(
             cid,

@@ -30,6 +30,15 @@ def pack(topic: str, payload: bytes) -> bytes:
     return topic.encode() + b"\n" + payload
 
 
+def event_field(version: int, compaction_id: str) -> str:
+    """The outbox field of a commit's event: its version first, so that fields sort in commit order."""
+    return f"{version:012d}-{compaction_id}"
+
+
+def _text(field: bytes | str) -> str:
+    return field.decode() if isinstance(field, bytes) else field
+
+
 def unpack(value: bytes | str) -> tuple[str, bytes]:
     raw = value.encode() if isinstance(value, str) else value
     topic, _, payload = raw.partition(b"\n")
@@ -63,13 +72,19 @@ class Outbox:
         return score
 
     async def deliver(self, conversation_id: str, field: str, score: int) -> None:
-        """Publish one event left by our own commit, then forget it (and the index entry, if it was the last)."""
+        """Publish the event our own commit left, after any earlier one still waiting, then forget them.
+
+        An earlier commit's event waits here when its publish failed (the broker was down):
+        sent first, the conversation's events keep the order of its versions (``event_field``).
+        The index entry goes with the last event.
+        """
         key = self.store.keys(conversation_id).outbox
-        value = await self.redis.hget(key, field)
-        if value is None:  # a sweeper was faster
+        pending = {_text(f): v for f, v in (await self.redis.hgetall(key)).items()}
+        if field not in pending:  # a sweeper was faster
             return
-        await self.publish(*unpack(value), conversation_id.encode())
-        await self.redis.hdel(key, field)
+        for earlier in sorted(f for f in pending if f <= field):
+            await self.publish(*unpack(pending[earlier]), conversation_id.encode())
+            await self.redis.hdel(key, earlier)
         if await self.redis.hlen(key) == 0:
             await self.index.drop(conversation_id, score)
 
@@ -83,8 +98,9 @@ class Outbox:
             if not await self.index.claim(cid, now, lease):
                 continue  # another sweeper, or a new compaction re-armed it
             key = self.store.keys(cid).outbox
-            for field, value in (await self.redis.hgetall(key)).items():
-                await self.publish(*unpack(value), cid.encode())
+            pending = {_text(f): v for f, v in (await self.redis.hgetall(key)).items()}
+            for field in sorted(pending):  # in version order (``event_field``)
+                await self.publish(*unpack(pending[field]), cid.encode())
                 await self.redis.hdel(key, field)
                 published += 1
                 log.warning("published a completion event of %s that its worker left behind", cid)

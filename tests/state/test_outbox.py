@@ -12,6 +12,7 @@ from compaction_worker.contracts.events import CompactionCompleted, Outcome
 from compaction_worker.settings import Settings
 from compaction_worker.state.outbox import Outbox, pack, unpack
 from compaction_worker.state.store import Store
+from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, compact_now, conversation, make_parts
 
 pytestmark = pytest.mark.integration
@@ -81,6 +82,29 @@ async def test_an_event_left_by_a_dead_worker_is_relayed_once(
     assert (event.outcome, event.version) == (Outcome.COMPACTED, 1)
     assert await redis_client.hlen(store.keys("c").outbox) == 0
     assert await redis_client.zcard(sweepers[0].index.key_of("c")) == 0
+
+
+async def test_an_event_left_waiting_is_published_before_the_next_commits(
+    redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+) -> None:
+    """A commit whose publish failed (the broker was down) is sent first by the next commit: versions in order."""
+    dying = make_parts(redis_client, settings, Dying(published))
+    for turn in conversation(24):
+        await dying.turns.handle(turn, b"c")
+    claim = await dying.jobs.claim("c")
+    assert claim is not None
+    with pytest.raises(DiesAfterCommit):
+        await dying.compactor.run(claim)
+    live = make_parts(redis_client, settings, published)
+    await live.turns.handle(turn_bytes("c", 25, [], compaction={"mode": "force"}), b"c")
+
+    done = await compact_now(live.jobs, live.compactor)
+
+    assert done.outcome is Outcome.COMPACTED
+    events = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
+    assert [e.version for e in events] == [1, 2]
+    assert await redis_client.hlen(live.store.keys("c").outbox) == 0
+    assert await redis_client.zcard(live.compactor.outbox.index.key_of("c")) == 0
 
 
 async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
