@@ -39,14 +39,12 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
     return points
 
 
-def select_tail(
-    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False, user_words: int = 0
-) -> int:
+def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> int:
     """The index where the verbatim tail starts (``len(entries)`` for an empty tail).
 
     See :func:`choose_tail`, which also says why the tail could not start at a user turn.
     """
-    return choose_tail(entries, max_messages, max_tokens, task=task, user_words=user_words)[0]
+    return choose_tail(entries, max_messages, max_tokens)[0]
 
 
 def task_index(entries: Sequence[Entry]) -> int | None:
