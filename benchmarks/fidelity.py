@@ -34,6 +34,7 @@ from compaction_worker.budget.tokens import compute_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
+from compaction_worker.retry import RetrySettings
 from compaction_worker.settings import PipelineSettings, Settings, SummarizerSettings
 from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
@@ -525,10 +526,9 @@ async def real_model(
     """
     counter = counter_for(PROSE_MODEL, Settings().budget)
     summarizer = LiteLLMSummarizer(
-        SummarizerSettings(
-            model=model, api_base=api_base, api_key=api_key, timeout_seconds=900, max_retries=1
-        ),
+        SummarizerSettings(model=model, api_base=api_base, api_key=api_key, timeout_seconds=900),
         counter.text,
+        retry=RetrySettings(llm_attempts=2).llm,
     )
     return await run_fidelity(
         f"{model} (seed {seed})",

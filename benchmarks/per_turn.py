@@ -39,7 +39,7 @@ from compaction_worker.observability import metrics as metrics_api
 from compaction_worker.observability import tracing
 from compaction_worker.runtime.components import build_components
 from compaction_worker.settings import Settings
-from compaction_worker.state.store import NewMessage
+from compaction_worker.state.appends import NewMessage
 from compaction_worker.testing import turn_payload
 
 SIZES = (10, 1_000, 10_000, 50_000)
@@ -61,7 +61,7 @@ async def main(turns: int) -> None:
         for size in SIZES:
             cid = f"h{size}"
             filler = [NewMessage({"role": "user", "content": f"message {i} " * 5}, 15) for i in range(size)]
-            await store.append_turn(cid, 1, filler, {"model": MODEL}, expected_count=0)
+            await store.append_turn(cid, 1, filler, {"model": MODEL})
         timings: dict[int, list[float]] = {size: [] for size in SIZES}
         for turn in range(turns):
             for size in SIZES:
@@ -119,7 +119,7 @@ async def telemetry_child(turns: int, mode: str) -> float:
         filler = [
             NewMessage({"role": "user", "content": f"message {i} " * 5}, 15) for i in range(TELEMETRY_HISTORY)
         ]
-        await parts.store.append_turn(cid, 1, filler, {"model": MODEL}, expected_count=0)
+        await parts.store.append_turn(cid, 1, filler, {"model": MODEL})
         timings: list[float] = []
         for turn in range(turns):
             message = {"role": "assistant", "content": f"reply {turn} " * 20}

@@ -30,3 +30,10 @@ class RewindError(CompactionWorkerError):
 
 class WaitTimeoutError(CompactionWorkerError, TimeoutError):
     """``Client.wait_for`` gave up: the conversation did not get there within its timeout."""
+
+
+class ConcurrentUpdateError(CompactionWorkerError):
+    """Another writer changed a conversation's meta between every read and write of a turn.
+
+    Transient: the turn is delivered again (runtime/outages.py counts it as an outage).
+    """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
 from compaction_worker.errors import ConfigError
+from compaction_worker.retry import RetrySettings, read_earlier_names
 
 DEFAULT_PREFIX = "cw"
 """What every Redis key of this service starts with, unless ``redis.key_prefix`` says otherwise."""
@@ -259,7 +260,6 @@ class SummarizerSettings(_Section):
     api_base: str | None = None
     api_key: SecretStr | None = None
     timeout_seconds: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=2, ge=0)
     fallback_models: list[str] = Field(default_factory=list)
     max_summary_tokens: int = Field(default=2048, ge=64)
     max_input_tokens: int | None = Field(
@@ -270,10 +270,13 @@ class SummarizerSettings(_Section):
     breaker_failures: int = Field(
         default=3,
         ge=0,
-        description="After this many failed LLM runs in a row for a conversation, skip the LLM for a while; 0: never.",
+        description="After this many failed LLM runs in a row on a model, by any conversation on any worker, "
+        "skip that model for a while; 0: never.",
     )
     breaker_cooldown_seconds: float = Field(
-        default=300.0, gt=0, description="How long the LLM is skipped; the next run after it tries again."
+        default=300.0,
+        gt=0,
+        description="How long the model is skipped; then one run tries it again while the others wait for its result.",
     )
     prompt: str | None = Field(default=None, description="Replaces the built-in instructions.")
     prompt_file: Path | None = None
@@ -284,10 +287,22 @@ class WorkerSettings(_Section):
     """The compaction pool inside each worker process, and how long a turn may wait for a gap."""
 
     max_concurrent_compactions: int = Field(default=4, ge=1)
-    lock_ttl_seconds: float = Field(default=30.0, gt=0)
-    sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    lock_ttl_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A compaction's claim on its conversation: renewed while it runs, taken over once it expires.",
+    )
+    sweep_interval_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How soon a sweep of the job, held-turn and outbox indexes follows one that found work.",
+    )
+    idle_sweep_max_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="While nothing happens, the sweeps back off to this period; announced work wakes a worker at once.",
+    )
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
-    retry_backoff_seconds: float = Field(default=1.0, gt=0)
     gap_timeout_seconds: float = Field(
         default=300.0,
         gt=0,
@@ -295,21 +310,10 @@ class WorkerSettings(_Section):
     )
 
     @property
-    def job_lease_seconds(self) -> float:
-        """How long a claimed job stays with its worker: twice the lock's TTL, so that a job is
-        taken over only after its worker's lock has run out too."""
-        return self.lock_ttl_seconds * 2
-
-    @property
     def outbox_grace_seconds(self) -> float:
         """How long a committed event may wait in the outbox before another worker's sweeper
         publishes it: the lock's TTL, within which the committing worker is still alive."""
         return self.lock_ttl_seconds
-
-    @property
-    def lock_busy_retry_seconds(self) -> float:
-        """When to try a job again whose conversation another worker has locked."""
-        return self.lock_ttl_seconds / 2
 
 
 class HealthSettings(_Section):
@@ -348,6 +352,7 @@ class Settings(BaseSettings):
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
     summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
@@ -359,6 +364,11 @@ class Settings(BaseSettings):
     summarizer_api_base: str | None = Field(default=None, exclude=True)
     summarizer_api_key: SecretStr | None = Field(default=None, exclude=True)
     trigger_fraction: float | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_names(cls, data: Any) -> Any:
+        return read_earlier_names(data)
 
     @model_validator(mode="after")
     def _apply_flat_aliases(self) -> Settings:

@@ -14,6 +14,7 @@ from compaction_worker.contracts.events import CompactionCompleted
 from compaction_worker.runtime.compactor import Compactor, Summarizers
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis
+from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.publisher import Publisher
 from compaction_worker.settings import RedisSettings, Settings
 from compaction_worker.state.connection import RedisClient
@@ -137,9 +138,8 @@ def conversation(turns: int) -> list[bytes]:
 
 
 async def compact_now(jobs: JobQueue, compactor: Compactor, cid: str = "c") -> CompactionCompleted:
-    claim = await jobs.claim(cid)
-    assert claim is not None
-    completed = await compactor.run(claim)
+    """Claim the conversation's job (its lock) and run it, as the pool does; it must run."""
+    completed = await run_job(jobs, compactor, cid)
     assert completed is not None
     return completed
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +27,23 @@ PURE = ("contracts", "budget", "summaries", "strategies", "formats")
 IMPURE = ("state", "runtime", "client", "local", "cli")
 """What the pure packages may not import: the Redis state, the runtime, the edges."""
 MAX_LINES = 450
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("", "errors", "retry", "offload", "_litellm"),
+    ("contracts",),
+    ("settings",),
+    ("observability",),
+    ("budget", "formats"),
+    ("summaries",),
+    ("strategies",),
+    ("state",),
+    ("runtime", "testing"),
+    ("client", "replay"),
+    ("local", "bench"),
+    ("cli",),
+)
+"""The package's layers, lowest first: a module imports only from its own layer or lower ones
+("" is the package's own ``__init__``). Each names top-level modules or packages."""
 
 LAZY_CLI_IMPORTS = frozenset(
     {
@@ -269,7 +286,41 @@ class TestImportGraph:
         assert sorted(LAZY_CLI_IMPORTS - used) == []
 
 
+def layer_of(module: str, layers: Sequence[Sequence[str]] = LAYERS, package: str = PACKAGE) -> int | None:
+    """The index of the layer that holds ``module`` (None: no layer names it)."""
+    top = module.removeprefix(package).removeprefix(".").split(".")[0]
+    return next((i for i, names in enumerate(layers) if top in names), None)
+
+
+def upward(
+    edges: Iterable[Import], layers: Sequence[Sequence[str]] = LAYERS, package: str = PACKAGE
+) -> list[Import]:
+    """The imports from a lower layer to a higher one."""
+    found = []
+    for edge in edges:
+        source, target = layer_of(edge.source, layers, package), layer_of(edge.target, layers, package)
+        if source is not None and target is not None and target > source:
+            found.append(edge)
+    return found
+
+
 class TestLayers:
+    def test_no_import_goes_up_a_layer(self) -> None:
+        """Each module imports from its own layer or lower ones (LAYERS), in every scope."""
+        found = upward(EDGES)
+        assert not found, "imports from a lower layer to a higher one:\n" + "\n".join(f"  {e}" for e in found)
+
+    def test_every_module_has_a_layer(self) -> None:
+        """LAYERS names every top-level module and package (a new one must take its place)."""
+        unplaced = sorted(m for m in modules(ROOT, PACKAGE) if layer_of(m) is None)
+        assert not unplaced, f"modules in no layer: {unplaced}"
+
+    def test_an_upward_import_is_caught(self) -> None:
+        """The rule itself: a lower module importing a higher one is reported, the other way round is not."""
+        down = Import("pkg.runtime.turns", "pkg.state.store", 3, "module")
+        up = Import("pkg.state.outbox", "pkg.runtime.publisher", 12, "module")
+        assert upward([down, up], (("state",), ("runtime",)), "pkg") == [up]
+
     def test_pure_packages_import_no_state_runtime_or_edges(self) -> None:
         """contracts, budget, summaries, strategies and formats import nothing from state, runtime, client, local or cli."""
         crossing = [e for e in EDGES if _in(e.source, PURE) and _in(e.target, IMPURE)]

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from compaction_worker.cli import SCHEMAS_DIR, main
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Published, make_parts
@@ -151,9 +152,7 @@ async def compacted(
         text = f"{role} turn {seq}: " + " ".join(f"point{seq}-{i}" for i in range(150))
         await parts.turns.handle(turn_bytes(cid, seq, [{"role": role, "content": text}]), None)
     await parts.jobs.schedule(cid, Trigger.MANUAL)
-    claim = await parts.jobs.claim(cid)
-    assert claim is not None
-    done = await parts.compactor.run(claim)
+    done = await run_job(parts.jobs, parts.compactor, cid)
     assert done is not None
     assert done.outcome is Outcome.COMPACTED, done.error
     return cid, settings

@@ -9,7 +9,7 @@ from typing import Any
 
 from compaction_worker.budget.tokens import TokenCounter
 from compaction_worker.runtime.components import Components
-from compaction_worker.state.store import NewMessage
+from compaction_worker.state.appends import NewMessage
 
 
 def agent_turn(i: int, salt: str = "") -> list[dict[str, Any]]:
@@ -72,9 +72,7 @@ async def fill(parts: Components, cid: str, tokens: int, model: str, counter: To
         seq += 1
         messages = agent_turn(seq, cid)
         new = [NewMessage(m, counter.message(m)) for m in messages]
-        await parts.store.append_turn(
-            cid, seq, new, {"model": model}, expected_count=(seq - 1) * len(messages)
-        )
+        await parts.store.append_turn(cid, seq, new, {"model": model})
         stored += sum(n.tokens for n in new)
         raw += sum(len(compact_json(m)) for m in messages)
     return raw

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from compaction_worker.bench.environment import BenchEnv, bench_env
+from compaction_worker.bench.environment import BenchEnv, BenchError, WorkerSource, bench_env
 from compaction_worker.bench.report import ProgressLine, Row, format_table, markdown_table, rows_json
 from compaction_worker.bench.runner import run_scenarios, select
 from compaction_worker.contracts import cli_output
@@ -26,6 +26,7 @@ def bench_command(
     quick: bool = False,
     bootstrap: str | None = None,
     redis_url: str | None = None,
+    baseline_source: Path | None = None,
     as_json: bool = False,
     markdown: bool = False,
     no_progress: bool = False,
@@ -33,7 +34,8 @@ def bench_command(
     """Run the bench and print its table (or JSON); the exit status: 0, or 1 if a scenario failed."""
     try:
         names = select(only)
-    except ValueError as e:
+        baseline = WorkerSource.of(baseline_source) if baseline_source else None
+    except (ValueError, BenchError) as e:
         raise click.UsageError(str(e)) from e
     if bootstrap:
         kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
@@ -44,7 +46,9 @@ def bench_command(
     scale, repeat = (QUICK_SCALE, 1) if quick else (1.0, repeat)
 
     async def go() -> list[Row]:
-        async with bench_env(settings, repeat=repeat, scale=scale, config_file=config_file) as env:
+        async with bench_env(
+            settings, repeat=repeat, scale=scale, config_file=config_file, baseline=baseline
+        ) as env:
             progress(_where(env))
             return await run_scenarios(env, names, progress)
 
@@ -63,4 +67,5 @@ def bench_command(
 
 
 def _where(env: BenchEnv) -> str:
-    return f"broker {env.settings.kafka.bootstrap_servers}, Redis {env.settings.redis.url}, workdir {env.workdir}"
+    where = f"broker {env.settings.kafka.bootstrap_servers}, Redis {env.settings.redis.url}, workdir {env.workdir}"
+    return where + (f", beside the {env.baseline.label} ({env.baseline.path})" if env.baseline else "")

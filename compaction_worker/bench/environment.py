@@ -1,4 +1,8 @@
-"""What the bench runs on: the broker and Redis (embedded, or given), a fake LLM, and worker processes."""
+"""What the bench runs on: the broker and Redis (embedded, or given), a fake LLM, and worker processes.
+
+Worker processes run this checkout's worker, or another checkout's (``--baseline-source``): its
+directory first on ``PYTHONPATH``, with this environment's packages.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,50 @@ class BenchError(CompactionWorkerError):
     """A bench scenario could not run (a worker exited, input was not stored in time)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSource:
+    """Another checkout of the project whose worker runs beside this one's: the same rows, side by side."""
+
+    path: Path
+    label: str
+    """How the table names its figures: ``worker at bed3025`` (``+changes`` if its tree is not clean)."""
+
+    @classmethod
+    def of(cls, path: Path) -> WorkerSource:
+        """The checkout at ``path``; BenchError if it holds no ``compaction_worker`` package."""
+        path = path.resolve()
+        if not (path / "compaction_worker" / "__init__.py").is_file():
+            raise BenchError(
+                f"{path} is not a checkout of compaction-worker (no compaction_worker/__init__.py)"
+            )
+        return cls(path, f"worker at {_revision(path)}")
+
+    def environment(self, child: dict[str, str]) -> dict[str, str]:
+        """``child`` with the checkout first on ``PYTHONPATH``, so that its package shadows this one."""
+        paths = [str(self.path), *filter(None, child.get("PYTHONPATH", "").split(os.pathsep))]
+        return {**child, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _revision(path: Path) -> str:
+    """The checkout's short commit, ``+changes`` if tracked files differ from it; its name without git."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return path.name
+    return f"{commit}+changes" if changes else commit
+
+
 @dataclass(slots=True)
 class BenchEnv:
     """The broker, Redis and fake LLM every scenario shares, and how hard to run."""
@@ -42,6 +90,8 @@ class BenchEnv:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cw-bench-")))
     config_file: Path | None = None
     """The ``--config`` file, passed on to worker processes (environment variables override it)."""
+    baseline: WorkerSource | None = None
+    """``--baseline-source``: the throughput and Redis rows run its worker too, beside this one's."""
 
     def size(self, full: int, least: int = 1) -> int:
         """``full`` times the scale, at least ``least``."""
@@ -54,7 +104,12 @@ class BenchEnv:
 
 @contextlib.asynccontextmanager
 async def bench_env(
-    settings: Settings, *, repeat: int, scale: float, config_file: Path | None = None
+    settings: Settings,
+    *,
+    repeat: int,
+    scale: float,
+    config_file: Path | None = None,
+    baseline: WorkerSource | None = None,
 ) -> AsyncIterator[BenchEnv]:
     """Start an embedded broker and Redis for what ``settings`` leave unconfigured, and a fake LLM."""
     with contextlib.ExitStack() as stack:
@@ -72,7 +127,9 @@ async def bench_env(
         settings = settings.model_copy(update={"kafka": kafka, "redis": redis_settings})
         redis = connect_redis(redis_settings)
         try:
-            yield BenchEnv(settings, redis, llm, repeat=repeat, scale=scale, config_file=config_file)
+            yield BenchEnv(
+                settings, redis, llm, repeat=repeat, scale=scale, config_file=config_file, baseline=baseline
+            )
         finally:
             await redis.aclose()
 
@@ -94,7 +151,7 @@ def worker_environment(env: BenchEnv, overrides: Mapping[str, str]) -> dict[str,
         }
     )
     if env.config_file is not None:
-        child["COMPACTION_CONFIG_FILE"] = str(env.config_file)
+        child["COMPACTION_CONFIG_FILE"] = str(env.config_file.resolve())  # the child runs elsewhere
     child.update({f"COMPACTION_{name}": value for name, value in overrides.items()})
     return child
 
@@ -104,15 +161,28 @@ RUN = ("-m", "compaction_worker.cli", "run")
 
 
 class WorkerProcess:
-    """``compaction-worker run`` in a child process, its output in a log file under the bench's workdir."""
+    """``compaction-worker run`` in a child process, its output in a log file under the bench's workdir.
+
+    It runs in the workdir, never in a checkout (``python -m`` puts its directory first on
+    the path): this checkout's package is the installed one, ``source``'s comes first on
+    ``PYTHONPATH``.
+    """
 
     def __init__(
-        self, env: BenchEnv, name: str, overrides: Mapping[str, str], command: Sequence[str] = RUN
+        self,
+        env: BenchEnv,
+        name: str,
+        overrides: Mapping[str, str],
+        command: Sequence[str] = RUN,
+        *,
+        source: WorkerSource | None = None,
     ) -> None:
         self.log_path = env.workdir / f"{name}.log"
         self.name = name
         self.command = [sys.executable, *command]
-        self._environment = worker_environment(env, overrides)
+        self.cwd = env.workdir
+        environment = worker_environment(env, overrides)
+        self._environment = source.environment(environment) if source else environment
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -122,6 +192,7 @@ class WorkerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._environment,
+                cwd=self.cwd,
             )
 
     def log(self) -> str:
@@ -157,9 +228,18 @@ class Workers:
     """Several worker processes started together and stopped together (``with``)."""
 
     def __init__(
-        self, env: BenchEnv, count: int, name: str, overrides: Mapping[str, str], command: Sequence[str] = RUN
+        self,
+        env: BenchEnv,
+        count: int,
+        name: str,
+        overrides: Mapping[str, str],
+        command: Sequence[str] = RUN,
+        *,
+        source: WorkerSource | None = None,
     ) -> None:
-        self.processes = [WorkerProcess(env, f"{name}-{i}", overrides, command) for i in range(count)]
+        self.processes = [
+            WorkerProcess(env, f"{name}-{i}", overrides, command, source=source) for i in range(count)
+        ]
 
     def __enter__(self) -> Self:
         try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
@@ -212,20 +212,22 @@ class Batches:
                     raise BenchError("an event larger than a batch")
         return batches
 
-    async def send(self, topic: str, batches: list[tuple[int, Any]]) -> None:
-        """Send built batches and wait until the broker has them all."""
+    async def send(self, topic: str, batches: list[tuple[int, Any]]) -> dict[int, int]:
+        """Send built batches and wait until the broker has them all; returns each partition's end offset."""
         sent = [await self.out.send_batch(batch, topic, partition=partition) for partition, batch in batches]
-        await asyncio.gather(*sent)
+        ends: dict[int, int] = {}
+        for (partition, batch), metadata in zip(batches, await asyncio.gather(*sent), strict=True):
+            ends[partition] = max(ends.get(partition, 0), metadata.offset + batch.record_count())
+        return ends
 
 
-async def wait_group(
-    env: BenchEnv, group: str, processes: int, within: float = 60.0, settle: float = 2.0
-) -> None:
-    """Wait until ``group`` is Stable, its members unchanged for ``settle`` seconds (at least one per process).
+async def wait_group(env: BenchEnv, group: str, processes: int, within: float = 60.0) -> None:
+    """Wait until ``group`` is Stable, its members unchanged for 2 seconds (1 on a small run), one per process at least.
 
     A worker process may hold several consumers (``kafka.consumers``), which join one by one:
     members that stay put for a while mean every process has its partitions.
     """
+    settle = 2.0 if env.scale >= 1 else 1.0
     kafka = env.settings.kafka
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **kafka_client_args(kafka))
     await admin.start()
@@ -250,6 +252,70 @@ async def wait_group(
             await asyncio.sleep(0.1)
     finally:
         await admin.close()
+
+
+async def wait_committed(
+    env: BenchEnv,
+    group: str,
+    topic: str,
+    ends: dict[int, int],
+    *,
+    alive: Any,
+    within: float,
+    poll: float = 0.02,
+) -> None:
+    """Wait until ``group`` has committed every partition of ``topic`` up to ``ends``: all handled.
+
+    It asks the broker, not Redis, so that the Redis figures of a run hold the worker's commands only.
+    """
+    kafka = env.settings.kafka
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **kafka_client_args(kafka))
+    await admin.start()
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            committed = await admin.list_consumer_group_offsets(
+                group, partitions=list(map(TopicPartition, [topic] * len(ends), ends))
+            )
+            behind = {
+                p: end
+                for p, end in ends.items()
+                if (c := committed.get(TopicPartition(topic, p))) is None or c.offset < end
+            }
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"group {group} did not commit {topic} up to {ends} within {within:.0f}s")
+            alive()
+            await asyncio.sleep(poll)
+    finally:
+        await admin.close()
+
+
+async def delete_prefix(env: BenchEnv, prefix: str) -> None:
+    """Delete a run's keys, so that Redis does not grow run after run (one key at a time on a cluster)."""
+    batch: list[str | bytes] = []
+    step = 1 if is_cluster(env.redis) else 1000  # a multi-key UNLINK must keep to one slot on a cluster
+    async for key in env.redis.scan_iter(match=f"{prefix}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= step:
+            await env.redis.unlink(*batch)
+            batch = []
+    if batch:
+        await env.redis.unlink(*batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """Worker processes holding a fresh topic's partitions, warmed up: where a scenario sends its input."""
+
+    topic: str
+    group: str
+    prefix: str
+    """The workers' Redis key prefix."""
+    batches: Batches
+    alive: Callable[[], None]
+    """Raises BenchError if a worker process exited."""
 
 
 class StoredCounter:

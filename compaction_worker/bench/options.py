@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -35,6 +36,12 @@ def bench_options(command: F) -> F:
             "--bootstrap", help="Kafka bootstrap servers to use (default: settings, else an embedded broker)."
         ),
         click.option("--redis-url", help="Redis URL to use (default: settings, else an embedded Redis)."),
+        click.option(
+            "--baseline-source",
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            help="Another checkout (e.g. a git worktree of an older commit) whose worker runs the throughput "
+            "and Redis rows too, beside this one's, with this environment's packages.",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table."),
         click.option("--markdown", is_flag=True, help="Print the table as Markdown (docs/performance.md)."),
         click.option("--no-progress", is_flag=True, help="No progress line on stderr."),

@@ -1,4 +1,5 @@
-"""The throughput rows: one worker process beside the bare loop, two beside one, and head-of-line latency.
+"""The throughput rows: one worker process beside the bare loops, two beside one, what one costs Redis
+(redis_cost.py), and head-of-line latency.
 
 Workers run as ``compaction-worker run`` child processes and are measured black-box: input is
 published with aiokafka, stored turns are counted in Redis. Each run gets its own consumer group
@@ -11,14 +12,17 @@ import asyncio
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from compaction_worker.bench.environment import BenchEnv, Workers
+from compaction_worker.bench.environment import BenchEnv, Workers, WorkerSource
 from compaction_worker.bench.load import (
     MODELS,
     PARTITIONS,
+    Attached,
     Batches,
     Input,
     StoredCounter,
+    delete_prefix,
     drop_topic,
     encode,
     make_input,
@@ -29,89 +33,147 @@ from compaction_worker.bench.load import (
     wait_group,
     warmup_input,
 )
+from compaction_worker.bench.redis_cost import TurnCost, cost_rows, idle_seconds, median_cost, redis_phases
 from compaction_worker.bench.report import Progress, Row, spread
-from compaction_worker.state.connection import is_cluster
 
 BARE = ("-m", "compaction_worker.bench.bare")
+PIPELINED = (*BARE, "--pipelined")
 LLM_DELAY = 2.0
 """Seconds the fake LLM takes per call in the head-of-line row."""
 POLL = 0.005
 """How often the head-of-line row looks for stored turns: the resolution of its latencies."""
 
 
-async def delete_prefix(env: BenchEnv, prefix: str) -> None:
-    """Delete a run's keys, so that Redis does not grow run after run (one key at a time on a cluster)."""
-    batch: list[str | bytes] = []
-    step = 1 if is_cluster(env.redis) else 1000  # a multi-key UNLINK must keep to one slot on a cluster
-    async for key in env.redis.scan_iter(match=f"{prefix}:*", count=1000):
-        batch.append(key)
-        if len(batch) >= step:
-            await env.redis.unlink(*batch)
-            batch = []
-    if batch:
-        await env.redis.unlink(*batch)
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """One kind of run in the throughput rows: what runs, how many processes, whose code."""
+
+    name: str
+    processes: int
+    command: tuple[str, ...] | None = None
+    source: WorkerSource | None = None
+    redis: bool = False
+    """Measure the Redis rows on it once its rate is measured (redis_cost.py)."""
 
 
 async def _one_run(
-    env: BenchEnv, data: Input, processes: int, kind: str, command: tuple[str, ...] | None = None
-) -> float:
-    """Turns/s of ``processes`` processes of a fresh group consuming ``data`` on a fresh topic.
+    env: BenchEnv, data: Input, kind: _Kind, progress: Progress
+) -> tuple[float, TurnCost | None]:
+    """Turns/s of ``kind``'s processes, a fresh group consuming ``data`` on a fresh topic; then its Redis figures.
 
     The input is sent only once the group is stable (every process holding its partitions) and
     a warm-up turn of each model on each partition is stored, as record batches built
     beforehand: neither a rebalance, a cold start nor the publishing counts in the rate.
     """
-    topic, group, prefix = await new_topic(env), env.unique(f"{kind}-group"), env.unique(kind)
+    topic, group, prefix = await new_topic(env), env.unique(f"{kind.name}-group"), env.unique(kind.name)
     overrides = topic_overrides(topic, group, prefix)
     counter = StoredCounter(env, prefix, data.conversations)
     warm = warmup_input()
     try:
         async with Batches(env, data.events) as batches:
             built, warm_built = batches.build(), batches.build(warm.events)
-            extra = {} if command is None else {"command": command}
-            with Workers(env, processes, kind, overrides, **extra) as workers:
-                await wait_group(env, group, processes)
+            extra = {} if kind.command is None else {"command": kind.command}
+            with Workers(env, kind.processes, kind.name, overrides, source=kind.source, **extra) as workers:
+                await wait_group(env, group, kind.processes)
                 await batches.send(topic, warm_built)
                 warm_counter = StoredCounter(env, prefix, warm.conversations)
                 await stored_rate(warm_counter, warm.total, alive=workers.check_alive, within=120)
                 await batches.send(topic, built)
                 timeout = 60 + data.total / 50  # a floor of 50 turns/s: slower is a failure, not a figure
-                return await stored_rate(counter, data.total, alive=workers.check_alive, within=timeout)
+                rate = await stored_rate(counter, data.total, alive=workers.check_alive, within=timeout)
+                if not kind.redis:
+                    return rate, None
+                attached = Attached(topic, group, prefix, batches, workers.check_alive)
+                return rate, await redis_phases(env, attached, idle_seconds(env.scale), progress)
     finally:
         await delete_prefix(env, prefix)
         await drop_topic(env, topic)
 
 
 async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
-    """One worker process beside the bare loop, and two beside one: same partitions, same input, side by side."""
+    """One worker process beside the bare loops, two beside one, and what one costs Redis.
+
+    Same partitions, same input, one after the other in each round; with a baseline source,
+    its worker's one and two processes run in the same rounds.
+    """
     conversations, turns = env.size(200, 8), env.size(25, 3)
     data = make_input(conversations, turns)
-    rates: dict[str, list[float]] = {"bare": [], "one": [], "two": []}
+    kinds = [
+        _Kind("bare", 1, BARE),
+        _Kind("pipelined", 1, PIPELINED),
+        _Kind("one", 1, redis=True),
+        _Kind("two", 2),
+    ]
+    if env.baseline is not None:
+        kinds += [
+            _Kind("base-one", 1, source=env.baseline, redis=True),
+            _Kind("base-two", 2, source=env.baseline),
+        ]
+    rates: dict[str, list[float]] = {kind.name: [] for kind in kinds}
+    costs: dict[str, list[TurnCost]] = {kind.name: [] for kind in kinds if kind.redis}
     for repeat in range(env.repeat):
-        for kind, processes in (("bare", 1), ("one", 1), ("two", 2)):
-            progress(f"throughput: {kind} ({processes} process), run {repeat + 1}/{env.repeat}")
-            command = BARE if kind == "bare" else None
-            rates[kind].append(await _one_run(env, data, processes, kind, command))
-    bare, one, two = (statistics.median(rates[k]) for k in ("bare", "one", "two"))
+        for kind in kinds:
+            progress(f"throughput: {kind.name} ({kind.processes} process), run {repeat + 1}/{env.repeat}")
+            rate, cost = await _one_run(env, data, kind, progress)
+            rates[kind.name].append(rate)
+            if cost is not None:
+                costs[kind.name].append(cost)
+    rows = _rate_rows(env, rates, f"{conversations} conversations x {turns} turns")
+    base = median_cost(costs["base-one"]) if env.baseline is not None else None
+    return rows + cost_rows(
+        median_cost(costs["one"]), base, env.baseline, env.repeat, idle_seconds(env.scale)
+    )
+
+
+def _rate_rows(env: BenchEnv, rates: dict[str, list[float]], input_shape: str) -> list[Row]:
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    consumers = env.settings.kafka.consumers
     shape = (
-        f"{conversations} conversations x {turns} turns, {PARTITIONS} partitions, no compaction due; "
-        f"median (min-max) of {env.repeat} runs: bare {spread(rates['bare'])}, one {spread(rates['one'])}, "
-        f"two {spread(rates['two'])}; ratios run by run: one/bare {_ratios(rates['one'], rates['bare'])}, "
+        f"{input_shape}, {PARTITIONS} partitions, no compaction due; median (min-max) of {env.repeat} runs: "
+        + ", ".join(f"{name} {spread(values)}" for name, values in rates.items())
+        + f"; ratios run by run: one/bare {_ratios(rates['one'], rates['bare'])}, "
         f"two/one {_ratios(rates['two'], rates['one'])}"
     )
-    return [
+    if env.baseline is not None:
+        shape += (
+            f", {env.baseline.label}: one/bare {_ratios(rates['base-one'], rates['bare'])}, "
+            f"two/one {_ratios(rates['base-two'], rates['base-one'])}"
+        )
+    rows = [
         Row(
-            "one worker process",
-            one,
+            "one worker / bare loop (same fetch settings)",
+            median["one"],
             "turns/s",
-            bare,
-            "bare loop: consume, 1 script call/event, commit/batch",
+            median["bare"],
+            f"bare loop: {consumers} consumers, 1 awaited script call/event, commit/batch",
             target=0.6,
             at_least=True,
             note=shape,
         ),
-        Row("two worker processes", two, "turns/s", one, "one worker process", target=1.6, at_least=True),
+        Row(
+            "one worker / pipelined bare loop",
+            median["one"],
+            "turns/s",
+            median["pipelined"],
+            f"pipelined bare loop: {consumers} consumers, 1 Redis pipeline/batch",
+        ),
+        Row(
+            "two workers / one worker",
+            median["two"],
+            "turns/s",
+            median["one"],
+            "one worker",
+            target=1.6,
+            at_least=True,
+        ),
     ]
+    if env.baseline is not None:
+        label = env.baseline.label
+        rows += [
+            Row("one worker, this checkout", median["one"], "turns/s", median["base-one"], f"one, {label}"),
+            Row("two workers, this checkout", median["two"], "turns/s", median["base-two"], f"two, {label}"),
+        ]
+    return rows
 
 
 def _ratios(values: list[float], baselines: list[float]) -> str:

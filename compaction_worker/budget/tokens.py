@@ -72,6 +72,8 @@ _MEMO_CHARS = 300
 """Texts up to this long (a ledger item is at most MAX_ITEM_CHARS) have their counts remembered."""
 _MEMO_ENTRIES = 50_000
 """The memo is emptied when it holds this many: a bound on its memory, not an eviction policy."""
+_SHORT_CHARS = 64
+"""Texts this short are remembered raw, in messages: tool names and call ids."""
 
 
 class TokenCounter:
@@ -80,6 +82,7 @@ class TokenCounter:
     __slots__ = (
         "_encoding",
         "_memo",
+        "_short",
         "encoding_name",
         "exact",
         "image_tokens",
@@ -99,6 +102,7 @@ class TokenCounter:
     ) -> None:
         self._encoding = tiktoken.get_encoding(encoding_name)
         self._memo: dict[str, int] = {}
+        self._short: dict[str, int] = {}
         self.encoding_name = encoding_name
         self.multiplier = multiplier
         self.exact = exact
@@ -146,9 +150,9 @@ class TokenCounter:
             fixed += _TOOL_CALL_STRUCTURE
             function = call.get("function")
             function = function if isinstance(function, Mapping) else call
-            raw += self._raw(_as_text(function.get("name")))
+            raw += self._raw_short(_as_text(function.get("name")))
             raw += self._raw(_as_text(function.get("arguments")))
-            raw += self._raw(_as_text(call.get("id")))
+            raw += self._raw_short(_as_text(call.get("id")))
         for key, value in message.items():
             if key not in _NOT_COUNTED and key not in _COUNTED_SEPARATELY and value is not None:
                 raw += self._raw(_as_text(value))
@@ -163,6 +167,17 @@ class TokenCounter:
         if not tools:
             return 0
         return self._scaled(self._raw(_json(list(tools))))
+
+    def _raw_short(self, text: str) -> int:
+        """:meth:`_raw`, remembered for short texts: tool names and call ids recur every turn."""
+        if len(text) > _SHORT_CHARS:
+            return self._raw(text)
+        tokens = self._short.get(text)
+        if tokens is None:
+            if len(self._short) >= _MEMO_ENTRIES:
+                self._short.clear()
+            tokens = self._short[text] = self._raw(text)
+        return tokens
 
     def _raw(self, text: str) -> int:
         if len(text) <= _CHUNK:

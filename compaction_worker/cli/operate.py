@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +12,8 @@ from compaction_worker.client.client import Client, context_stats
 from compaction_worker.contracts import cli_output
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.contracts.history import render, text_of
+from compaction_worker.settings import SummarizerSettings
+from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
 from compaction_worker.state.meta import Meta
 
 
@@ -82,6 +83,7 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             meta = await _stored_meta(client, conversation_id)
             job = await client.job(conversation_id)
             stats = context_stats(conversation_id, meta, settings)
+            health = await _breaker(client, settings.summarizer, meta.model)
             output = cli_output.Status(
                 conversation_id=conversation_id,
                 model=meta.model,
@@ -100,8 +102,8 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
                 version=meta.version,
                 context_status=meta.context_status,
                 failures=meta.failures,
-                llm_failures=meta.llm_failures,
-                circuit_open=meta.breaker_until > time.time(),
+                llm_failures=health.failures,
+                circuit_open=health.open,
                 pending_compaction=job.trigger if job else None,
             )
             if as_json:
@@ -230,6 +232,14 @@ async def _stored_meta(client: Client, conversation_id: str) -> Meta:
     if meta.last_seq == 0:
         raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")
     return meta
+
+
+async def _breaker(client: Client, settings: SummarizerSettings, conversation_model: str) -> BreakerState:
+    """The breaker of the model that summarizes this conversation (shared with every conversation on it)."""
+    if not settings.model:
+        return BreakerState()  # the extractive summary only: nothing to break
+    model = breaker_model(settings.model, conversation_model)
+    return await Breaker(client.store.redis, client.store.prefix, settings).peek(model)
 
 
 def _line(message: Mapping[str, Any], width: int) -> str:

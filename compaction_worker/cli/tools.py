@@ -10,6 +10,7 @@ import click
 from compaction_worker.bench.options import bench_options
 from compaction_worker.cli.common import FILE, SCHEMAS_DIR, settings_of
 from compaction_worker.contracts import specification
+from compaction_worker.runtime.channels import committed_document
 
 
 @click.command()
@@ -22,16 +23,17 @@ from compaction_worker.contracts import specification
     show_default=True,
 )
 def schemas(check: bool, directory: Path) -> None:
-    """Write the JSON Schemas and the AsyncAPI document generated from the event and CLI output models."""
+    """Write the JSON Schemas of the event and CLI output models, and the AsyncAPI document FastStream generates."""
+    expected = specification.render_all(committed_document())
     if check:
-        drift = specification.check(directory)
+        drift = specification.check(directory, expected)
         for line in drift:
             click.echo(line, err=True)
         if drift:
             raise click.ClickException("schemas are out of date: run `compaction-worker schemas`")
         click.echo("schemas are up to date")
         return
-    for path in specification.write(directory):
+    for path in specification.write(directory, expected):
         click.echo(f"wrote {path}")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
+from compaction_worker.budget.threshold import calibrated_total, scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
 from compaction_worker.contracts.history import render
@@ -28,6 +29,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import Job, JobQueue
+from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
@@ -78,7 +80,7 @@ class Artifact:
 def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> ContextStats:
     """The context meter of a conversation from its stored metadata (pure; no I/O)."""
     _, budget = conversation_budget(meta, settings.budget)
-    scale = meta.calibration or 1.0
+    scale = scale_of(meta)
     parts = {
         "system": meta.system_tokens,
         "tools": meta.tools_tokens,
@@ -86,7 +88,7 @@ def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> Conte
         "history": meta.history_tokens,
     }
     breakdown = {name: int(tokens * scale) for name, tokens in parts.items()}
-    tokens = int(meta.total_tokens * scale)
+    tokens = calibrated_total(meta)
     return ContextStats(
         conversation_id=conversation_id,
         model=meta.model,
@@ -291,7 +293,7 @@ class Client:
         # The meter's tokens are calibrated to the provider's; the counter's are not, so the
         # budget goes back into the counter's units and a TokenCounter's bound (its
         # multiplier: tiktoken never exceeds a token per byte) stays valid for the fast path.
-        scaled = math.floor(budget / (meta.calibration or 1.0))
+        scaled = math.floor(budget / scale_of(meta))
         return fit_files(files, scaled, counter.text, max_tokens_per_byte=counter.multiplier)
 
     async def job(self, conversation_id: str) -> Job | None:
@@ -299,8 +301,8 @@ class Client:
         return await self._jobs().job(conversation_id)
 
     def _jobs(self) -> JobQueue:
-        worker, shards = self.settings.worker, self.settings.redis.index_shards
-        return JobQueue(self.store.redis, self.store.prefix, worker.job_lease_seconds, shards=shards)
+        locks = Locks(self.store.redis, self.settings.worker.lock_ttl_seconds)
+        return JobQueue(self.store.redis, self.store.prefix, locks, shards=self.settings.redis.index_shards)
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""
@@ -316,7 +318,7 @@ class Client:
         Summaries paraphrase and ledgers are bounded; what they let go stays here, with
         whether the effective history still carries it verbatim.
         """
-        archive = Archive(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
+        archive = Archive(self.store.redis, self.store.prefix)
         archived = await archive.all(conversation_id)
         history = (await self.store.snapshot(conversation_id)).history
         present = carried([a.item for a in archived], history)

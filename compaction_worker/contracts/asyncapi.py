@@ -1,20 +1,22 @@
-"""The AsyncAPI 3.0 document of the worker: its Kafka server, channels, operations and messages.
+"""The words of the AsyncAPI document: what each topic, key and header means, from the event models.
 
-Its prose derives from the event models, the topic names and the settings defaults; a
-field it describes that the models lose fails generation (:class:`SpecificationError`).
+FastStream generates the document from the worker's own publishers and subscriber
+(``runtime/channels.py``); this module writes what those declarations carry as text
+(the descriptions) and what FastStream's message object has no field for (the Kafka key and
+the headers). The names a deployment sets (topics, the variables that rename them) are
+passed in, so that the contract layer knows nothing of the settings. A field the text names
+that the models lose fails generation (:class:`SpecificationError`).
 """
 
 from __future__ import annotations
 
-import re
 import textwrap
-import typing
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
-from compaction_worker import __version__
 from compaction_worker.contracts.events import (
     COMPLETED_TOPIC,
     DLQ_TOPIC,
@@ -25,37 +27,18 @@ from compaction_worker.contracts.events import (
     DeadLetterReason,
     Outcome,
 )
-from compaction_worker.contracts.json_schemas import (
-    GENERATED_NOTE,
-    INPUT_TOPICS,
-    schema_file,
-    schema_mode,
-    schema_version,
-)
+from compaction_worker.contracts.json_schemas import GENERATED_NOTE, schema_mode, schema_version
 from compaction_worker.errors import CompactionWorkerError
-from compaction_worker.settings import KafkaSettings, Settings, TopicSettings
 
-ASYNCAPI_VERSION = "3.0.0"
-KAFKA_BINDING_VERSION = "0.5.0"  # the Kafka bindings version that goes with AsyncAPI 3.0
+KAFKA_BINDING_VERSION = "0.4.0"
+"""The Kafka bindings version of FastStream's channel bindings, so that the document uses one."""
 
 
 class SpecificationError(CompactionWorkerError):
     """The models no longer carry a field that the published contract describes."""
 
 
-def _camel(topic: str) -> str:
-    head, *rest = topic.replace("-", ".").replace("_", ".").split(".")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-def _summary(model: type[BaseModel]) -> str:
-    """A model's first docstring sentence, without the leading topic name that the title repeats."""
-    lines = (model.__doc__ or model.__name__).strip().splitlines()
-    sentence = re.sub(r"^``[^`]+``:\s*", "", lines[0]).split(". ")[0].rstrip(".")
-    return sentence[:1].upper() + sentence[1:] + "."
-
-
-def _prose(text: str, width: int = 88) -> str:
+def prose(text: str, width: int = 88) -> str:
     """Wrap each paragraph, so that YAML writes prose as readable literal blocks."""
     paragraphs = text.strip().split("\n\n")
     wrapped = [
@@ -69,7 +52,7 @@ def _prose(text: str, width: int = 88) -> str:
 
 
 def _require_fields(model: type[BaseModel], *names: str) -> None:
-    # The prose below names these fields; a renamed field must fail generation, not go stale.
+    # The prose names these fields; a renamed field must fail generation, not go stale.
     missing = [name for name in names if name not in model.model_fields]
     if missing:
         raise SpecificationError(
@@ -77,34 +60,8 @@ def _require_fields(model: type[BaseModel], *names: str) -> None:
         )
 
 
-def _literal_values(model: type[BaseModel], field: str) -> list[str]:
-    values: list[str] = []
-    pending: list[Any] = [model.model_fields[field].annotation]
-    while pending:
-        annotation = pending.pop(0)
-        if typing.get_origin(annotation) is Literal:
-            values.extend(str(arg) for arg in typing.get_args(annotation))
-        else:
-            pending.extend(typing.get_args(annotation))
-    return values
-
-
-def _env_name(*path: str) -> str:
-    prefix = str(Settings.model_config.get("env_prefix", ""))
-    delimiter = str(Settings.model_config.get("env_nested_delimiter", "__"))
-    return prefix + delimiter.join(part.upper() for part in path)
-
-
-def _topic_setting(topic: str) -> str | None:
-    """The environment variable that overrides a default topic name, if any."""
-    for name, field in TopicSettings.model_fields.items():
-        if field.default == topic:
-            return _env_name("topics", name)
-    return None
-
-
-def _key_schema(topic: str) -> dict[str, Any]:
-    """The Kafka key of a topic's records: the conversation id, as UTF-8 bytes."""
+def key_schema(topic: str) -> dict[str, Any]:
+    """The Kafka key of a topic's records (``topic`` a default name): the conversation id, as UTF-8 bytes."""
     model = EVENT_MODELS[topic]
     _require_fields(model, "conversation_id")
     schema = model.model_json_schema(mode=schema_mode(topic))
@@ -123,12 +80,30 @@ def _key_schema(topic: str) -> dict[str, Any]:
             "one conversation's dead letters stay in order; no key when the input had none. "
             "A copy is in `key_b64`."
         )
-    key["description"] = _prose(key["description"])
+    key["description"] = prose(key["description"])
     return key
 
 
-def _channel_notes() -> dict[str, str]:
-    """What a user of each default topic needs to know beyond the payload's own description."""
+HEADERS: dict[str, Any] = {
+    "type": "object",
+    "description": "Optional W3C trace context (the info's Headers section says where it travels).",
+    "properties": {
+        "traceparent": {
+            "type": "string",
+            "description": "W3C `traceparent`: version-traceid-parentid-flags.",
+        },
+        "tracestate": {"type": "string", "description": "W3C `tracestate`: vendor-specific trace data."},
+    },
+}
+"""The headers every record may carry (they are the same on every topic)."""
+
+
+def channel_description(topic: str, renamed_by: str | None, group_id: str | None = None) -> str:
+    """What a user of one topic (``topic`` a default name) needs to know beyond the payload's description.
+
+    ``renamed_by`` is the setting that renames the topic; ``group_id`` the consumer group
+    that reads it, for the input.
+    """
     turn = EVENT_MODELS[TURNS_TOPIC]
     completed = EVENT_MODELS[COMPLETED_TOPIC]
     dead_letter = EVENT_MODELS[DLQ_TOPIC]
@@ -136,9 +111,10 @@ def _channel_notes() -> dict[str, str]:
     _require_fields(completed, "outcome", "version", "compaction_id")
     _require_fields(dead_letter, "reason", "original_b64")
     reasons = ", ".join(f"`{reason.value}`" for reason in DeadLetterReason)
-    return {
+    group = f" (consumer group `{group_id}`)" if group_id else " (one consumer group)"
+    notes = {
         TURNS_TOPIC: (
-            "Produced by the agent runtime, consumed by the worker pool (one consumer group). "
+            f"Produced by the agent runtime, consumed by the worker pool{group}. "
             "`turn_seq` starts at 1 and grows by one per conversation: a duplicate is a no-op, a "
             "turn ahead of a gap waits for the gap to fill, for `worker.gap_timeout_seconds` at "
             "most (default 300), then goes to the dead-letter topic (`sequence_gap`) while the "
@@ -164,24 +140,28 @@ def _channel_notes() -> dict[str, str]:
             f"produce the original bytes to `{TURNS_TOPIC}` again."
         ),
     }
+    parts = [notes[topic]]
+    if renamed_by:
+        parts.append(f"The address is the default name, renamed by `{renamed_by}`.")
+    return prose(" ".join(parts))
 
 
-def _info_description() -> str:
+def info_description(renamed_by: Mapping[str, str]) -> str:
+    """The document's introduction; ``renamed_by`` names, per default topic, the setting that renames it."""
     for model in EVENT_MODELS.values():
         _require_fields(model, "schema_version", "event_id", "timestamp", "conversation_id")
     version = schema_version(EVENT_MODELS[TURNS_TOPIC])
-    overrides = ", ".join(
-        f"`{setting}`" for topic in EVENT_MODELS if (setting := _topic_setting(topic)) is not None
-    )
-    return f"""\
+    overrides = ", ".join(f"`{renamed_by[topic]}`" for topic in EVENT_MODELS if topic in renamed_by)
+    return prose(f"""\
 Keeps LLM conversations inside their models' context windows. An agent runtime publishes
 each turn of each conversation to `{TURNS_TOPIC}`; a pool of stateless workers keeps
 the conversation in Redis, compacts its history when it outgrows its budget, and announces
 every compaction on `{STARTED_TOPIC}` and `{COMPLETED_TOPIC}`. Inputs it cannot
 process go to `{DLQ_TOPIC}`.
 
-Payloads are UTF-8 JSON, one event per record, described by the JSON Schemas next to this
-document (generated from the pydantic models in `compaction_worker.contracts.events`). Every event
+Payloads are UTF-8 JSON, one event per record. The JSON Schemas next to this document
+(generated from the pydantic models in `compaction_worker.contracts.events`) are exact for
+each direction: what the worker accepts, and every field it always writes. Every event
 carries `schema_version` (now {version}), `event_id` (a UUID) and `timestamp` (UTC).
 Channel addresses are the default topic names; each can be overridden ({overrides}).
 
@@ -204,120 +184,17 @@ compaction again under a new `event_id`, `{COMPLETED_TOPIC}` is also de-duplicat
 ## Dead letters
 
 Bad input (malformed JSON, a schema violation, an oversized record, a sequence gap that
-never fills, ...) never stops the worker and never touches stored state: it is published
-to `{DLQ_TOPIC}` with the reason and the original bytes, and the worker moves on.
-"""
+never fills, ...) and a turn whose handling keeps failing for another reason than an outage
+of Redis or the broker never stop the worker and never touch stored state: they are
+published to `{DLQ_TOPIC}` with the reason and the original bytes, and the worker moves on.
 
+## Headers
 
-def _server() -> dict[str, Any]:
-    protocols = ", ".join(_literal_values(KafkaSettings, "security_protocol"))
-    mechanisms = ", ".join(_literal_values(KafkaSettings, "sasl_mechanism"))
-    return {
-        "host": "{bootstrap}",
-        "protocol": "kafka",
-        "title": "Kafka cluster",
-        "description": _prose(
-            f"The Kafka cluster the worker pool consumes from and publishes to. Security "
-            f"protocols: {protocols}; SASL mechanisms: {mechanisms} "
-            f"(`{_env_name('kafka', 'security_protocol')}` and the other "
-            f"`{_env_name('kafka', '')}*` settings)."
-        ),
-        "variables": {
-            "bootstrap": {
-                "default": "localhost:9092",
-                "description": _prose(
-                    f"`host:port` of one or more bootstrap brokers, comma-separated "
-                    f"(`{_env_name('kafka', 'bootstrap_servers')}`)."
-                ),
-            }
-        },
-    }
-
-
-def asyncapi_document() -> dict[str, Any]:
-    """The AsyncAPI 3.0 document of the worker: its server, channels, operations and messages."""
-    notes = _channel_notes()
-    group_id = KafkaSettings.model_fields["group_id"].default
-    channels: dict[str, Any] = {}
-    operations: dict[str, Any] = {}
-    messages: dict[str, Any] = {}
-    schemas: dict[str, Any] = {}
-    for topic, model in EVENT_MODELS.items():
-        channel_id = _camel(topic)
-        name = model.__name__
-        receives = topic in INPUT_TOPICS
-        summary = _summary(model)
-        override = _topic_setting(topic)
-        description = " ".join(
-            part
-            for part in (
-                notes.get(topic, ""),
-                f"Overridden with `{override}`." if override else "",
-            )
-            if part
-        )
-
-        schemas[name] = {"$ref": f"./{schema_file(topic)}"}
-        message: dict[str, Any] = {
-            "name": name,
-            "title": topic,
-            "summary": summary,
-            "contentType": "application/json",
-            "payload": {"$ref": f"#/components/schemas/{name}"},
-        }
-        if "compaction_id" in model.model_fields:
-            message["correlationId"] = {
-                "description": "Pairs a compaction's started and completed events.",
-                "location": "$message.payload#/compaction_id",
-            }
-        message["bindings"] = {"kafka": {"key": _key_schema(topic), "bindingVersion": KAFKA_BINDING_VERSION}}
-        messages[name] = message
-
-        channels[channel_id] = {
-            "address": topic,
-            "title": topic,
-            "summary": summary,
-            "description": _prose(description),
-            "messages": {name: {"$ref": f"#/components/messages/{name}"}},
-        }
-
-        operation_id = ("receive" if receives else "send") + channel_id[:1].upper() + channel_id[1:]
-        operation: dict[str, Any] = {
-            "action": "receive" if receives else "send",
-            "channel": {"$ref": f"#/channels/{channel_id}"},
-            "summary": (
-                f"The worker pool consumes `{topic}`."
-                if receives
-                else f"The worker pool publishes `{topic}`."
-            ),
-            "messages": [{"$ref": f"#/channels/{channel_id}/messages/{name}"}],
-        }
-        if receives:
-            operation["bindings"] = {
-                "kafka": {
-                    "groupId": {
-                        "type": "string",
-                        "default": group_id,
-                        "description": f"`{_env_name('kafka', 'group_id')}`; all workers share it.",
-                    },
-                    "bindingVersion": KAFKA_BINDING_VERSION,
-                }
-            }
-        operations[operation_id] = operation
-
-    return {
-        "asyncapi": ASYNCAPI_VERSION,
-        "info": {
-            "title": "compaction-worker",
-            "version": __version__,
-            "description": _prose(_info_description()),
-        },
-        "defaultContentType": "application/json",
-        "servers": {"kafka": _server()},
-        "channels": channels,
-        "operations": operations,
-        "components": {"schemas": schemas, "messages": messages},
-    }
+`traceparent` and `tracestate` (W3C trace context) are optional on every topic. A turn that
+carries them has its processing, the compactions it causes and their events in the same
+trace; the worker writes them on its events when tracing is configured. FastStream also
+writes a `correlation_id` header (a UUID per record) on the events the worker publishes.
+""")
 
 
 class _Dumper(yaml.SafeDumper):
@@ -335,12 +212,12 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def render_yaml(document: dict[str, Any]) -> str:
+def render_yaml(document: Mapping[str, Any]) -> str:
     """The AsyncAPI document as the file's exact text."""
     # Insertion order, not sorted keys: an AsyncAPI document reads top-down (info, servers,
-    # channels, operations, components), and the order is fixed by the code, so still stable.
+    # channels, operations, components), and FastStream's order is fixed, so still stable.
     body = yaml.dump(
-        document,
+        dict(document),
         Dumper=_Dumper,
         sort_keys=False,
         allow_unicode=True,

@@ -46,7 +46,7 @@ class TranscriptRecord(_Output):
 
     @classmethod
     def from_stored(cls, record: Mapping[str, Any]) -> TranscriptRecord:
-        """The readable form of a stored record (see ``compaction_worker.state.store.transcript_record``)."""
+        """The readable form of a stored record (see ``compaction_worker.state.appends.encode_messages``)."""
         return cls(
             ordinal=record["n"],
             turn_seq=record["seq"],
@@ -131,8 +131,12 @@ class Status(_Output):
     version: int = Field(ge=0)
     context_status: ContextStatus
     failures: int = Field(ge=0, description="Failed compactions in a row.")
-    llm_failures: int = Field(ge=0, description="Failed LLM summarizer runs in a row.")
-    circuit_open: bool = Field(description="The LLM summarizer is being skipped for now.")
+    llm_failures: int = Field(
+        ge=0, description="Failed LLM summarizer runs in a row on its model, by any conversation."
+    )
+    circuit_open: bool = Field(
+        description="The summarizer's model is being skipped for now, by every conversation."
+    )
     pending_compaction: Trigger | None = Field(description="The trigger of a scheduled compaction, if any.")
 
 

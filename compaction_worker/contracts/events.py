@@ -45,7 +45,11 @@ class _Event(BaseModel):
     breaking change for older workers or consumers; breaking changes bump schema_version.
     """
 
-    model_config = ConfigDict(extra="ignore", json_schema_serialization_defaults_required=True)
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_serialization_defaults_required=True,
+        json_schema_mode_override="serialization",
+    )
 
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: uuid.UUID = Field(default_factory=uuid.uuid4, description="Unique id, for de-duplication.")
@@ -163,6 +167,8 @@ class CompactionRequest(BaseModel):
 class TurnEvent(_Event):
     """``conversation.turn``: one turn of one conversation (the messages it adds)."""
 
+    model_config = ConfigDict(json_schema_mode_override="validation")  # an input: what it may omit
+
     conversation_id: ConversationId
     turn_seq: int = Field(ge=1, description="Strictly increasing per conversation, from 1.")
     model: str = Field(min_length=1, max_length=256, description="LiteLLM model string.")
@@ -216,7 +222,11 @@ class ContextStatus(StrEnum):
 class LlmUsage(BaseModel):
     """Tokens and cost of the summarizer's LLM calls in one compaction."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_serialization_defaults_required=True)
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_serialization_defaults_required=True,
+        json_schema_mode_override="serialization",
+    )
 
     calls: int = Field(default=0, ge=0)
     prompt_tokens: int = Field(default=0, ge=0)
@@ -270,12 +280,12 @@ class CompactionCompleted(_Event):
     error: str | None = None
     circuit_open: bool = Field(
         default=False,
-        description="The LLM summarizer was skipped: it kept failing for this conversation (the fallback ran).",
+        description="The summarizer's model was skipped: it kept failing, for any conversation (the fallback ran).",
     )
     llm_failures: int = Field(
         default=0,
         ge=0,
-        description="Failed LLM runs in a row for this conversation after this one (0 after a success).",
+        description="Failed LLM runs in a row on the summarizer's model, by any conversation, after this one (0 after a success).",
     )
     artifacts_dropped: int = Field(
         default=0,
@@ -304,6 +314,8 @@ class DeadLetterReason(StrEnum):
     UNKNOWN_MODEL = "unknown_model"
     SEQUENCE_GAP = "sequence_gap"
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    PROCESSING_FAILED = "processing_failed"
+    """Handling the turn failed ``retry.turn_attempts`` times with an error that is no outage."""
 
 
 class BadEventError(CompactionWorkerError):

@@ -1,14 +1,16 @@
 """The published contract files in ``schemas/``: rendered from the event and CLI output models, written, checked.
 
 :func:`render_all` is pure and deterministic (same models, byte-identical text);
-:func:`write` and :func:`check` are what ``compaction-worker schemas [--check]`` calls.
+:func:`write` and :func:`check` are what ``compaction-worker schemas [--check]`` calls. The
+AsyncAPI document is passed in: FastStream generates it from the worker's channels, which
+are declared above this layer (``runtime/channels.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from compaction_worker.contracts.asyncapi import asyncapi_document, render_yaml
 from compaction_worker.contracts.cli_output import (
     CLI_DIR,
     CLI_GENERATED_NOTE,
@@ -24,24 +26,24 @@ ASYNCAPI_FILE = "asyncapi.yaml"
 _GENERATED_SUFFIXES = (".json", ".yaml", ".yml")
 
 
-def render_all() -> dict[str, str]:
+def render_all(asyncapi: str) -> dict[str, str]:
     """Every contract file, as relative path -> exact text (UTF-8, LF, trailing newline).
 
-    The event schemas and the AsyncAPI document at the top, the CLI's ``--json`` schemas in ``cli/``.
+    The event schemas and the AsyncAPI document (``asyncapi``, its text) at the top, the
+    CLI's ``--json`` schemas in ``cli/``.
     """
     files = {schema_file(topic): render_json(event_schema(topic)) for topic in EVENT_MODELS}
     files.update({cli_schema_file(name): render_json(cli_schema(name)) for name in CLI_MODELS})
-    files[ASYNCAPI_FILE] = render_yaml(asyncapi_document())
+    files[ASYNCAPI_FILE] = asyncapi
     return dict(sorted(files.items()))
 
 
-def write(directory: Path) -> list[Path]:
-    """Bring ``directory`` up to date and return the files written; up-to-date ones stay untouched.
+def write(directory: Path, expected: Mapping[str, str]) -> list[Path]:
+    """Bring ``directory`` up to date with ``expected`` (:func:`render_all`); return the files written.
 
-    Stale files that this module generated earlier (an event that no longer exists) are
-    removed; files it did not generate are never touched.
+    Up-to-date files stay untouched. Stale files that this module generated earlier (an
+    event that no longer exists) are removed; files it did not generate are never touched.
     """
-    expected = render_all()
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for name, text in expected.items():
@@ -57,9 +59,8 @@ def write(directory: Path) -> list[Path]:
     return written
 
 
-def check(directory: Path) -> list[str]:
-    """Describe how ``directory`` differs from the models: missing, different or extra files."""
-    expected = render_all()
+def check(directory: Path, expected: Mapping[str, str]) -> list[str]:
+    """Describe how ``directory`` differs from ``expected`` (:func:`render_all`): missing, different or extra files."""
     problems: list[str] = []
     for name, text in expected.items():
         path = directory / name
@@ -73,7 +74,7 @@ def check(directory: Path) -> list[str]:
     return problems
 
 
-def _stale_files(directory: Path, expected: dict[str, str]) -> list[Path]:
+def _stale_files(directory: Path, expected: Mapping[str, str]) -> list[Path]:
     stale: list[Path] = []
     for folder, note in ((directory, GENERATED_NOTE), (directory / CLI_DIR, CLI_GENERATED_NOTE)):
         if not folder.is_dir():

@@ -1,10 +1,13 @@
-"""The worker's health port: ``/livez``, ``/readyz`` and ``/metrics`` on plain asyncio streams.
+"""The worker's health port: ``/livez``, ``/readyz`` and ``/metrics``, an ASGI app served by uvicorn.
 
 Liveness asks only whether the worker's loops still turn (the consume loop and the sweeper
 beat a :class:`Liveness`), never whether Redis or the broker answer: an outage of either
 must not get every pod restarted at once. Readiness asks exactly that: Redis answers, the
 broker is reachable, the consumer group is joined. ``/metrics`` is the Prometheus text of a
 ``prometheus_client`` registry, which OpenTelemetry's Prometheus reader feeds.
+
+The routes are FastStream's ASGI handlers; the server is uvicorn, started and stopped by the
+worker's lifespan rather than by ``AsgiFastStream`` (docs/design.md, "Health port", says why).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
+import uvicorn
+from faststream.asgi import AsgiResponse, get
+from faststream.asgi.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from compaction_worker.settings import HealthSettings
@@ -31,9 +36,6 @@ WATCHED = ("consume", "sweep")
 
 Check = Callable[[], Awaitable[bool]]
 """A readiness check: true when its dependency is usable; raising counts as false."""
-
-_REQUEST_TIMEOUT = 5.0  # a client that sends no request line and headers in this long is dropped
-_MAX_REQUEST_BYTES = 8192
 
 
 class Liveness:
@@ -66,17 +68,24 @@ class Liveness:
         return f"<Liveness timeout={self.timeout}s {ages}>"
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    """What the server answers: a status, a content type and a body."""
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: the worker's FastStream app owns SIGINT and SIGTERM.
 
-    status: int
-    body: bytes
-    content_type: str = "text/plain; charset=utf-8"
+    Left in place, uvicorn would take both signals for as long as the port is open and raise
+    them again when it closes, so one SIGTERM would reach the app twice.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class HealthServer:
-    """The health port of one worker: liveness from a :class:`Liveness`, readiness from named checks."""
+    """The health port of one worker: liveness from a :class:`Liveness`, readiness from named checks.
+
+    An ASGI app of FastStream's HTTP handlers (GET and HEAD; 405 otherwise), served by uvicorn
+    on a socket bound here, so that a port in use fails :meth:`start` with the ``OSError``.
+    """
 
     def __init__(
         self,
@@ -89,48 +98,75 @@ class HealthServer:
         self.liveness = liveness
         self.checks = dict(checks)
         self.registry = registry
-        self._server: asyncio.Server | None = None
+        self.routes: dict[str, ASGIApp] = {
+            LIVEZ: get(self.livez, include_in_schema=False),
+            READYZ: get(self.readyz, include_in_schema=False),
+            METRICS: get(self.metrics, include_in_schema=False),
+        }
+        self._socket: socket.socket | None = None
+        self._server: _Uvicorn | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app: one route per path (the query string ignored), 404 elsewhere."""
+        route = self.routes.get(scope["path"], _NOT_FOUND) if scope["type"] == "http" else _NOT_FOUND
+        await route(scope, receive, send)
 
     @property
     def port(self) -> int:
         """The port it listens on (the configured one, or the one the OS chose for port 0)."""
-        assert self._server is not None, "the health server is not started"
-        port: int = self._server.sockets[0].getsockname()[1]
+        assert self._socket is not None, "the health server is not started"
+        port: int = self._socket.getsockname()[1]
         return port
 
     async def start(self) -> None:
-        """Listen on the configured host and port."""
-        self._server = await asyncio.start_server(self._serve, self.settings.host, self.settings.port)
+        """Listen on the configured host and port (connections queue until uvicorn accepts them)."""
+        host, port = self.settings.host, self.settings.port
+        addresses = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family = addresses[0][0]  # IPv4 or IPv6, as the host is written
+        self._socket = socket.create_server((host, port), family=family)
+        config = uvicorn.Config(
+            self,
+            lifespan="off",  # the worker's app runs the lifespan; this port only answers
+            log_config=None,
+            log_level=logging.WARNING,
+            access_log=False,
+            timeout_keep_alive=0,  # one request per connection, as the probes make them
+        )
+        self._server = _Uvicorn(config)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         log.info("health endpoints on http://%s:%d", self.settings.host, self.port)
 
     async def stop(self) -> None:
         """Stop listening and close the open connections."""
-        if self._server is None:
+        if self._server is None or self._serving is None or self._socket is None:
             return
-        self._server.close()
+        self._server.should_exit = True
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), timeout=2)
-        self._server = None
+            await asyncio.wait_for(self._serving, timeout=2)
+        self._socket.close()
+        self._server = self._serving = self._socket = None
 
-    async def livez(self) -> Response:
+    async def livez(self, scope: Scope) -> AsgiResponse:
         """200 while every watched loop beat recently; 503 naming the stale ones."""
         stale = self.liveness.stale()
         if not stale:
-            return Response(200, b"ok\n")
-        lines = [f"{name}: no progress for {age:.0f}s" for name, age in sorted(stale.items())]
-        return Response(503, ("\n".join(lines) + "\n").encode())
+            return _text(200, "ok\n")
+        lines = [f"{name}: no progress for {age:.0f}s\n" for name, age in sorted(stale.items())]
+        return _text(503, "".join(lines))
 
-    async def readyz(self) -> Response:
+    async def readyz(self, scope: Scope) -> AsgiResponse:
         """200 when every check passes; 503 with each check's result, so the body says which failed."""
         names = list(self.checks)
         results = await asyncio.gather(*(self._check(self.checks[name]) for name in names))
-        lines = [f"{name}: {'ok' if ok else 'failed'}" for name, ok in zip(names, results, strict=True)]
-        status = 200 if all(results) else 503
-        return Response(status, ("\n".join(lines) + "\n").encode())
+        lines = [f"{name}: {'ok' if ok else 'failed'}\n" for name, ok in zip(names, results, strict=True)]
+        return _text(200 if all(results) else 503, "".join(lines))
 
-    def metrics(self) -> Response:
+    async def metrics(self, scope: Scope) -> AsgiResponse:
         """The registry's metrics in the Prometheus text format."""
-        return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        return AsgiResponse(
+            generate_latest(self.registry), 200, {"Content-Type": CONTENT_TYPE_LATEST, **_NO_STORE}
+        )
 
     async def _check(self, check: Check) -> bool:
         try:
@@ -139,50 +175,12 @@ class HealthServer:
             log.debug("readiness check failed", exc_info=True)
             return False
 
-    async def respond(self, method: str, path: str) -> Response:
-        """The response to one request (no I/O of its own beyond the checks)."""
-        route = path.split("?", 1)[0]
-        if route not in (LIVEZ, READYZ, METRICS):
-            return Response(404, b"not found\n")
-        if method not in ("GET", "HEAD"):
-            return Response(405, b"method not allowed\n")
-        if route == LIVEZ:
-            return await self.livez()
-        if route == READYZ:
-            return await self.readyz()
-        return self.metrics()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=_REQUEST_TIMEOUT)
-            method, path = _request_line(head)
-            response = await self.respond(method, path) if method else Response(400, b"bad request\n")
-            writer.write(_encode(response, include_body=method != "HEAD"))
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass  # the client went away or sent garbage: nothing to answer
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+_NO_STORE = {"Cache-Control": "no-store"}
 
 
-def _request_line(head: bytes) -> tuple[str, str]:
-    """The method and path of a request head, or empty strings when it is not HTTP."""
-    if len(head) > _MAX_REQUEST_BYTES:
-        return "", ""
-    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        return "", ""
-    return parts[0].upper(), parts[1]
+def _text(status: int, body: str) -> AsgiResponse:
+    return AsgiResponse(body.encode(), status, {"Content-Type": "text/plain; charset=utf-8", **_NO_STORE})
 
 
-def _encode(response: Response, *, include_body: bool) -> bytes:
-    headers = (
-        f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}\r\n"
-        f"Content-Type: {response.content_type}\r\n"
-        f"Content-Length: {len(response.body)}\r\n"
-        "Cache-Control: no-store\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return headers.encode("latin-1") + (response.body if include_body else b"")
+_NOT_FOUND = _text(404, "not found\n")

@@ -76,7 +76,7 @@ def run_replay(settings: Settings, options: Options, *, summarizers: Summarizers
     read = read_paths(options.paths, options.fmt)
     errors: list[str] = [str(e) for e in read.errors]
     replays: list[Replay] = []
-    chosen = summarizers or configured_summarizers(settings.summarizer)
+    chosen = summarizers or configured_summarizers(settings)
     for conversation in read.conversations:
         try:
             replays.append(

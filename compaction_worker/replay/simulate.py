@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker import strategies
+from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import Budget, budget_for, conversation_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger
@@ -22,7 +23,6 @@ from compaction_worker.contracts.history import EffectiveHistory, Entry, text_of
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
-from compaction_worker.runtime.turns import threshold_trigger
 from compaction_worker.settings import Settings
 from compaction_worker.state.meta import Meta
 from compaction_worker.strategies.draft import add_usage
@@ -179,7 +179,7 @@ class Replay:
 
     def total(self) -> int:
         """The conversation's context as the threshold rule sees it (calibrated estimate)."""
-        return int(self.meta.total_tokens * self.meta.calibration)
+        return calibrated_total(self.meta)
 
     async def turn(self, seq: int, messages: Sequence[dict[str, Any]]) -> None:
         """Append one turn, then run the compactions it sets off."""
@@ -204,8 +204,7 @@ class Replay:
             if run.outcome is not Outcome.COMPACTED:
                 break
             # As Compactor._reschedule_if_still_over: another run while still over the threshold.
-            _, budget = conversation_budget(self.meta, self.settings.budget)
-            trigger = Trigger.THRESHOLD if self.total() >= budget.threshold else None
+            trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
         self.report.points.append(TurnPoint(seq, tokens, self.total()))
 
     async def compact(self, seq: int, trigger: Trigger) -> Compaction:
@@ -213,7 +212,7 @@ class Replay:
         meta, history = self.meta, self.history
         counter = counter_for(meta.model, self.settings.budget)
         _, budget = conversation_budget(meta, self.settings.budget)
-        scale = meta.calibration or 1.0
+        scale = scale_of(meta)
         limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)
         summarizers = list(self.summarizers(meta.model, counter))
         originals = {n: self.transcript[n - 1] for n in strategies.edited_ordinals(history)}
@@ -255,6 +254,6 @@ class Replay:
                 result.error,
             )
         # As Compactor._noop: remember the size that could not shrink.
-        self.meta = replace(meta, noop_tokens=int(meta.total_tokens * meta.calibration) or 1)
+        self.meta = replace(meta, noop_tokens=calibrated_total(meta) or 1)
         error = result.error or "the compaction would not shrink the history"
         return Compaction(seq, trigger, Outcome.NOOP, before, before, (), result.usage, error)

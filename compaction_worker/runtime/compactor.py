@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -9,7 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opentelemetry import trace
+
 from compaction_worker import strategies
+from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, conversation_budget, counter_for
 from compaction_worker.contracts.events import (
     CompactionCompleted,
@@ -21,17 +25,19 @@ from compaction_worker.contracts.events import (
 )
 from compaction_worker.contracts.history import EffectiveHistory
 from compaction_worker.errors import StaleFenceError
-from compaction_worker.observability import metrics, tracing
+from compaction_worker.observability import metrics
+from compaction_worker.observability.logs import bound
+from compaction_worker.offload import off_loop
 from compaction_worker.runtime.limits import estimate, limits_for, reactive_target
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
+from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
 from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, event_field, pack
 from compaction_worker.state.store import Snapshot, Store
-from compaction_worker.strategies.offload import off_loop
 from compaction_worker.summaries.contract import Summarizer
 
 log = logging.getLogger(__name__)
@@ -52,17 +58,16 @@ class _Run:
     circuit_open: bool
 
 
-def next_llm_failures(
-    previous: int, result: strategies.CompactionResult, summarizers: int, circuit_open: bool
-) -> int:
-    """The circuit breaker's count after a run: +1 when the primary (LLM) summarizer failed, 0 when it worked.
+def llm_failed(result: strategies.CompactionResult, summarizers: int, circuit_open: bool) -> bool | None:
+    """The run's verdict on the primary (LLM) summarizer, for its model's breaker: True when it
+    failed, False when it worked.
 
-    Unchanged when the LLM was not asked: the circuit was open, there is no fallback
-    (nothing to switch to), or no summary was needed (the cheap stages sufficed).
+    None when the LLM was not asked: the circuit was open, there is no fallback (nothing to
+    switch to), or no summary was needed (the cheap stages sufficed).
     """
     if circuit_open or summarizers < 2 or result.summarizers_tried == 0:
-        return previous
-    return previous + 1 if result.summarizer_failures else 0
+        return None
+    return bool(result.summarizer_failures)
 
 
 Summarizers = Callable[[str, TokenCounter], Sequence[Summarizer]]
@@ -92,23 +97,32 @@ class Compactor:
         self.archive = archive
         self.publish = publish
         self.summarizers = summarizers
+        self.breaker = Breaker(store.redis, store.prefix, settings.summarizer)
 
     async def run(self, claim: Claim) -> CompactionCompleted | None:
-        """Run the job a claim points at; None when there was nothing to do or the lock was busy."""
-        cid = claim.conversation_id
-        job = await self.jobs.load(claim)
-        if job is None:
-            await self.jobs.finish(claim, None)
-            return None
-        # The run continues the trace of the turn that asked for it (its context is kept with the job).
-        attributes = {"compaction.trigger": job.trigger.value, "messaging.message.conversation_id": cid}
-        with tracing.span(tracing.RUN_SPAN, attributes, context=tracing.context_of(job.traceparent)) as span:
-            async with self.locks.held(cid, self.store.keys(cid)) as lease:
-                if lease is None:
-                    span.set_attribute("compaction.outcome", "lock_busy")
-                    await self.jobs.postpone(claim, self.settings.worker.lock_busy_retry_seconds)
-                    return None
+        """Run a claimed job under its lock (in the span ``pool.run_job`` opened), finish it, and
+        schedule the next run if the conversation is still over its threshold; None past the deadline."""
+        with bound(job=claim.job.id, trigger=claim.job.trigger.value):  # every line of the run says which
+            return await self._run(claim)
+
+    async def _run(self, claim: Claim) -> CompactionCompleted | None:
+        cid, job, lease = claim.conversation_id, claim.job, claim.lease
+        deadline = self.settings.retry.compactions.deadline_seconds
+        span = trace.get_current_span()
+        span.set_attribute("compaction.trigger", job.trigger.value)
+        completed: CompactionCompleted | None = None
+        try:
+            async with asyncio.timeout(deadline) as limit:
                 completed, retry_in = await self._compact(job, lease.fence, lease.token)
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            # A stuck run must not keep its (renewed) lock forever: it fails, backs off, runs again.
+            log.warning("compaction of %s passed its %ss deadline; retried later", cid, deadline)
+            span.set_attribute("compaction.outcome", "deadline")
+            metrics.record_run(job.trigger.value, Outcome.FAILED.value)
+            retry_in = await self._record_failure(cid, await self.store.meta(cid))
+        if completed is not None:
             span.set_attributes(
                 {
                     "compaction.outcome": completed.outcome.value,
@@ -123,8 +137,8 @@ class Compactor:
                 completed.tokens_before if compacted else None,
                 completed.tokens_after if compacted else None,
             )
-        await self.jobs.finish(claim, job)
-        if completed.outcome is Outcome.COMPACTED:
+        await self.jobs.finish(claim)
+        if completed is not None and completed.outcome is Outcome.COMPACTED:
             await self._reschedule_if_still_over(cid)
         elif retry_in is not None:
             # Without this, a failed run's conversation stays over its threshold until a
@@ -143,7 +157,7 @@ class Compactor:
         counter = counter_for(meta.model, self.settings.budget)
         info, budget = conversation_budget(meta, self.settings.budget)
         # Limits are in our estimate's units; calibration converts provider tokens back.
-        target, scale = budget.target, meta.calibration or 1.0
+        target, scale = budget.target, scale_of(meta)
         if job.trigger is Trigger.REACTIVE:
             target, scale = reactive_target(job, meta, budget)
         limits = limits_for(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
@@ -153,8 +167,11 @@ class Compactor:
             # compact anyway, as far as the pipeline goes, instead of a no-op.
             limits = replace(limits, force=True)
         summarizers = list(self.summarizers(meta.model, counter))
-        circuit_open = len(summarizers) > 1 and meta.breaker_until > time.time()
-        if circuit_open:  # the LLM kept failing for this conversation: only the fallback runs
+        # Without a fallback there is nothing to switch to: no breaker then.
+        llm = breaker_model(summarizers[0].name, meta.model) if len(summarizers) > 1 else None
+        health = await self.breaker.check(llm) if llm else BreakerState()
+        circuit_open = health.open
+        if circuit_open:  # the model kept failing, for any conversation: only the fallback runs
             summarizers = summarizers[-1:]
         run = _Run(
             conversation_id=cid,
@@ -185,7 +202,7 @@ class Compactor:
             cid.encode(),
         )
         result: strategies.CompactionResult | None = None
-        llm_failures = meta.llm_failures
+        llm_failures = health.failures
         try:
             originals = await self.store.originals(cid, strategies.edited_ordinals(snapshot.history))
             result = await strategies.compact(
@@ -198,8 +215,9 @@ class Compactor:
                 conversation_id=cid,
                 conversation_model=meta.model,
             )
-            llm_failures = next_llm_failures(meta.llm_failures, result, len(summarizers), circuit_open)
-            await self._record_llm_health(cid, meta, llm_failures)
+            failed = llm_failed(result, len(summarizers), circuit_open)
+            if llm is not None and failed is not None:
+                llm_failures = await self._record_llm_health(cid, llm, failed)
             if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
                 completed = await self._commit(
                     run,
@@ -313,9 +331,7 @@ class Compactor:
             # into a summary turn that costs more than the span did: committing that would
             # grow a history the provider may just have called too long (docs/design.md, invariant 5).
             error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
-        await self.store.set_meta(
-            run.conversation_id, noop_tokens=int(meta.total_tokens * meta.calibration) or 1
-        )
+        await self.store.set_meta(run.conversation_id, noop_tokens=calibrated_total(meta) or 1)
         return self._unchanged(run, meta, Outcome.NOOP, result, error=error, llm_failures=llm_failures)
 
     async def _commit(
@@ -359,7 +375,7 @@ class Compactor:
             "covered_through_n": max((c.last_n for c in result.draft.chunks), default=0),
         }
         field = event_field(completed.version, str(run.compaction_id))
-        score = await self.outbox.expect(cid)
+        await self.outbox.expect(cid)
         await self.store.commit(
             cid,
             fence=fence,
@@ -373,47 +389,39 @@ class Compactor:
             record=record,
             outbox=(field, pack(self.settings.topics.completed, encode(completed))),
         )
-        await self.outbox.deliver(cid, field, score)
+        await self.outbox.deliver(cid, field)
         return completed
 
-    async def _record_llm_health(self, cid: str, meta: Meta, llm_failures: int) -> None:
-        """Open the circuit after ``breaker_failures`` failed LLM runs in a row; a success closes it."""
-        if llm_failures == meta.llm_failures:
-            return
-        fields: dict[str, str | int | float] = {"llm_failures": llm_failures}
-        threshold = self.settings.summarizer.breaker_failures
-        if llm_failures == 0:
-            fields["breaker_until"] = 0
-        elif threshold and llm_failures >= threshold:
-            if meta.breaker_until <= time.time():  # closed until now: this failure opens it
-                metrics.record_breaker_open()
-            fields["breaker_until"] = time.time() + self.settings.summarizer.breaker_cooldown_seconds
+    async def _record_llm_health(self, cid: str, model: str, failed: bool) -> int:
+        """Count the run on its model's breaker (shared by every conversation); returns the model's count."""
+        health = await self.breaker.record(model, failed=failed)
+        if health.open:
             log.warning(
-                "%s: the LLM failed %s runs in a row; using the fallback for a while", cid, llm_failures
+                "%s: %s failed %s runs in a row; using the fallback for a while", cid, model, health.failures
             )
-        await self.store.set_meta(cid, **fields)
+        return health.failures
 
     async def _superseded(self, cid: str, fence: int) -> bool:
         """Whether another writer acquired the conversation since our fence."""
         return await self.locks.fence(self.store.keys(cid)) != fence
 
     async def _record_failure(self, cid: str, meta: Meta) -> float:
-        """Count the failure and back off; returns the backoff in seconds."""
+        """Count the failure and back off (the compactions' retry policy); returns the backoff in seconds."""
         failures = meta.failures + 1
-        backoff = min(300.0, self.settings.worker.retry_backoff_seconds * 2.0 ** min(failures, 8))
+        backoff = self.settings.retry.compactions.backoff(failures)
         await self.store.set_meta(cid, failures=failures, retry_after=time.time() + backoff)
         return backoff
 
     async def _reschedule_if_still_over(self, cid: str, delay: float = 0.0) -> None:
-        """Schedule another run (after ``delay``) if the conversation is over its threshold.
+        """Schedule another run (after ``delay``) if the conversation is over its threshold then.
 
         After a commit, turns appended during the compaction may have pushed it over again;
-        after a failure, it is still over.
+        after a failure, it is still over once the backoff (``delay``) has passed.
         """
         meta = await self.store.meta(cid)
-        _, budget = conversation_budget(meta, self.settings.budget)
-        if int(meta.total_tokens * meta.calibration) >= budget.threshold:
-            await self.jobs.schedule(cid, Trigger.THRESHOLD, delay_seconds=delay)
+        trigger = threshold_trigger(meta, self.settings.budget, time.time() + delay)
+        if trigger is not None:
+            await self.jobs.schedule(cid, trigger, delay_seconds=delay)
 
 
 def applied(

@@ -5,7 +5,6 @@ The worker, the CLI and the tests build their parts here and nowhere else.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,16 +16,18 @@ from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.pool import CompactionPool
 from compaction_worker.runtime.publisher import Publisher
 from compaction_worker.runtime.rewind import Rewinder
+from compaction_worker.runtime.sweeper import Chore
 from compaction_worker.runtime.turns import TurnHandler
-from compaction_worker.settings import Settings, SummarizerSettings
+from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.gaps import GapIndex
-from compaction_worker.state.index import now_ms
+from compaction_worker.state.index import Sweep, now_ms
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.outbox import Outbox
 from compaction_worker.state.store import Store
+from compaction_worker.state.wake import Wakes
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.factory import make_summarizer
@@ -52,11 +53,11 @@ class Components:
     """Beaten by the consume loop and the pool's sweeper; the health port's /livez reads it."""
 
 
-def configured_summarizers(settings: SummarizerSettings) -> Summarizers:
+def configured_summarizers(settings: Settings) -> Summarizers:
     """The configured summarizer, then the deterministic extractive one as its fallback."""
 
     def summarizers(_model: str, counter: TokenCounter) -> Sequence[Summarizer]:
-        primary = make_summarizer(settings, counter.text)
+        primary = make_summarizer(settings.summarizer, counter.text, settings.retry.llm)
         if isinstance(primary, ExtractiveSummarizer):
             return (primary,)
         return (primary, ExtractiveSummarizer(counter.text))
@@ -71,12 +72,13 @@ def build_components(
     worker = settings.worker
     store = Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds)
     shards = settings.redis.index_shards
-    jobs = JobQueue(redis, store.prefix, worker.job_lease_seconds, shards=shards)
+    wakes = Wakes(redis, store.prefix)
     locks = Locks(redis, worker.lock_ttl_seconds)
-    outbox = Outbox(store, publish, worker.outbox_grace_seconds, shards=shards)
-    archive = Archive(redis, store.prefix, settings.redis.retention_seconds)
+    jobs = JobQueue(redis, store.prefix, locks, shards=shards, wakes=wakes)
+    outbox = Outbox(store, publish, locks, worker.outbox_grace_seconds, shards=shards, wakes=wakes)
+    archive = Archive(redis, store.prefix)
     dead_letters = DeadLetters(settings.topics, publish)
-    gaps = GapIndex(store, worker.gap_timeout_seconds, shards=shards)
+    gaps = GapIndex(store, worker.gap_timeout_seconds, shards=shards, wakes=wakes)
     liveness = Liveness(settings.health.liveness_timeout_seconds)
     compactor = Compactor(
         settings,
@@ -86,18 +88,32 @@ def build_components(
         outbox=outbox,
         archive=archive,
         publish=publish,
-        summarizers=summarizers or configured_summarizers(settings.summarizer),
+        summarizers=summarizers or configured_summarizers(settings),
     )
+
+    async def expire_held() -> Sweep:
+        expired = await dead_letters.expire_held(gaps)
+        return Sweep(len(expired), gaps.next_due_ms)
+
+    async def backlog() -> Sweep:
+        await observe_backlog(jobs, gaps, outbox)
+        return Sweep(0, None)
+
+    # Held turns and outbox leftovers are announced when they come due: their sweeps are only the
+    # safety net, at the idle period. The jobs' sweep (the pool's own) backs off from sweep_interval.
+    idle = worker.idle_sweep_max_seconds
     pool = CompactionPool(
         compactor,
         jobs,
         size=worker.max_concurrent_compactions,
         sweep_interval=worker.sweep_interval_seconds,
+        idle_sweep_max=worker.idle_sweep_max_seconds,
         chores=(
-            functools.partial(dead_letters.expire_held, gaps),
-            outbox.relay,
-            functools.partial(observe_backlog, jobs, gaps, outbox),
+            Chore("gaps", expire_held, floor=idle),
+            Chore("outbox", outbox.relay, outbox.relay_due, floor=idle),
+            Chore("backlog", backlog, floor=idle),
         ),
+        wakes=wakes,
         liveness=liveness,
     )
     turns = TurnHandler(settings, store, jobs, gaps, dead_letters, on_scheduled=pool.submit)
@@ -120,12 +136,12 @@ def build_components(
 
 
 async def observe_backlog(jobs: JobQueue, gaps: GapIndex, outbox: Outbox) -> None:
-    """Read the queues' sizes for the metrics' gauges (a sweeper chore: a few cheap reads per interval)."""
+    """Read the queues' sizes for the metrics' gauges (a sweeper chore, at the idle sweep's period)."""
     stats = await jobs.index.stats()
     oldest = stats.lowest_ms
     metrics.record_backlog(
         jobs_pending=stats.count,
-        # A lowest score in the future is a lease or a delay: nothing is overdue then.
+        # A lowest score in the future is a delay or a running job's lock end: nothing is overdue then.
         oldest_due_age=max(0.0, now_ms() - oldest) / 1000 if oldest is not None else 0.0,
         held_turns=await gaps.held_count(),
         outbox_backlog=await outbox.index.count(),

@@ -18,32 +18,20 @@ from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
-from redis import exceptions as redis_errors
 
 from compaction_worker.observability.health import Liveness
 from compaction_worker.runtime.connections import kafka_client_args
+from compaction_worker.runtime.outages import is_outage
 from compaction_worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
 Handle = Callable[[Record], Awaitable[None]]
-"""Handles one turn: returns once it is stored or dead-lettered, raises if it must come back."""
+"""Handles one turn: returns once it is stored or dead-lettered, raises if it must come back (an
+outage: the turn handler itself retries, then dead-letters, a turn that fails for any other reason)."""
 ObserveLag = Callable[[str, int, int], None]
 """Called with (topic, partition, lag) for each partition of a batch, after it is handled."""
-
-INFRA_ERRORS: tuple[type[BaseException], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    # A Redis Cluster in failover: slots unserved or moving, a primary down.
-    redis_errors.ClusterError,
-    redis_errors.RedisClusterException,
-    redis_errors.TryAgainError,
-    OSError,
-    KafkaError,
-)
-"""Errors that mean "the infrastructure is down", not "this event is bad" (any error brings a turn back)."""
 
 
 @dataclass(slots=True)
@@ -189,7 +177,8 @@ class TurnConsumer:
 
     async def _loop(self, consumer: AIOKafkaConsumer, busy: asyncio.Lock) -> None:
         kafka = self.settings.kafka
-        backoff = self.settings.worker.retry_backoff_seconds
+        policy = self.settings.retry.turns
+        failures = 0  # batches in a row that brought turns back, or fetches that failed
         while not self._stopping:
             try:
                 batch = await consumer.getmany(
@@ -206,23 +195,27 @@ class TurnConsumer:
                 self._lag(consumer, batch, result)
             except Exception:  # the loop outlives a failed fetch; nothing was committed for it
                 log.exception("consume loop error; retrying")
-                await asyncio.sleep(backoff)
+                failures += 1
+                await asyncio.sleep(policy.backoff(failures))
                 continue
-            if result.rewinds:
-                failed = sum(len(r) for r in batch.values()) - result.handled
-                # An outage is expected and logged briefly; anything else is a bug: its traceback.
-                infra = isinstance(result.error, INFRA_ERRORS)
-                log.log(
-                    logging.WARNING if infra else logging.ERROR,
-                    "%s on a turn (%s: %s); %d turn(s) will be redelivered",
-                    "infrastructure error" if infra else "error",
-                    type(result.error).__name__,
-                    result.error,
-                    failed,
-                    exc_info=None if infra else result.error,
-                )
-                # Pause, so that a Redis outage is not a hot loop.
-                await asyncio.sleep(backoff)
+            if not result.rewinds:
+                failures = 0
+                continue
+            failures += 1
+            failed = sum(len(r) for r in batch.values()) - result.handled
+            # An outage is expected and logged briefly; anything else is a bug: its traceback.
+            infra = result.error is not None and is_outage(result.error)
+            log.log(
+                logging.WARNING if infra else logging.ERROR,
+                "%s on a turn (%s: %s); %d turn(s) will be redelivered",
+                "infrastructure error" if infra else "error",
+                type(result.error).__name__,
+                result.error,
+                failed,
+                exc_info=None if infra else result.error,
+            )
+            # Back off, so that an outage is not a hot loop (the wait grows while it lasts).
+            await asyncio.sleep(policy.backoff(failures))
 
     def _rewind(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
         for tp, offset in offsets.items():

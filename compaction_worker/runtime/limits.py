@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from compaction_worker import strategies
 from compaction_worker.budget.overflow import detect_overflow
+from compaction_worker.budget.threshold import scale_of
 from compaction_worker.budget.tokens import CALIBRATION_BOUNDS, Budget, TokenCounter
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
@@ -41,7 +42,7 @@ def reactive_target(job: Job, meta: Meta, budget: Budget) -> tuple[int, float]:
     """The target and estimate scale of a reactive compaction (docs/design.md, "Reactive compaction")."""
     overflow = detect_overflow(job.error) if job.error else None
     target = budget.reactive_target(overflow.max_tokens if overflow else None)
-    scale = meta.calibration or 1.0
+    scale = scale_of(meta)
     if overflow is not None and overflow.actual_tokens and job.estimate > 0:
         low, high = CALIBRATION_BOUNDS
         scale = max(scale, min(high, max(low, overflow.actual_tokens / job.estimate)))

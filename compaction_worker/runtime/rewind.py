@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from compaction_worker import strategies
+from compaction_worker.budget.threshold import scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
@@ -69,7 +70,7 @@ class Rewinder:
                 raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
             meta = await self.store.meta(cid)
             _, budget = conversation_budget(meta, self.settings.budget)
-            scale = meta.calibration or 1.0
+            scale = scale_of(meta)
             counter = counter_for(meta.model, self.settings.budget)
             overhead = strategies.summary_overhead(counter)
             limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)

@@ -1,27 +1,24 @@
-"""The per-turn path: validate, append, check the budget, record a job; bad input to the DLQ.
+"""The per-turn path: validate, then one script call that stores, holds or recognises the turn.
 
-It never waits on an LLM: compactions run later, from the job queue (compactor.py).
+It never waits on an LLM: compactions run later, from the job queue (compactor.py). What an
+append changes is planned in plan.py; what the script decides is read in state/appends.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import ValidationError
 
-from compaction_worker.budget.overflow import detect_overflow
-from compaction_worker.budget.tokens import (
-    budget_for,
-    calibrate,
-    conversation_budget,
-    counter_for,
-)
+from compaction_worker.budget.tokens import counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import (
     BadEventError,
@@ -30,13 +27,18 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
+from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
+from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.deadletters import DeadLetters
-from compaction_worker.settings import BudgetSettings, Settings
-from compaction_worker.state.gaps import GapIndex, HeldTurn, conflicting_duplicate
+from compaction_worker.runtime.outages import is_outage
+from compaction_worker.runtime.plan import AppendPlan, plan_append
+from compaction_worker.settings import Settings
+from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
+from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
 from compaction_worker.state.jobs import JobQueue, JobRequest
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.store import AppendResult, AppendStatus, NewMessage, Store
+from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,11 @@ class TurnStatus(StrEnum):
 # The turns metric's word for a turn held behind a gap.
 _METRIC_STATUS = {TurnStatus.BUFFERED: "held"}
 
+STALE_TRIES = 3
+"""Script calls a turn may take when other writers keep changing its conversation's meta."""
+KNOWN_CONVERSATIONS = 4096
+"""How many conversations' meta a handler remembers (the least recently served are forgotten)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TurnOutcome:
@@ -62,12 +69,20 @@ class TurnOutcome:
     conversation_id: str | None = None
     scheduled: Trigger | None = None
     reason: str | None = None
-    next_held: bool | None = None
-    """After an append: whether the next turn is held behind a gap (None: not known, look)."""
+    next_held: bool = False
+    """After an append, whether the next turn is held behind a gap; after a duplicate, whether the one after the last stored is."""
+    last_seq: int = 0
+    """The conversation's last stored seq (this turn's, after an append)."""
 
 
 class TurnHandler:
-    """Validates, stores and budgets one ``conversation.turn`` event."""
+    """Validates, stores and budgets one ``conversation.turn`` event.
+
+    It remembers the meta of the conversations it served last (their turns come to this
+    consumer in a row): a turn's fields are computed from it and stored by one script call
+    that checks the meta's revision (state/appends.py). A miss, or a meta another writer
+    changed, costs one more round trip, never a wrong write.
+    """
 
     def __init__(
         self,
@@ -85,15 +100,44 @@ class TurnHandler:
         self.gaps = gaps
         self.dead_letters = dead_letters
         self.on_scheduled = on_scheduled or (lambda _cid: None)
+        self.policy = settings.retry.turns
+        self._known: OrderedDict[str, Meta] = OrderedDict()
 
     async def handle(
         self, raw: bytes, key: bytes | None = None, partition: int | None = None, offset: int | None = None
     ) -> TurnOutcome:
         """Handle one event; bad input becomes a dead-letter record, never an exception.
 
-        Infrastructure errors (Redis down) do propagate: the caller must not acknowledge
-        the event, so that it is redelivered once Redis is back.
+        An outage (runtime/outages.py) propagates: the caller must not acknowledge the event,
+        so that it is redelivered once Redis or the broker is back. Any other failure is tried
+        again, ``retry.turn_attempts`` tries in all, then the turn goes to the DLQ as
+        ``processing_failed``: a poison turn cannot stall its partition.
         """
+        # The key is the conversation's id (parse checks it): every line logged for it says so.
+        with bound(conversation_id=key.decode(errors="replace") if key else None):
+            failures = 0
+            while True:
+                try:
+                    return await self._handle(raw, key, partition, offset)
+                except Exception as error:
+                    if is_outage(error):
+                        raise
+                    failures += 1
+                    if self.policy.exhausted(failures):
+                        return await self._poisoned(raw, key, partition, offset, error=error, tries=failures)
+                    log.warning(
+                        "turn failed (%s: %s); try %d of %d",
+                        type(error).__name__,
+                        error,
+                        failures + 1,
+                        self.policy.attempts,
+                        exc_info=error,
+                    )
+                    await asyncio.sleep(self.policy.backoff(failures))
+
+    async def _handle(
+        self, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
+    ) -> TurnOutcome:
         try:
             event = self.parse(raw, key)
         except BadEventError as bad:
@@ -101,22 +145,51 @@ class TurnHandler:
             metrics.record_turn(TurnStatus.DEAD_LETTERED.value, bad.reason.value)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
         cid = event.conversation_id
+        with bound(conversation_id=cid, turn_seq=event.turn_seq):
+            return await self._settle(event, raw, key, partition, offset)
+
+    async def _settle(
+        self, event: TurnEvent, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
+    ) -> TurnOutcome:
+        cid = event.conversation_id
         try:
             outcome = await self._apply(event, raw)
         except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
             await self.dead_letters.send(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
-            outcome = TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+            # The turn held first may be the next one (held by a worker that saw the gap
+            # before this one saw the turn before it): it applies now.
+            outcome = TurnOutcome(
+                TurnStatus.DEAD_LETTERED,
+                cid,
+                reason=bad.reason.value,
+                next_held=True,
+                last_seq=event.turn_seq - 1,
+            )
         # Counted once stored, held or dead-lettered (a redelivery after a failed drain counts as a duplicate).
         metrics.record_turn(_METRIC_STATUS.get(outcome.status, outcome.status.value), outcome.reason)
-        if outcome.status is TurnStatus.APPENDED:
-            if outcome.next_held is not False:  # the append said whether one waits: no round trip
-                await self._drain_pending(cid, event.turn_seq)
-        else:
-            # A duplicate may be the redelivery after a crash between an append and its
-            # drain; a turn just held may have met a gap that another worker filled after
-            # we read (a rebalance overlap). Either way the next turn may be held in vain.
-            await self._drain_pending(cid, (await self.store.meta(cid)).last_seq)
+        if outcome.next_held:  # the script said whether the turn after it waits: no round trip
+            await self._drain_pending(cid, outcome.last_seq)
         return outcome
+
+    async def _poisoned(
+        self,
+        raw: bytes,
+        key: bytes | None,
+        partition: int | None,
+        offset: int | None,
+        *,
+        error: Exception,
+        tries: int,
+    ) -> TurnOutcome:
+        log.error("a turn failed %d times; dead-lettered as processing_failed", tries, exc_info=error)
+        bad = BadEventError(
+            DeadLetterReason.PROCESSING_FAILED,
+            f"{type(error).__name__}: {error} (failed {tries} times)",
+            key.decode(errors="replace") if key else None,
+        )
+        await self.dead_letters.send(raw, key, partition, offset, bad=bad)
+        metrics.record_turn(TurnStatus.DEAD_LETTERED.value, bad.reason.value)
+        return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
 
     def parse(self, raw: bytes, key: bytes | None) -> TurnEvent:
         """Decode and validate an event, or raise BadEventError with the reason."""
@@ -151,143 +224,103 @@ class TurnHandler:
         return event
 
     async def _apply(self, event: TurnEvent, raw: bytes) -> TurnOutcome:
-        """Append, hold or recognise a redelivery; raises BadEventError for a conflicting duplicate."""
-        cid = event.conversation_id
+        """Append, hold or recognise a redelivery, in one script call (two when the meta was not known).
+
+        Raises BadEventError for a conflicting duplicate, ConcurrentUpdateError when other
+        writers changed the meta between every try.
+        """
+        cid, seq = event.conversation_id, event.turn_seq
         fingerprint = turn_fingerprint(event)
-        while True:
-            meta = await self.store.meta(cid)
-            if event.turn_seq <= meta.last_seq:
-                stored = await self.store.fingerprint(cid, event.turn_seq)
-                # A turn stored before fingerprints were kept has none: its redeliveries are
-                # accepted as duplicates, as every redelivery was then.
-                if stored is not None and stored != fingerprint:
-                    raise conflicting_duplicate(cid, event.turn_seq, fingerprint, stored)
-                # A redelivery: the request it carried was recorded with the append; make
-                # sure it is indexed (the crash may have come between the two writes).
-                if await self.jobs.ensure_due(cid):
-                    self.on_scheduled(cid)
-                scheduled = await self._check_threshold(cid, meta)
-                return TurnOutcome(TurnStatus.DUPLICATE, cid, scheduled)
-            if event.turn_seq > meta.last_seq + 1:
-                if not await self.gaps.hold(cid, event.turn_seq, raw, fingerprint=fingerprint):
-                    held = await self.gaps.held_turn(cid, event.turn_seq)
-                    if held is None:
-                        continue  # released or expired since the hold was refused: look again
-                    _check_held(event, fingerprint, held)
-                log.info("turn %s of %s waits for turn %s", event.turn_seq, cid, meta.last_seq + 1)
-                return TurnOutcome(TurnStatus.BUFFERED, cid)
-            request = _request_of(event)
+        counter = counter_for(event.model, self.settings.budget)
+        new = [NewMessage(d, counter.message(d)) for d in (m.to_dict() for m in event.messages)]
+        request = _request_of(event)
+        known = self._known.get(cid)
+        send_held = known is None or seq > known.last_seq + 1
+        held_ms = int(time.time() * 1000)  # when it is held, if it is (an earlier hold keeps its own)
+        for _ in range(STALE_TRIES):
+            meta = known or Meta()
+            with tracing.span(tracing.BUDGET_SPAN) as span:
+                # The job's compaction continues this span's trace (jobs.py keeps its context).
+                plan = plan_append(
+                    event,
+                    meta,
+                    new,
+                    request,
+                    counter=counter,
+                    settings=self.settings.budget,
+                    traceparent=tracing.current_traceparent(),
+                )
+                if plan.job is not None:
+                    span.set_attribute("compaction.trigger", plan.job.trigger.value)
+            write = TurnWrite(
+                seq=seq,
+                messages=new,
+                first_n=meta.msg_count + 1,
+                fields=plan.fields,
+                # Unknown: a first turn is taken for a new conversation's (revision 0).
+                rev=meta.rev if known is not None or seq == 1 else UNKNOWN_REV,
+                now=plan.after.updated_at,
+                fingerprint=fingerprint,
+                job=plan.job,
+                held=held_value(raw, held_ms, fingerprint) if send_held else None,
+                first=meta.last_seq == 0,
+            )
             with tracing.span(tracing.APPEND_SPAN) as span:
-                appended = await self._append(event, meta, request, fingerprint)
-                span.set_attribute("compaction.append.status", appended.status.value)
-            if appended.status is AppendStatus.APPENDED:
-                break
-            if appended.status is AppendStatus.CONFLICTING_HELD:
-                held = await self.gaps.held_turn(cid, event.turn_seq)
-                if held is not None:
-                    _check_held(event, fingerprint, held)
-            # "conflict": another writer appended meanwhile (a rebalance overlap); read again.
-            # A duplicate, conflicting or not, is told apart by the first branch.
-        if request is not None:
+                reply = await self.store.write_turn(cid, write)
+                span.set_attribute("compaction.append.status", reply.status.value)
+            match reply.status:
+                case AppendStatus.APPENDED:
+                    self._remember(cid, plan.after)
+                    return await self._appended(cid, plan, reply)
+                case AppendStatus.DUPLICATE:
+                    return await self._duplicate(cid, reply)
+                case AppendStatus.HELD:
+                    # After the hash, on every delivery: a crash between the two is repaired by the redelivery.
+                    await self.gaps.indexed(cid, held_ms)
+                    log.info("turn %s of %s waits for turn %s", seq, cid, reply.last_seq + 1)
+                    return TurnOutcome(TurnStatus.BUFFERED, cid, last_seq=reply.last_seq)
+                case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
+                    held = reply.status is AppendStatus.CONFLICTING_HELD
+                    raise conflicting_duplicate(cid, seq, fingerprint, reply.kept or "", held=held)
+                case AppendStatus.NEED_HELD:
+                    send_held = True
+                case AppendStatus.STALE:
+                    known = Meta.from_hash(reply.meta or {})
+                    self._remember(cid, known)
+        raise ConcurrentUpdateError(
+            f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
+        )
+
+    async def _appended(self, cid: str, plan: AppendPlan, reply: AppendReply) -> TurnOutcome:
+        for note in plan.notes:
+            log.warning("%s", note)
+        trigger = plan.job.trigger if plan.job is not None else None
+        carried = plan.threshold is None and plan.job is not None
+        # The job hash first (in the script), then the index: a crash between the two is
+        # repaired by the turn's redelivery (a duplicate whose job is pending is indexed).
+        # A carried request is made due even when a stronger job was pending: someone asked.
+        if reply.job or carried:
+            await self.jobs.mark_due(cid)
+            log.info("compaction of %s requested (%s)", cid, trigger.value if trigger else "")
+        if trigger is not None:
+            self.on_scheduled(cid)
+        return TurnOutcome(
+            TurnStatus.APPENDED, cid, trigger, next_held=reply.next_held, last_seq=reply.last_seq
+        )
+
+    async def _duplicate(self, cid: str, reply: AppendReply) -> TurnOutcome:
+        """A redelivery: the request it carried was recorded with its append; make sure it is
+        indexed (the crash may have come between the two writes), and drain what its append may not have."""
+        if reply.job:
             await self.jobs.mark_due(cid)
             self.on_scheduled(cid)
-            log.info("compaction of %s requested (%s)", cid, request.trigger.value)
-            return TurnOutcome(TurnStatus.APPENDED, cid, request.trigger, next_held=appended.next_held)
-        # The append returns the meta it left: no second read.
-        after = appended.meta if appended.meta is not None else await self.store.meta(cid)
-        scheduled = await self._check_threshold(cid, after)
-        return TurnOutcome(TurnStatus.APPENDED, cid, scheduled, next_held=appended.next_held)
+        return TurnOutcome(TurnStatus.DUPLICATE, cid, next_held=reply.next_held, last_seq=reply.last_seq)
 
-    async def _append(
-        self, event: TurnEvent, meta: Meta, request: JobRequest | None, fingerprint: str
-    ) -> AppendResult:
-        settings = self.settings.budget
-        counter = counter_for(event.model, settings)
-        new = [NewMessage(d, counter.message(d)) for d in (m.to_dict() for m in event.messages)]
-        reactive = request is not None and request.trigger is Trigger.REACTIVE
-        overflow = (
-            detect_overflow(request.error) if request is not None and reactive and request.error else None
-        )
-        # A maximum the provider stated caps the window from now on, not only for this compaction.
-        stated = [w for w in (meta.observed_window, overflow.max_tokens if overflow else None) if w]
-        info, budget = budget_for(
-            event.model,
-            settings,
-            event.context_window or meta.context_window,
-            event.max_output_tokens or meta.max_output_tokens,
-            min(stated, default=None),
-        )
-        fields: dict[str, str | int | float] = {
-            "model": event.model,
-            "window": budget.window,
-            "threshold": budget.threshold,
-            "overhead_tokens": settings.conversation_overhead_tokens,
-        }
-        if info.source == "fallback" and event.model != meta.model:
-            # Once per conversation (its first turn, then each change of model), from what
-            # the metadata already holds: per turn would flood the log, per process would
-            # name the model only in the first of its conversations.
-            log.warning(
-                "%s: model %r has no known context window; assuming %d tokens "
-                "(set the turn's context_window or budget.window_overrides)",
-                event.conversation_id,
-                event.model,
-                info.window,
-            )
-        if info.source == "provider" and info.window != meta.observed_window:
-            fields["observed_window"] = info.window
-            log.warning(
-                "%s: the provider's maximum, %s tokens, is now its window", event.conversation_id, info.window
-            )
-        if event.system_prompt is not None:
-            fields["system_prompt"] = event.system_prompt
-            fields["system_tokens"] = counter.text(event.system_prompt) + settings.message_overhead_tokens
-        if event.tools is not None:
-            fields["tools"] = json.dumps(event.tools, separators=(",", ":"))
-            fields["tools_tokens"] = counter.tools(event.tools)
-        if event.context_window is not None:
-            fields["context_window"] = event.context_window
-        if event.max_output_tokens is not None:
-            fields["max_output_tokens"] = event.max_output_tokens
-        # Our estimate of the prompt of the call this turn reports on (its usage or its error).
-        estimate = meta.total_tokens + _input_part(new, event)
-        calibration = meta.calibration
-        if event.usage is not None:
-            calibration = calibrate(calibration, estimate, event.usage.prompt_tokens)
-        if request is not None and reactive:
-            # The provider's count of the rejected prompt is a usage report too; the job
-            # keeps the estimate it is paired with, for the compaction to use (_reactive).
-            request = replace(request, estimate=estimate)
-            if overflow is not None and overflow.actual_tokens:
-                calibration = calibrate(calibration, estimate, overflow.actual_tokens)
-        if calibration != meta.calibration:
-            fields["calibration"] = calibration
-        return await self.store.append_turn(
-            event.conversation_id,
-            event.turn_seq,
-            new,
-            fields,
-            expected_count=meta.msg_count,
-            request=request,
-            fingerprint=fingerprint,
-        )
-
-    async def _check_threshold(self, cid: str, meta: Meta) -> Trigger | None:
-        with tracing.span(tracing.BUDGET_SPAN) as span:
-            trigger = self.threshold_trigger(meta)
-            if trigger is None:
-                return None
-            span.set_attribute("compaction.trigger", trigger.value)
-            # The compaction continues this trace (jobs.py keeps the context with the request).
-            scheduled = await self.jobs.schedule(cid, trigger, traceparent=tracing.current_traceparent())
-        if scheduled:
-            log.info("compaction of %s scheduled (%s)", cid, trigger.value)
-        self.on_scheduled(cid)
-        return trigger
-
-    def threshold_trigger(self, meta: Meta) -> Trigger | None:
-        """The threshold a conversation's estimated total has crossed, if any."""
-        return threshold_trigger(meta, self.settings.budget, time.time())
+    def _remember(self, cid: str, meta: Meta) -> None:
+        self._known[cid] = meta
+        self._known.move_to_end(cid)
+        if len(self._known) > KNOWN_CONVERSATIONS:
+            self._known.popitem(last=False)
 
     async def _drain_pending(self, cid: str, seq: int) -> None:
         """Apply, in order, turns that were held behind a gap this turn just filled."""
@@ -295,39 +328,39 @@ class TurnHandler:
         while (held := await self.gaps.held_turn(cid, seq + 1)) is not None:
             released += 1
             outcome = await self.handle_held(held.raw, cid, seq + 1)
-            if outcome.status is not TurnStatus.APPENDED or outcome.next_held is False:
+            if outcome.status is not TurnStatus.APPENDED or not outcome.next_held:
                 break
             seq += 1
         if released:
             await self.gaps.reindex(cid)  # out of the gap index once nothing is held
 
     async def handle_held(self, raw: bytes, cid: str, turn_seq: int) -> TurnOutcome:
-        """Apply one held turn (it was valid when it was held)."""
-        try:
-            return await self._apply(self.parse(raw, cid.encode()), raw)
-        except BadEventError as bad:  # settings changed since it was held, or its seq was stored meanwhile
-            await self.dead_letters.held(raw, cid, turn_seq, bad)
-            # Left held, it would block its conversation and be dead-lettered again on expiry.
-            await self.gaps.drop(cid, turn_seq)
-            return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+        """Apply one held turn (it was valid when it was held); one that keeps failing is dead-lettered."""
+        failures = 0
+        while True:
+            try:
+                with bound(conversation_id=cid, turn_seq=turn_seq):
+                    return await self._apply(self.parse(raw, cid.encode()), raw)
+            except (
+                BadEventError
+            ) as bad:  # settings changed since it was held, or its seq was stored meanwhile
+                return await self._release_held(raw, cid, turn_seq, bad)
+            except Exception as error:
+                if is_outage(error):
+                    raise
+                failures += 1
+                if self.policy.exhausted(failures):
+                    log.error("held turn %s of %s failed %d times", turn_seq, cid, failures, exc_info=error)
+                    detail = f"{type(error).__name__}: {error} (failed {failures} times)"
+                    poison = BadEventError(DeadLetterReason.PROCESSING_FAILED, detail, cid)
+                    return await self._release_held(raw, cid, turn_seq, poison)
+                await asyncio.sleep(self.policy.backoff(failures))
 
-
-def threshold_trigger(meta: Meta, settings: BudgetSettings, now: float) -> Trigger | None:
-    """The threshold a conversation's estimated total has crossed at ``now``, if any (replay uses it too)."""
-    if not settings.auto_compact:
-        return None  # manual and reactive requests travel with their turns, not through here
-    if meta.retry_after and now < meta.retry_after:
-        return None
-    _, budget = conversation_budget(meta, settings)
-    total = int(meta.total_tokens * meta.calibration)
-    regrowth = int(settings.noop_regrowth_fraction * budget.available)
-    if meta.noop_tokens and total <= meta.noop_tokens + regrowth:
-        return None  # the last attempt could not shrink this; wait for real growth
-    if total >= budget.threshold:
-        return Trigger.THRESHOLD
-    if budget.soft_threshold is not None and total >= budget.soft_threshold:
-        return Trigger.SOFT_THRESHOLD
-    return None
+    async def _release_held(self, raw: bytes, cid: str, turn_seq: int, bad: BadEventError) -> TurnOutcome:
+        await self.dead_letters.held(raw, cid, turn_seq, bad)
+        # Left held, it would block its conversation and be dead-lettered again on expiry.
+        await self.gaps.drop(cid, turn_seq)
+        return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
 
 
 _IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
@@ -345,26 +378,11 @@ def turn_fingerprint(event: TurnEvent) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def _check_held(event: TurnEvent, fingerprint: str, held: HeldTurn) -> None:
-    """Raise for a turn whose seq is held behind a gap with other content (held first, it is kept)."""
-    # A turn held before fingerprints were kept has none: accepted as a duplicate.
-    if held.fingerprint is not None and held.fingerprint != fingerprint:
-        raise conflicting_duplicate(
-            event.conversation_id, event.turn_seq, fingerprint, held.fingerprint, held=True
-        )
-
-
 def _request_of(event: TurnEvent) -> JobRequest | None:
     if event.compaction is None:
         return None
     trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
     return JobRequest(trigger, event.compaction.error, traceparent=tracing.current_traceparent())
-
-
-def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
-    """Tokens of this turn's messages that were input to the call its usage reports."""
-    last_assistant = max((i for i, m in enumerate(event.messages) if m.role == "assistant"), default=len(new))
-    return sum(m.tokens for m in new[:last_assistant])
 
 
 def _reject_constant(name: str) -> object:

@@ -2,7 +2,8 @@
 
 Turns are consumed in batches (consumer.py): an offset is committed once every turn before
 it is stored or dead-lettered; an infrastructure error is not, so the turn comes back.
-Compactions run on the pool, off the consumer path.
+Compactions run on the pool, off the consumer path. Events go out through the publishers
+declared in channels.py, and the app's AsyncAPI document is FastStream's, of those channels.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from compaction_worker import _litellm
 from compaction_worker.observability.health import HealthServer
 from compaction_worker.observability.metrics import record_lag
 from compaction_worker.observability.tracing import consume_span, inject_dict
+from compaction_worker.runtime.channels import declare, make_broker
 from compaction_worker.runtime.compactor import Summarizers
 from compaction_worker.runtime.components import Components, build_components
-from compaction_worker.runtime.connections import connect_redis, kafka_security
+from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.runtime.consumer import Record, TurnConsumer
 from compaction_worker.runtime.pool import CompactionPool
 from compaction_worker.runtime.turns import TurnHandler, TurnOutcome
@@ -97,22 +99,15 @@ def build_worker(
     kafka = settings.kafka
     if not kafka.bootstrap_servers:
         raise ValueError("no Kafka bootstrap servers configured")
-    broker = KafkaBroker(
-        kafka.bootstrap_servers,
-        client_id=kafka.client_id,
-        enable_idempotence=kafka.enable_idempotence,
-        acks="all",
-        security=kafka_security(kafka),
-        logger=logging.getLogger("compaction_worker.broker"),
-        log_level=logging.DEBUG,  # one line per message is too much at INFO
-        graceful_timeout=settings.worker.shutdown_grace_seconds,
-    )
+    broker = make_broker(kafka, graceful_timeout=settings.worker.shutdown_grace_seconds)
+    channels = declare(broker, settings.topics, kafka)
+    publishers = channels.publishers
     client = redis_client or connect_redis(settings.redis)
 
     async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
         headers = {"content-type": "application/json"}
         inject_dict(headers)  # the current trace (a compaction's run span) travels with its events
-        await broker.publish(payload, topic, key=key, headers=headers)
+        await publishers[topic].publish(payload, key=key, headers=headers)
 
     parts = build_components(settings, client, publish, summarizers=summarizers)
     turns, pool = parts.turns, parts.pool
@@ -149,7 +144,7 @@ def build_worker(
                 await worker.health.stop()
             await client.aclose()
 
-    app = FastStream(broker, lifespan=lifespan)
+    app = FastStream(broker, lifespan=lifespan, specification=channels.specification)
     worker = Worker(settings, broker, client, parts, app, consumer)
 
     @app.after_startup

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render, text_of
+from compaction_worker.offload import off_loop
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import conversation_keys
-from compaction_worker.strategies.offload import off_loop
+from compaction_worker.state.scripts import Script
 from compaction_worker.summaries.artifacts import item_core, item_kind, scan_items
 from compaction_worker.summaries.mentions import holds
 
@@ -115,10 +116,10 @@ def carried(items: Iterable[str], history: EffectiveHistory) -> set[str]:
 class Archive:
     """The conversation's archive hash: written before commits, read by the client and the CLI."""
 
-    def __init__(self, redis: RedisClient, prefix: str, retention_seconds: int | None) -> None:
+    def __init__(self, redis: RedisClient, prefix: str) -> None:
         self.redis = redis
         self.prefix = prefix
-        self.retention_seconds = retention_seconds
+        self._add = Script(redis, "expiry.lua", "archive_add.lua")
 
     def key(self, conversation_id: str) -> str:
         return conversation_keys(conversation_id, self.prefix).artifacts
@@ -127,13 +128,11 @@ class Archive:
         """Archive items not archived yet (a repeat keeps its first sighting); idempotent."""
         if not artifacts:
             return
-        key = self.key(conversation_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for artifact in artifacts:
-                pipe.hsetnx(key, artifact.item, artifact.value())
-            if self.retention_seconds:
-                pipe.expire(key, self.retention_seconds)
-            await pipe.execute()
+        keys = conversation_keys(conversation_id, self.prefix)
+        items = [a.item for a in artifacts]
+        await self._add(
+            [keys.artifacts, keys.meta], {"items": items, "values": [a.value() for a in artifacts]}
+        )
 
     async def record(
         self,

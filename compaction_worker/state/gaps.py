@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from compaction_worker.contracts.events import BadEventError, DeadLetterReason
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
-from compaction_worker.state.index import IndexStats, ShardedIndex
+from compaction_worker.state.index import ShardedIndex
 from compaction_worker.state.scripts import Script
 from compaction_worker.state.store import Store
+from compaction_worker.state.wake import Wakes
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,17 @@ class GapIndex:
         lease_seconds: float = CLAIM_LEASE_SECONDS,
         batch: int = 100,
         shards: int = DEFAULT_INDEX_SHARDS,
+        wakes: Wakes | None = None,
     ) -> None:
         self.store = store
         self.redis = store.redis
-        self.index = ShardedIndex(store.redis, gaps_index_key(store.prefix), shards)
         self.timeout_ms = int(timeout_seconds * 1000)
+        # Scored by hold time, an entry is due (and announced) a timeout later.
+        self.index = ShardedIndex(
+            store.redis, gaps_index_key(store.prefix), shards, wakes=wakes, due_after_ms=self.timeout_ms
+        )
+        self.next_due_ms: float | None = None
+        """When the next held turn times out (epoch ms), as the last :meth:`expire` saw it; None: none held."""
         self.lease_ms = int(lease_seconds * 1000)
         self.batch = batch
         self.expired = 0
@@ -153,12 +160,16 @@ class GapIndex:
         at = _ms(now)
         key = self._key(conversation_id)
         added = await self.redis.hsetnx(key, str(turn_seq), held_value(raw, at, fingerprint))
-        if self.store.retention_ms:
-            await self.redis.pexpire(key, self.store.retention_ms)
-        # After the hash, on every attempt (a crash between the two is repaired by the
-        # redelivery); LT keeps the oldest hold time.
-        await self.index.add(conversation_id, at, lower_only=True)
+        await self.indexed(conversation_id, at)
         return bool(added)
+
+    async def indexed(self, conversation_id: str, held_ms: int) -> None:
+        """Index a conversation that holds a turn since ``held_ms`` (the per-turn script holds it).
+
+        After the hash, on every delivery (a crash between the two is repaired by the
+        redelivery); LT keeps the oldest hold time.
+        """
+        await self.index.add(conversation_id, held_ms, lower_only=True)
 
     async def held_turn(self, conversation_id: str, turn_seq: int) -> HeldTurn | None:
         """The held turn with this seq, with its hold time and fingerprint, if there is one."""
@@ -175,13 +186,15 @@ class GapIndex:
         await self.redis.hdel(self._key(conversation_id), str(turn_seq))
 
     async def reindex(self, conversation_id: str) -> None:
-        """Score a conversation by its oldest held turn, or drop it from the index if none is held."""
+        """Score a conversation by its oldest held turn (a leased one by its lease's end, less the
+        timeout), or drop it from the index if none is held."""
         pending = self._key(conversation_id)
-        oldest = await self._oldest([pending])
+        timeout = str(self.timeout_ms)
+        oldest = await self._oldest([pending], timeout_ms=timeout)
         if oldest is None:
             await self.index.remove(conversation_id)
             # A turn held between the read and the removal must not be left unindexed.
-            oldest = await self._oldest([pending])
+            oldest = await self._oldest([pending], timeout_ms=timeout)
             if oldest is None:
                 return
         await self.index.add(conversation_id, int(oldest))
@@ -195,9 +208,10 @@ class GapIndex:
         by one sweep. A held copy of a turn stored meanwhile is dropped here, unreturned.
         """
         now_ms = _ms(now)
-        cutoff = now_ms - self.timeout_ms
+        scan = await self.index.scan(self.batch, now_ms - self.timeout_ms)
+        self.next_due_ms = None if scan.next_ms is None else scan.next_ms + self.timeout_ms
         expired: list[ExpiredTurn] = []
-        for cid in await self.index.due(self.batch, cutoff):
+        for cid in scan.due:
             claimed = await self._expire(cid, now_ms)
             if not claimed:
                 await self.reindex(cid)
@@ -217,10 +231,6 @@ class GapIndex:
     async def held_count(self) -> int:
         """How many conversations hold turns behind a gap (as far as the index knows)."""
         return await self.index.count()
-
-    async def stats(self) -> IndexStats:
-        """Conversations holding turns, and the oldest hold time (ms), over every bucket."""
-        return await self.index.stats()
 
     async def _expire(self, cid: str, now_ms: int) -> list[ExpiredTurn]:
         pending = self._key(cid)

@@ -1,4 +1,4 @@
-"""The shared indexes (jobs, held turns, outbox), sharded into buckets, and their leases.
+"""The shared indexes (jobs, held turns, outbox), sharded into buckets, and their wake-ups.
 
 Each index is a sorted set of conversation ids scored by when to look at them next (epoch
 ms), split into ``redis.index_shards`` buckets by a stable hash of the id: each bucket is
@@ -7,14 +7,19 @@ slots (and primaries) instead of one shard taking every worker's index traffic. 
 lives outside the conversations' slots, so it is never written in the same script as a
 conversation's keys; its owners order their writes instead (docs/design.md).
 
+Every write that arms an entry announces it (wake.py), so that no worker polls the buckets
+to find it; a sweep (:meth:`ShardedIndex.scan`) reads what is due and when the next entry
+will be.
+
 The single key a version before the buckets used (the index's base name) is still read by
-the sweep: :meth:`ShardedIndex.due` moves what it finds there into the buckets, so
+the sweep: :meth:`ShardedIndex.scan` moves what it finds there into the buckets, so
 entries written before (or, in a rolling upgrade, beside) this version are not stranded.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -22,7 +27,8 @@ from typing import cast
 
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.scripts import Script, as_text
+from compaction_worker.state.scripts import as_text
+from compaction_worker.state.wake import Wake, Wakes
 
 
 def now_ms() -> int:
@@ -52,27 +58,94 @@ class IndexStats:
     lowest_ms: float | None
 
 
-class ShardedIndex:
-    """One index's buckets: add, list due members across buckets (oldest first), count."""
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a sweep of an index found: the members due (oldest first), and when to look next.
 
-    def __init__(self, redis: RedisClient, base: str, shards: int = DEFAULT_INDEX_SHARDS) -> None:
+    ``next_ms`` is the lowest score not yet due, in the index's own scores; None when nothing
+    else is indexed. When more members are due than the sweep took, it is the sweep's own
+    ``until_ms``: look again at once.
+    """
+
+    due: list[str]
+    next_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What one pass over an index did: how many entries it acted on, and when its next entry is due (epoch ms)."""
+
+    done: int
+    next_ms: float | None
+
+
+class ShardedIndex:
+    """One index's buckets: arm (and announce), remove, sweep across buckets (oldest first), count."""
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        base: str,
+        shards: int = DEFAULT_INDEX_SHARDS,
+        *,
+        wakes: Wakes | None = None,
+        due_after_ms: int = 0,
+    ) -> None:
         self.redis = redis
         self.base = base
         """The index's name, and the single key it was before buckets (read by the sweep)."""
+        self.kind = base.rsplit(":", 1)[-1]
+        """The index's name in its wake-ups: ``jobs``, ``gaps``, ``outbox``."""
         self.keys = bucket_keys(base, shards)
-        self._move = Script(redis, "lease_drop.lua")
+        self.wakes = wakes
+        self.due_after_ms = due_after_ms
+        """How long after its score an entry is due (held turns: scored by when they were held)."""
 
     def key_of(self, conversation_id: str) -> str:
         """The bucket key that holds this conversation's entry."""
         return self.keys[shard_of(conversation_id, len(self.keys))]
 
     async def add(
-        self, conversation_id: str, score: float, *, existing_only: bool = False, lower_only: bool = False
+        self,
+        conversation_id: str,
+        score: float,
+        *,
+        existing_only: bool = False,
+        missing_only: bool = False,
+        lower_only: bool = False,
+        later_only: bool = False,
     ) -> None:
-        """Set a conversation's score (``existing_only``: if it is there; ``lower_only``: if lower or new)."""
-        await self.redis.zadd(
-            self.key_of(conversation_id), {conversation_id: score}, xx=existing_only, lt=lower_only
+        """Set a conversation's score and announce when it is due.
+
+        ``existing_only``: if it is indexed; ``missing_only``: if it is not; ``lower_only``:
+        if lower or new; ``later_only``: if higher. Unconditional, the two writes go in one
+        round trip; conditional, the announcement follows only a change.
+        """
+        key = self.key_of(conversation_id)
+        if not (existing_only or missing_only or lower_only or later_only):
+            if self.wakes is None:
+                await self.redis.zadd(key, {conversation_id: score})
+                return
+            wake = self._wake(conversation_id, score)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, {conversation_id: score})
+                pipe.zadd(self.wakes.key, {wake.member: wake.at_ms}, lt=True)
+                await pipe.execute()
+            return
+        changed = await self.redis.zadd(
+            key,
+            {conversation_id: score},
+            xx=existing_only,
+            nx=missing_only,
+            lt=lower_only,
+            gt=later_only,
+            ch=True,
         )
+        if changed and self.wakes is not None:
+            await self.wakes.announce(self._wake(conversation_id, score))
+
+    def _wake(self, conversation_id: str, score: float) -> Wake:
+        return Wake(self.kind, conversation_id, score + self.due_after_ms)
 
     async def remove(self, conversation_id: str) -> None:
         """Drop a conversation's entry."""
@@ -84,17 +157,35 @@ class ShardedIndex:
         return None if value is None else float(value)
 
     async def due(self, limit: int, until_ms: float) -> list[str]:
-        """Up to ``limit`` members scored at or before ``until_ms``, oldest first over all buckets.
+        """Up to ``limit`` members scored at or before ``until_ms``, oldest first over all buckets."""
+        return (await self.scan(limit, until_ms)).due
 
-        One pipelined read of every bucket (each bounded by ``limit``), merged by score.
+    async def scan(self, limit: int, until_ms: float) -> Scan:
+        """The members due by ``until_ms`` (up to ``limit``, oldest first), and the next score after them.
+
+        One pipelined read of every bucket's lowest ``limit`` entries, merged by score: the
+        same read says what is due and when the next entry will be.
         """
+        limit = max(1, limit)
         await self._migrate(limit, until_ms)
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in self.keys:
-                pipe.zrangebyscore(key, "-inf", until_ms, start=0, num=limit, withscores=True)
+                pipe.zrange(key, 0, limit - 1, withscores=True)
             replies: list[list[tuple[bytes | str, float]]] = await pipe.execute()
-        merged = heapq.merge(*replies, key=lambda pair: pair[1])
-        return [as_text(member) for member, _ in list(merged)[:limit]]
+        due: list[list[tuple[bytes | str, float]]] = []
+        upcoming = math.inf
+        for reply in replies:
+            ready = [(member, score) for member, score in reply if score <= until_ms]
+            due.append(ready)
+            if len(ready) < len(reply):
+                upcoming = min(upcoming, reply[len(ready)][1])
+            elif len(reply) == limit:  # a full page of due entries: there may be more behind it
+                upcoming = min(upcoming, until_ms)
+        merged = list(heapq.merge(*due, key=lambda pair: pair[1]))
+        if len(merged) > limit:
+            upcoming = min(upcoming, until_ms)
+        members = [as_text(member) for member, _ in merged[:limit]]
+        return Scan(members, None if upcoming == math.inf else upcoming)
 
     async def stats(self) -> IndexStats:
         """Count and lowest score over every bucket (and the pre-bucket key), in one pipelined read."""
@@ -110,58 +201,21 @@ class ShardedIndex:
         return IndexStats(sum(int(c) for c in counts), min(lowest) if lowest else None)
 
     async def count(self) -> int:
-        """How many conversations the index holds."""
-        return (await self.stats()).count
+        """How many conversations the index holds (every bucket and the pre-bucket key, one read)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in (*self.keys, self.base):
+                pipe.zcard(key)
+            return sum(int(c) for c in await pipe.execute())
 
     async def _migrate(self, limit: int, until_ms: float) -> None:
         """Move due entries of the pre-bucket key into their buckets (a no-op once it is empty).
 
-        NX keeps an entry the bucket already has; the old entry goes only if its score did not
-        change meanwhile (an older worker re-armed it: the next sweep moves it again).
+        NX keeps an entry the bucket already has. An entry an older worker re-armed meanwhile
+        loses that score, not its place: it is due in its bucket, and whoever looks at it takes
+        the conversation's lock first.
         """
         old = await self.redis.zrangebyscore(self.base, "-inf", until_ms, start=0, num=limit, withscores=True)
         for member, score in cast(list[tuple[bytes | str, float]], old):
             cid = as_text(member)
             await self.redis.zadd(self.key_of(cid), {cid: score}, nx=True)
-            await self._move([self.base], member=cid, lease_ms=repr(float(score)))
-
-
-class LeasedIndex:
-    """Arms, lists, claims and drops the conversations of one sharded index."""
-
-    def __init__(self, redis: RedisClient, base: str, shards: int = DEFAULT_INDEX_SHARDS) -> None:
-        self.redis = redis
-        self.index = ShardedIndex(redis, base, shards)
-        self._claim = Script(redis, "lease_claim.lua")
-        self._drop = Script(redis, "lease_drop.lua")
-
-    def key_of(self, conversation_id: str) -> str:
-        """The bucket key that holds this conversation's entry."""
-        return self.index.key_of(conversation_id)
-
-    async def arm(self, conversation_id: str, at_ms: float, *, existing_only: bool = False) -> None:
-        """Look at a conversation at ``at_ms`` (``existing_only``: only if it is indexed)."""
-        await self.index.add(conversation_id, at_ms, existing_only=existing_only)
-
-    async def due(self, limit: int, at_ms: int | None = None) -> list[str]:
-        """Conversations due by ``at_ms`` (default now), or whose lease ran out, oldest first."""
-        return await self.index.due(limit, now_ms() if at_ms is None else at_ms)
-
-    async def claim(self, conversation_id: str, now: int, lease_ms: float) -> bool:
-        """Move a due entry's score to the end of a lease; False if it is not due (or not indexed)."""
-        key = self.key_of(conversation_id)
-        got = await self._claim([key], member=conversation_id, now_ms=str(now), lease_ms=repr(lease_ms))
-        return got is not None
-
-    async def drop(self, conversation_id: str, lease_ms: float) -> bool:
-        """Remove the entry only if the lease ``lease_ms`` still stands; True if it did."""
-        key = self.key_of(conversation_id)
-        return bool(await self._drop([key], member=conversation_id, lease_ms=repr(lease_ms)))
-
-    async def count(self) -> int:
-        """How many conversations the index holds."""
-        return await self.index.count()
-
-    async def stats(self) -> IndexStats:
-        """Count and lowest score (a leased entry scores its lease's end)."""
-        return await self.index.stats()
+            await self.redis.zrem(self.base, member)

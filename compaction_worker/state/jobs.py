@@ -1,22 +1,30 @@
-"""Pending compactions: each conversation's job hash, and the index that leases them to workers.
+"""Pending compactions: each conversation's job hash, the index of when to look, and the claim.
 
 A job lives in two places: the conversation's ``job`` hash (what to do) and a global index
-(when to look at it next), claimed with a lease so that another worker finishes the job
-of one that dies (docs/design.md, "Jobs").
+(when to look at it next). A worker claims a job by taking the conversation's lock, so that
+another worker finishes the job of one that dies once its lock expires (docs/design.md, "Jobs").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.index import IndexStats, LeasedIndex, now_ms
+from compaction_worker.state.index import Scan, ShardedIndex, now_ms
 from compaction_worker.state.keys import conversation_keys
+from compaction_worker.state.lock import Busy, Lease, Locks
 from compaction_worker.state.scripts import Script, as_text
+from compaction_worker.state.wake import Wakes
+
+log = logging.getLogger(__name__)
 
 JOB_PRIORITY = {
     Trigger.SOFT_THRESHOLD: 0,
@@ -77,28 +85,37 @@ class JobRequest:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claim:
-    """A worker's lease on a conversation's entry in the job index."""
+    """A job a worker took: the conversation's lock (with its fence) and the job it found."""
 
     conversation_id: str
-    lease_ms: int
+    lease: Lease
+    job: Job
+    finished: bool = False
 
 
 class JobQueue:
     """Records, schedules, claims and finishes pending compactions.
 
-    The index is written before the hash, so a crash between the two leaves at worst an
-    index entry without a job, which the next claim cleans up.
+    A job is recorded before it is indexed, and its index entry is removed before the job
+    hash is read again: a job always has an entry, or gets one from its writer
+    (docs/design.md, "Jobs"). The claim is the conversation's lock.
     """
 
     def __init__(
-        self, redis: RedisClient, prefix: str, lease_seconds: float, *, shards: int = DEFAULT_INDEX_SHARDS
+        self,
+        redis: RedisClient,
+        prefix: str,
+        locks: Locks,
+        *,
+        shards: int = DEFAULT_INDEX_SHARDS,
+        wakes: Wakes | None = None,
     ) -> None:
         self.redis = redis
         self.prefix = prefix
-        self.index = LeasedIndex(redis, jobs_index_key(prefix), shards)
-        self.lease_ms = max(1000, int(lease_seconds * 1000))
+        self.locks = locks
+        self.index = ShardedIndex(redis, jobs_index_key(prefix), shards, wakes=wakes)
         self._set = Script(redis, SET_JOB_LUA, "job_set.lua")
         self._finish = Script(redis, "job_finish.lua")
 
@@ -114,25 +131,23 @@ class JobQueue:
         delay_seconds: float = 0.0,
         traceparent: str | None = None,
     ) -> bool:
-        """Record a compaction request (due now, or after a delay); True if it is new or stronger than the pending one."""
-        await self.mark_due(conversation_id, delay_seconds)
+        """Record a compaction request, then make it due (now, or after a delay); True if it is new
+        or stronger than the pending one.
+
+        A request that changes nothing indexes the pending job only if it is not indexed: that
+        heals a writer that died between its two writes, and keeps a pending job's delay.
+        """
         request = JobRequest(trigger, error, traceparent=traceparent)
-        return bool(await self._set([self._key(conversation_id)], **request.fields()))
+        recorded = bool(await self._set([self._key(conversation_id)], **request.fields()))
+        if recorded:
+            await self.mark_due(conversation_id, delay_seconds)
+        else:
+            await self.index.add(conversation_id, now_ms() + int(delay_seconds * 1000), missing_only=True)
+        return recorded
 
     async def mark_due(self, conversation_id: str, delay_seconds: float = 0.0) -> None:
-        """Make a conversation's job due (now, or after a delay)."""
-        await self.index.arm(conversation_id, now_ms() + int(delay_seconds * 1000))
-
-    async def ensure_due(self, conversation_id: str) -> bool:
-        """Make the conversation's job due if it has one; True if it has.
-
-        For the redelivery of a turn whose append recorded a request: the crash may have come
-        between the append and the indexing.
-        """
-        if await self.job(conversation_id) is None:
-            return False
-        await self.mark_due(conversation_id)
-        return True
+        """Make a conversation's job due (now, or after a delay); after its job hash is written."""
+        await self.index.add(conversation_id, now_ms() + int(delay_seconds * 1000))
 
     async def job(self, conversation_id: str) -> Job | None:
         """The pending compaction request of a conversation, if any."""
@@ -150,44 +165,83 @@ class JobQueue:
             traceparent=data.get("traceparent") or None,
         )
 
+    async def traceparent(self, conversation_id: str) -> str | None:
+        """The trace context the pending job keeps (the turn's that asked for it), if any."""
+        value = await self.redis.hget(self._key(conversation_id), "traceparent")
+        return as_text(value) if value else None
+
     async def due(self, limit: int) -> list[str]:
-        """Conversations whose job is due or whose lease ran out, oldest first."""
-        return await self.index.due(limit)
+        """Conversations whose job is due, oldest first."""
+        return await self.index.due(limit, now_ms())
 
-    async def claim(self, conversation_id: str) -> Claim | None:
-        """Take a lease on a due job; None if it is not due or another lease stands."""
-        now = now_ms()
-        lease = now + self.lease_ms
-        return Claim(conversation_id, lease) if await self.index.claim(conversation_id, now, lease) else None
+    async def scan(self, limit: int) -> Scan:
+        """Conversations whose job is due (oldest first), and when the next one will be (ms)."""
+        return await self.index.scan(limit, now_ms())
 
-    async def load(self, claim: Claim) -> Job | None:
-        """The job a claim points at, if there still is one."""
-        return await self.job(claim.conversation_id)
+    @contextlib.asynccontextmanager
+    async def claim(self, conversation_id: str) -> AsyncIterator[Claim | None]:
+        """Take a conversation's job for the block: the conversation's lock, renewed, is the claim.
 
-    async def finish(self, claim: Claim, job: Job | None) -> None:
-        """Drop the job that ran; a newer request stays and becomes due at once."""
-        cid = claim.conversation_id
-        if job is not None and await self._finish([self._key(cid)], id=job.id):
-            still_pending = False
-        else:
-            still_pending = await self.job(cid) is not None
-        if still_pending:
-            await self.mark_due(cid)
-        else:
-            await self.index.drop(cid, claim.lease_ms)
+        Yields None when another worker holds the lock (the entry is looked at again when that
+        lock would expire, never sooner) or when there is no job (the entry goes). A job the
+        block does not :meth:`finish` is handed back after the lock is released: due at once,
+        or after the lock's TTL if the block raised (a run that keeps failing is no hot loop).
+        """
+        cid = conversation_id
+        keys = conversation_keys(cid, self.prefix)
+        lease = await self.locks.acquire(cid, keys)
+        if isinstance(lease, Busy):
+            await self.look_later(lease)
+            yield None
+            return
+        claim: Claim | None = None
+        again = 0.0
+        try:
+            async with self.locks.kept(lease, keys):
+                job = await self.job(cid)
+                if job is None:
+                    await self._unindex(cid)
+                else:
+                    # While it runs, the entry says when to look if this worker dies: when its lock would.
+                    lock_end = now_ms() + self.locks.ttl_ms
+                    await self.index.add(cid, lock_end, existing_only=True, later_only=True)
+                    claim = Claim(cid, lease, job)
+                try:
+                    yield claim
+                except Exception:
+                    again = self.locks.ttl_ms / 1000
+                    raise
+        finally:
+            if claim is not None and not claim.finished:
+                try:
+                    await asyncio.shield(self.mark_due(cid, again))
+                except Exception:  # Redis away: the entry stays scored at the lock's end, looked at then
+                    log.warning("could not hand back the job of %s", cid, exc_info=True)
 
-    async def postpone(self, claim: Claim, seconds: float) -> None:
-        """Look at the job again after a delay (its conversation is busy elsewhere)."""
-        await self.index.arm(claim.conversation_id, now_ms() + int(seconds * 1000), existing_only=True)
+    async def look_later(self, busy: Busy) -> None:
+        """Another worker holds the conversation: look at its entry when that lock would expire, not sooner."""
+        log.debug(
+            "%s is locked by another run; looking again in %d ms",
+            busy.conversation_id,
+            busy.until_ms - now_ms(),
+        )
+        await self.index.add(busy.conversation_id, busy.until_ms, existing_only=True, later_only=True)
 
-    async def hand_back(self, claim: Claim) -> None:
-        """Make a claimed job due again now (this worker is shutting down)."""
-        await self.index.arm(claim.conversation_id, now_ms(), existing_only=True)
+    async def finish(self, claim: Claim) -> None:
+        """Drop the job that ran (unless a newer request replaced it, or another run took the
+        lock over), then the index entry, unless a job is pending by then."""
+        keys = conversation_keys(claim.conversation_id, self.prefix)
+        await self._finish([keys.job, keys.lock], id=claim.job.id, token=claim.lease.token)
+        claim.finished = True
+        await self._unindex(claim.conversation_id)
+
+    async def _unindex(self, conversation_id: str) -> None:
+        """Remove the entry, then read the job hash again: a request recorded meanwhile, whose
+        writer may not have indexed it yet, is indexed here and never left without an entry."""
+        await self.index.remove(conversation_id)
+        if await self.redis.exists(self._key(conversation_id)):
+            await self.mark_due(conversation_id)
 
     async def pending_count(self) -> int:
         """How many conversations have an entry in the index."""
         return await self.index.count()
-
-    async def stats(self) -> IndexStats:
-        """Pending count and lowest score: a due job's due time, or a running one's lease end (ms)."""
-        return await self.index.stats()

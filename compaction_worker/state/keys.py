@@ -44,8 +44,15 @@ class ConversationKeys:
     """String: the last turn seq handed out to a runtime that does not track its own (sequence.py)."""
 
     def all(self) -> tuple[str, ...]:
-        """All keys, for retention (EXPIRE) and deletion."""
+        """All keys, for deletion."""
         return tuple(getattr(self, f.name) for f in fields(self))
+
+    def lasting(self) -> tuple[str, ...]:
+        """The keys that live as long as the conversation, meta first: all but the lock (its own TTL).
+
+        They expire together, at the deadline the meta keeps (lua/expiry.lua).
+        """
+        return tuple(k for k in self.all() if k != self.lock)
 
 
 def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> ConversationKeys:

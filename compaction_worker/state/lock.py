@@ -1,7 +1,9 @@
-"""The per-conversation lock and its fence, renewed while a compaction runs.
+"""The per-conversation lock and its fence: the one lease on a conversation, renewed while held.
 
-The lock saves LLM calls; the fence makes commits correct: every acquisition increments it,
-and the replace script (store.py) refuses a writer whose fence is stale or whose lock expired.
+Whoever holds the lock owns the conversation's background work: a compaction run (the job
+claim, as arq's ``in_progress`` key), an outbox relay, a rewind. The lock saves LLM calls;
+the fence makes commits correct: every acquisition increments it, and the replace script
+(store.py) refuses a writer whose fence is stale or whose lock expired.
 """
 
 from __future__ import annotations
@@ -32,13 +34,21 @@ class Lease:
     lost: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """The lock is held by someone else, until ``until_ms`` (epoch ms) unless its holder renews it."""
+
+    conversation_id: str
+    until_ms: int
+
+
 class Locks:
     """Acquires, renews and releases per-conversation locks."""
 
     def __init__(self, redis: RedisClient, ttl_seconds: float) -> None:
         self.redis = redis
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
-        self._acquire = Script(redis, "lock_acquire.lua")
+        self._acquire = Script(redis, "expiry.lua", "lock_acquire.lua")
         self._renew = Script(redis, "lock_renew.lua")
         self._release = Script(redis, "lock_release.lua")
 
@@ -46,13 +56,21 @@ class Locks:
         """The conversation's current fencing token (0 before its first lock)."""
         return int(await self.redis.get(keys.fence) or 0)
 
-    async def acquire(self, conversation_id: str, keys: ConversationKeys) -> Lease | None:
-        """Take the lock if it is free; None when another worker holds it."""
+    async def acquire(self, conversation_id: str, keys: ConversationKeys) -> Lease | Busy:
+        """Take the lock if it is free (never waits); :class:`Busy` says until when another holds it."""
         token = secrets.token_hex(16)
-        fence = await self._acquire([keys.lock, keys.fence], token=token, ttl_ms=str(self.ttl_ms))
-        if fence is None:
-            return None
-        return Lease(conversation_id=conversation_id, token=token, fence=int(fence))
+        with tracing.span(tracing.LOCK_SPAN) as span:
+            started = time.perf_counter()
+            won, value = await self._acquire(
+                [keys.lock, keys.fence, keys.meta], token=token, ttl_ms=str(self.ttl_ms)
+            )
+            span.set_attribute("compaction.lock.acquired", bool(won))
+        # Busy is never waited for here (the caller looks again when it would expire): the
+        # wait is the acquisition's round trip.
+        metrics.record_lock_wait(time.perf_counter() - started, acquired=bool(won), contended=not won)
+        if not won:
+            return Busy(conversation_id, int(time.time() * 1000) + max(0, int(value)))
+        return Lease(conversation_id=conversation_id, token=token, fence=int(value))
 
     async def renew(self, lease: Lease, keys: ConversationKeys) -> bool:
         """Extend the lock; False (and ``lease.lost`` set) when it is no longer ours."""
@@ -67,38 +85,49 @@ class Locks:
 
     @contextlib.asynccontextmanager
     async def held(self, conversation_id: str, keys: ConversationKeys) -> AsyncIterator[Lease | None]:
-        """Hold the lock for the block, renewing it every third of its TTL; yields None if busy."""
-        with tracing.span(tracing.LOCK_SPAN) as span:
-            started = time.perf_counter()
-            lease = await self.acquire(conversation_id, keys)
-            span.set_attribute("compaction.lock.acquired", lease is not None)
-        # Busy is not retried here (the job is postponed): the wait is the acquisition's round trip.
-        metrics.record_lock_wait(
-            time.perf_counter() - started, acquired=lease is not None, contended=lease is None
-        )
-        if lease is None:
+        """Hold the lock for the block (see :meth:`kept`); yields None if another holds it."""
+        lease = await self.acquire(conversation_id, keys)
+        if isinstance(lease, Busy):
             yield None
             return
-        renewer = asyncio.create_task(self._keep_alive(lease, keys))
+        async with self.kept(lease, keys):
+            yield lease
+
+    @contextlib.asynccontextmanager
+    async def kept(self, lease: Lease, keys: ConversationKeys) -> AsyncIterator[Lease]:
+        """Renew an acquired lock every third of its TTL for the block, then release it.
+
+        The renewal stops on a flag, not on cancellation alone: Python 3.11's
+        ``asyncio.wait_for`` (which redis-py sends every command through) can swallow a
+        cancellation that arrives as its call completes, and a renewal that missed it would
+        keep the lock alive forever after its run ended (docs/design.md, "Locks and fences").
+        """
+        done = asyncio.Event()
+        renewer = asyncio.create_task(
+            self._keep_alive(lease, keys, done), name=f"lock:{lease.conversation_id}"
+        )
         try:
             yield lease
         finally:
+            done.set()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             try:
                 await self.release(lease, keys)
             except Exception:  # the lock expires by itself; a failed release must not mask the block's error
-                log.warning("lock release failed", extra={"conversation_id": conversation_id}, exc_info=True)
+                log.warning("lock release failed", exc_info=True)
 
-    async def _keep_alive(self, lease: Lease, keys: ConversationKeys) -> None:
+    async def _keep_alive(self, lease: Lease, keys: ConversationKeys, done: asyncio.Event) -> None:
         interval = self.ttl_ms / 3000
         while not lease.lost.is_set():
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await done.wait()
+            if done.is_set():
+                return
             try:
                 if not await self.renew(lease, keys):
-                    log.warning("lock lost", extra={"conversation_id": lease.conversation_id})
+                    log.warning("lock lost")
             except Exception:  # Redis hiccup: keep trying until the TTL decides
-                log.warning(
-                    "lock renewal failed", extra={"conversation_id": lease.conversation_id}, exc_info=True
-                )
+                log.warning("lock renewal failed", exc_info=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from compaction_worker.contracts.events import ContextStatus
@@ -17,7 +18,7 @@ class Meta:
 
     The append and replace scripts (store.py) write the sequence, counts, totals and
     version; ``Store.set_meta`` writes the fields no script owns (budget, calibration,
-    breaker, failures).
+    failures).
     """
 
     last_seq: int = 0
@@ -34,10 +35,6 @@ class Meta:
     noop_tokens: int = 0
     failures: int = 0
     retry_after: float = 0.0
-    llm_failures: int = 0
-    """Failed LLM summarizer runs in a row (the circuit breaker's count)."""
-    breaker_until: float = 0.0
-    """Until when (epoch seconds) the LLM summarizer is skipped for this conversation."""
     window: int = 0
     threshold: int = 0
     system_prompt: str | None = None
@@ -47,6 +44,8 @@ class Meta:
     observed_window: int | None = None
     """The maximum a provider's overflow error stated, when below the window we knew."""
     updated_at: float = 0.0
+    rev: int = 0
+    """The revision: every write of the hash bumps it (the per-turn script checks it: appends.py)."""
 
     @property
     def fixed_tokens(self) -> int:
@@ -59,7 +58,9 @@ class Meta:
         return self.history_tokens + self.fixed_tokens
 
     @classmethod
-    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> Meta:
+    def from_hash(
+        cls, raw: Mapping[bytes, bytes] | Mapping[str, str] | Mapping[bytes | str, bytes | str]
+    ) -> Meta:
         """Read the stored hash (every field optional: an unknown conversation is all zero)."""
         data = {as_text(k): as_text(v) for k, v in raw.items()}
 
@@ -87,8 +88,6 @@ class Meta:
             noop_tokens=i("noop_tokens"),
             failures=i("failures"),
             retry_after=f("retry_after"),
-            llm_failures=i("llm_failures"),
-            breaker_until=f("breaker_until"),
             window=i("window"),
             threshold=i("threshold"),
             system_prompt=data.get("system_prompt") or None,
@@ -97,4 +96,16 @@ class Meta:
             context_window=opt_int("context_window"),
             observed_window=opt_int("observed_window"),
             updated_at=f("updated_at"),
+            rev=i("rev"),
         )
+
+
+def stored_text(value: object) -> str:
+    """A meta field's value as the hash stores it (what :meth:`Meta.from_hash` reads back)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, tuple):  # the tool schemas
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, StrEnum):
+        return value.value
+    return str(value)

@@ -1,20 +1,29 @@
 """The outbox: a committed compaction's ``compaction.completed`` event is never lost.
 
 The commit script writes the event into the conversation's ``outbox`` hash, in the same
-atomic step as the new history; it is published right after, or by any worker's sweeper if
-its worker died first (at least once; docs/design.md, "The outbox").
+atomic step as the new history; it is published right after, under the run's lock, or by any
+worker's relay (which takes that lock) if its worker died first (at least once;
+docs/design.md, "The outbox").
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
-from compaction_worker.runtime.publisher import Publisher
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
-from compaction_worker.state.index import IndexStats, LeasedIndex, now_ms
+from compaction_worker.state.index import ShardedIndex, Sweep, now_ms
+from compaction_worker.state.lock import Busy, Locks
 from compaction_worker.state.store import Store
+from compaction_worker.state.wake import Wakes
 
 log = logging.getLogger(__name__)
+
+
+class Publish(Protocol):
+    """Sends one event to a topic, keyed: the runtime's publisher (the state never imports the runtime)."""
+
+    async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None: ...
 
 
 def outbox_index_key(prefix: str = DEFAULT_PREFIX) -> str:
@@ -49,65 +58,88 @@ class Outbox:
     """Arms, delivers and relays the events that commits leave in a conversation's outbox.
 
     The index entry is written before the commit (``expect``), so a crash anywhere after it
-    leaves an entry to find the event by; a sweeper claims an entry with a lease, and removes
-    it only if its lease still stands.
+    leaves an entry to find the event by. Whoever publishes holds the conversation's lock:
+    the committing run (``deliver``), or a relay that took it (a busy lock is looked at again
+    when it would expire). The entry goes when the hash is empty: removed, then the hash read
+    again, so that an event written meanwhile keeps an entry.
     """
 
     def __init__(
-        self, store: Store, publish: Publisher, grace_seconds: float, *, shards: int = DEFAULT_INDEX_SHARDS
+        self,
+        store: Store,
+        publish: Publish,
+        locks: Locks,
+        grace_seconds: float,
+        *,
+        shards: int = DEFAULT_INDEX_SHARDS,
+        wakes: Wakes | None = None,
     ) -> None:
         self.store = store
         self.redis = store.redis
         self.publish = publish
-        self.index = LeasedIndex(store.redis, outbox_index_key(store.prefix), shards)
+        self.locks = locks
+        self.index = ShardedIndex(store.redis, outbox_index_key(store.prefix), shards, wakes=wakes)
         self.grace_ms = max(1000, int(grace_seconds * 1000))
 
-    async def expect(self, conversation_id: str) -> int:
-        """Index the conversation before a commit that may leave an event; returns the score set.
+    async def expect(self, conversation_id: str) -> None:
+        """Index the conversation before a commit that may leave an event.
 
-        A live worker delivers well within ``grace_seconds``; only then may a sweeper step in.
+        A live worker delivers well within ``grace_seconds``; only then does a relay look.
         """
-        score = now_ms() + self.grace_ms
-        await self.index.arm(conversation_id, score)
-        return score
+        await self.index.add(conversation_id, now_ms() + self.grace_ms)
 
-    async def deliver(self, conversation_id: str, field: str, score: int) -> None:
+    async def deliver(self, conversation_id: str, field: str) -> None:
         """Publish the event our own commit left, after any earlier one still waiting, then forget them.
 
-        An earlier commit's event waits here when its publish failed (the broker was down):
-        sent first, the conversation's events keep the order of its versions (``event_field``).
-        The index entry goes with the last event.
+        Called under the lock of the run that committed. An earlier commit's event waits here
+        when its publish failed (the broker was down): sent first, the conversation's events
+        keep the order of its versions (``event_field``). The index entry goes with the last event.
         """
         key = self.store.keys(conversation_id).outbox
         pending = {_text(f): v for f, v in (await self.redis.hgetall(key)).items()}
-        if field not in pending:  # a sweeper was faster
+        if field not in pending:  # our lock ran out and a relay took the conversation over
             return
         for earlier in sorted(f for f in pending if f <= field):
             await self.publish(*unpack(pending[earlier]), conversation_id.encode())
             await self.redis.hdel(key, earlier)
-        if await self.redis.hlen(key) == 0:
-            await self.index.drop(conversation_id, score)
+        await self._unindex(conversation_id)
 
-    async def relay(self, limit: int = 100) -> int:
-        """Publish what dead workers left behind; returns how many events were published."""
-        now = now_ms()
+    async def relay(self, limit: int = 100) -> Sweep:
+        """Publish what dead workers left in the outboxes that are due; returns how many events, and when to look next."""
+        scan = await self.index.scan(limit, now_ms())
         published = 0
-        for cid in await self.index.due(limit, now):
-            # Half a millisecond off the grid ``expect`` scores on: a re-armed entry never looks like our lease.
-            lease = now + self.grace_ms + 0.5
-            if not await self.index.claim(cid, now, lease):
-                continue  # another sweeper, or a new compaction re-armed it
-            key = self.store.keys(cid).outbox
-            pending = {_text(f): v for f, v in (await self.redis.hgetall(key)).items()}
+        for cid in scan.due:
+            published += await self._relay(cid)
+        return Sweep(published, scan.next_ms)
+
+    async def relay_due(self, conversation_id: str) -> float | None:
+        """Publish one conversation's leftovers if its entry is due; else when it will be (ms), None if gone."""
+        score = await self.index.score(conversation_id)
+        if score is None or score > now_ms():
+            return score
+        await self._relay(conversation_id)
+        return None
+
+    async def _relay(self, cid: str) -> int:
+        keys = self.store.keys(cid)
+        lease = await self.locks.acquire(cid, keys)
+        if isinstance(lease, Busy):  # a run is committing (or relaying): it delivers, or its lock runs out
+            log.debug("%s is locked by another run; its outbox is looked at again when the lock expires", cid)
+            await self.index.add(cid, lease.until_ms, existing_only=True, later_only=True)
+            return 0
+        published = 0
+        async with self.locks.kept(lease, keys):
+            pending = {_text(f): v for f, v in (await self.redis.hgetall(keys.outbox)).items()}
             for field in sorted(pending):  # in version order (``event_field``)
                 await self.publish(*unpack(pending[field]), cid.encode())
-                await self.redis.hdel(key, field)
+                await self.redis.hdel(keys.outbox, field)
                 published += 1
                 log.warning("published a completion event of %s that its worker left behind", cid)
-            if await self.redis.hlen(key) == 0:
-                await self.index.drop(cid, lease)
+            await self._unindex(cid)
         return published
 
-    async def stats(self) -> IndexStats:
-        """Backlog: conversations that may have unpublished events, and the lowest score (ms)."""
-        return await self.index.stats()
+    async def _unindex(self, cid: str) -> None:
+        """Remove the entry, then read the hash again: an event still there keeps an entry."""
+        await self.index.remove(cid)
+        if await self.redis.hlen(self.store.keys(cid).outbox):
+            await self.index.add(cid, now_ms() + self.grace_ms)

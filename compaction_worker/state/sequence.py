@@ -8,6 +8,8 @@ stored turns.
 
 from __future__ import annotations
 
+import time
+
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.scripts import Script
@@ -19,9 +21,14 @@ class TurnSequence:
     def __init__(self, redis: RedisClient, prefix: str, retention_seconds: int | None) -> None:
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
-        self._next = Script(redis, "sequence_next.lua")
+        self._next = Script(redis, "expiry.lua", "sequence_next.lua")
 
     async def next(self, conversation_id: str) -> int:
         """The next unused turn seq of the conversation (1 for a new one)."""
         keys = conversation_keys(conversation_id, self.prefix)
-        return int(await self._next([keys.seq, keys.meta], retention_ms=str(self.retention_ms)))
+        lasting = [keys.meta, keys.seq, *(k for k in keys.lasting() if k not in (keys.meta, keys.seq))]
+        return int(
+            await self._next(
+                lasting, now_ms=str(int(time.time() * 1000)), retention_ms=str(self.retention_ms)
+            )
+        )

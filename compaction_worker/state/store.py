@@ -10,58 +10,25 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.errors import StaleFenceError
+from compaction_worker.state.appends import (
+    TURN_LUA,
+    AppendReply,
+    NewMessage,
+    TurnWrite,
+    first_fields,
+    reply_of,
+    script_args,
+)
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.jobs import SET_JOB_LUA, JobRequest
+from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.keys import ConversationKeys, conversation_keys
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import Script, as_text, encode
-
-HELD_TURN_LUA = "held.lua"
-"""The library that reads a held turn's fingerprint (the format is gaps.py's)."""
-
-
-class AppendStatus(StrEnum):
-    """What an append did."""
-
-    APPENDED = "appended"
-    DUPLICATE = "duplicate"
-    """The seq is stored with the same fingerprint (or one stored before fingerprints were kept)."""
-    CONFLICTING_DUPLICATE = "conflicting_duplicate"
-    """The seq is stored with another fingerprint: the turn is not the one stored."""
-    CONFLICTING_HELD = "conflicting_held"
-    """A different turn with this seq is held behind a gap; it arrived first and is kept."""
-    GAP = "gap"
-    """The turn is ahead of the next seq (the caller holds it instead)."""
-    CONFLICT = "conflict"
-    """Another writer appended since the caller read the message count."""
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """The outcome of one turn's append, with the conversation's totals after it."""
-
-    status: AppendStatus
-    last_seq: int
-    history_tokens: int = 0
-    """The running total after an append (0 when nothing was appended)."""
-    next_held: bool | None = None
-    """After an append: whether turn ``last_seq + 1`` is held behind a gap (None: not known)."""
-    meta: Meta | None = None
-    """After an append: the metadata as the append left it (None: not known)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message to append, with its token count (computed once, by the caller)."""
-
-    message: Mapping[str, Any]
-    tokens: int
+from compaction_worker.state.scripts import PositionalScript, Script, as_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +70,6 @@ def snapshot_of(
     return Snapshot(meta=meta, history=history, chunk_tokens=sum(c.tokens for c in chunks))
 
 
-def transcript_record(n: int, turn_seq: int, message: Mapping[str, Any], at: float, tokens: int) -> str:
-    """A transcript record: ``{"n", "seq", "m", "at", "t"}``.
-
-    ``t`` is the count the entry gets, so a rewind restores it exactly; records appended
-    before it was stored lack it.
-    """
-    return encode({"n": n, "seq": turn_seq, "m": message, "at": at, "t": tokens})
-
-
 class Store:
     """Conversation state in Redis; every multi-key write is one atomic script."""
 
@@ -119,8 +77,8 @@ class Store:
         self.redis = redis
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
-        self._append = Script(redis, "push.lua", SET_JOB_LUA, HELD_TURN_LUA, "append.lua")
-        self._replace = Script(redis, "push.lua", "replace.lua")
+        self._turn = PositionalScript(redis, *TURN_LUA)
+        self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
 
     def keys(self, conversation_id: str) -> ConversationKeys:
         return conversation_keys(conversation_id, self.prefix)
@@ -130,71 +88,56 @@ class Store:
         return Meta.from_hash(await self.redis.hgetall(self.keys(conversation_id).meta))
 
     async def set_meta(self, conversation_id: str, **fields: str | int | float) -> None:
-        """Update metadata fields that no script owns (budget, calibration, breaker)."""
-        await self.redis.hset(self.keys(conversation_id).meta, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
+        """Update metadata fields that no script owns (a no-op's size, a failure's backoff), bumping the revision."""
+        key = self.keys(conversation_id).meta
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
+            pipe.hincrby(key, "rev", 1)
+            await pipe.execute()
+
+    async def write_turn(self, conversation_id: str, write: TurnWrite) -> AppendReply:
+        """Decide and store one turn in one script call (appends.py says what it does)."""
+        keys = self.keys(conversation_id)
+        first = (keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)
+        rest = tuple(k for k in keys.lasting() if k not in first)
+        return reply_of(await self._turn([*first, *rest], script_args(write, self.retention_ms)))
 
     async def append_turn(
         self,
         conversation_id: str,
         turn_seq: int,
         messages: Sequence[NewMessage],
-        meta_fields: Mapping[str, str | int | float],
+        meta_fields: Mapping[str, str | int | float] | None = None,
         *,
-        expected_count: int,
         request: JobRequest | None = None,
         fingerprint: str | None = None,
-    ) -> AppendResult:
-        """Append one turn if it is the next in sequence.
+    ) -> AppendReply:
+        """Append a turn outside the turn handler (seeding a conversation: tests, benchmarks, tools).
 
-        ``expected_count`` is the message count the caller read: ordinals are assigned from
-        it, and the script refuses (``conflict``) if another writer appended since. A
-        compaction ``request`` carried by the turn is recorded in the same script, so a crash
-        can never keep the turn and lose the request (the caller indexes it: jobs.py).
-        ``fingerprint`` (the turn's content, see turns.turn_fingerprint) is stored with the
-        turn; a later turn with this seq and another fingerprint is refused.
+        It reads the meta first, so it costs two round trips; the turn handler's path is
+        :meth:`write_turn`.
         """
-        keys = self.keys(conversation_id)
+        meta = await self.meta(conversation_id)
         now = time.time()
-        records, entries = [], []
-        for n, new in enumerate(messages, start=expected_count + 1):
-            records.append(transcript_record(n, turn_seq, new.message, now, new.tokens))
-            entries.append(Entry(n=n, seq=turn_seq, message=new.message, tokens=new.tokens).to_json())
-        header: dict[str, Any] = {
-            "seq": str(turn_seq),
-            "expected_count": expected_count,
-            "history_delta": str(sum(m.tokens for m in messages)),
-            "now": repr(now),
-            "retention_ms": self.retention_ms,
-            "meta": {k: str(v) for k, v in meta_fields.items()},
+        fields = {k: str(v) for k, v in (meta_fields or {}).items()}
+        fields |= {
+            "last_seq": str(turn_seq),
+            "msg_count": str(meta.msg_count + len(messages)),
+            "history_tokens": str(meta.history_tokens + sum(m.tokens for m in messages)),
+            "updated_at": repr(now),
         }
-        if request is not None:
-            header["job"] = request.fields()
-        if fingerprint:
-            header["fingerprint"] = fingerprint
-        header["next"] = str(turn_seq + 1)
-        reply = await self._append(
-            [
-                keys.meta,
-                keys.transcript,
-                keys.entries,
-                keys.pending,
-                keys.chunks,
-                keys.compactions,
-                keys.job,
-                keys.fence,
-                keys.fingerprints,
-                # Only its expiry is refreshed here: the archive lives as long as the conversation.
-                keys.artifacts,
-            ],
-            {"records": records, "entries": entries},
-            **header,
+        write = TurnWrite(
+            seq=turn_seq,
+            messages=messages,
+            first_n=meta.msg_count + 1,
+            fields=fields | (first_fields(now) if meta.last_seq == 0 else {}),
+            rev=meta.rev,
+            now=now,
+            fingerprint=fingerprint,
+            job=request,
+            first=meta.last_seq == 0,
         )
-        status, last_seq = AppendStatus(as_text(reply[0])), int(reply[1])
-        if len(reply) < 5:
-            return AppendResult(status, last_seq, int(reply[2]) if len(reply) > 2 else 0)
-        flat = reply[4]
-        meta = Meta.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
-        return AppendResult(status, last_seq, int(reply[2]), next_held=bool(int(reply[3])), meta=meta)
+        return await self.write_turn(conversation_id, write)
 
     async def fingerprint(self, conversation_id: str, turn_seq: int) -> str | None:
         """The stored turn's content fingerprint; None if it has none (stored before they were kept)."""
@@ -212,7 +155,7 @@ class Store:
         return snapshot_of(raw_meta, raw_chunks, raw_entries)
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
-        """Transcript records (see :func:`transcript_record`) in order (list indexes, inclusive)."""
+        """Transcript records (``appends.encode_messages`` says their form) in order (list indexes, inclusive)."""
         raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
         return [json.loads(r) for r in raw]
 

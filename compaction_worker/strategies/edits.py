@@ -11,8 +11,8 @@ from typing import Any
 
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
+from compaction_worker.offload import off_loop
 from compaction_worker.strategies.draft import Draft, StageContext, StageKind, StageOutcome, StageReport
-from compaction_worker.strategies.offload import off_loop
 
 PLACEHOLDER_EDITS = frozenset({"pruned", "deduplicated"})
 """Edits that leave only a short placeholder: nothing left to clear, compare or cut."""

@@ -9,6 +9,7 @@ from typing import Any
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory
 from compaction_worker.observability import tracing
+from compaction_worker.offload import off_loop
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies.dedup import DEDUPLICATE
 from compaction_worker.strategies.draft import (
@@ -24,7 +25,6 @@ from compaction_worker.strategies.draft import (
     message_count,
     summary_overhead,
 )
-from compaction_worker.strategies.offload import off_loop
 from compaction_worker.strategies.oversized import TRUNCATE_OVERSIZED
 from compaction_worker.strategies.prune import PRUNE
 from compaction_worker.strategies.repair import reaches_target, repair

@@ -14,6 +14,7 @@ from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.history import Entry, SummaryChunk, public_message
+from compaction_worker.offload import off_loop
 from compaction_worker.strategies.chunks import chunk_frame, make_chunk
 from compaction_worker.strategies.draft import (
     Draft,
@@ -25,7 +26,6 @@ from compaction_worker.strategies.draft import (
     plural,
 )
 from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
-from compaction_worker.strategies.offload import off_loop
 from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import partition
 from compaction_worker.summaries.contract import (
@@ -183,7 +183,6 @@ class _Attempts:
             name,
             reason,
             f"falling back to {after}" if after else "no summarizer left",
-            extra={"conversation_id": self.conversation_id},
         )
 
 

@@ -1,8 +1,9 @@
 """The LiteLLM summarizer: the only module that calls an LLM.
 
 It asks any LiteLLM model for a structured summary (prompt from
-:mod:`compaction_worker.summaries.prompts`), with its own retries and fallback models, and
-returns only summaries that pass :func:`~compaction_worker.summaries.validation.validate_summary`.
+:mod:`compaction_worker.summaries.prompts`), with retries (the one failure policy,
+:class:`~compaction_worker.retry.RetryPolicy`) and fallback models, and returns only
+summaries that pass :func:`~compaction_worker.summaries.validation.validate_summary`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from compaction_worker._litellm import litellm
 from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.observability import metrics, tracing
+from compaction_worker.offload import off_loop
+from compaction_worker.retry import RetryPolicy
 from compaction_worker.settings import SummarizerSettings
-from compaction_worker.strategies.offload import off_loop
 from compaction_worker.summaries.contract import (
     CountTokens,
     InputTooLargeError,
@@ -126,14 +128,14 @@ class LiteLLMSummarizer:
     """Summaries from any LiteLLM model, with retries and fallback models.
 
     Each model is tried in turn (``settings.model``, then ``settings.fallback_models``).
-    A retryable failure is asked again up to ``settings.max_retries`` times with
-    exponential backoff and jitter; any other failure, or an invalid summary, moves on to
-    the next model. A model's input limit is the smallest of ``settings.max_input_tokens``,
-    its window in LiteLLM's registry minus the reply, and what its overflow errors taught
-    this instance. A prompt over it has its long tool outputs cut to head and tail; if it
-    is still over, the model is not asked, and when that happens to the first model the
-    summary fails with :class:`InputTooLargeError`: the caller splits the span
-    (:meth:`transcript_limit` says how much fits). No message is dropped to make room.
+    A retryable failure is asked again as ``retry`` says (tries, backoff with full jitter);
+    any other failure, or an invalid summary, moves on to the next model. A model's input
+    limit is the smallest of ``settings.max_input_tokens``, its window in LiteLLM's registry
+    minus the reply, and what its overflow errors taught this instance. A prompt over it has
+    its long tool outputs cut to head and tail; if it is still over, the model is not asked,
+    and when that happens to the first model the summary fails with
+    :class:`InputTooLargeError`: the caller splits the span (:meth:`transcript_limit` says
+    how much fits). No message is dropped to make room.
     """
 
     def __init__(
@@ -141,18 +143,16 @@ class LiteLLMSummarizer:
         settings: SummarizerSettings,
         count_tokens: CountTokens,
         *,
+        retry: RetryPolicy,
         sleep: Sleep = asyncio.sleep,
-        jitter: Callable[[], float] = random.random,
-        backoff_base: float = 0.5,
-        backoff_cap: float = 8.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
         self.name = settings.model or "extractive"
         self._count = count_tokens
+        self._retry = retry
         self._sleep = sleep
-        self._jitter = jitter
-        self._base = backoff_base
-        self._cap = backoff_cap
+        self._rng = rng
         self._key = settings.api_key.get_secret_value() if settings.api_key else None
         # Redaction replaces the key wherever it appears; a placeholder key such as "fake"
         # or "none" would mangle ordinary words, and is no secret.
@@ -185,7 +185,6 @@ class LiteLLMSummarizer:
                     model,
                     "does not fit" if e.too_large else "failed",
                     e,
-                    extra={"conversation_id": request.conversation_id},
                 )
         message = self._redact("no valid summary from " + "; ".join(failures))
         # The failed calls were paid for: the caller adds their usage to the compaction's.
@@ -237,7 +236,7 @@ class LiteLLMSummarizer:
     async def _with_model(
         self, model: str, request: SummaryRequest, system: str, usage: _Usage
     ) -> SummaryResult:
-        clamped, retries, shorter = False, 0, 0
+        clamped, failures, shorter = False, 0, 0
         while True:
             limit = self._input_limit(model, request)
             # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
@@ -262,7 +261,6 @@ class LiteLLMSummarizer:
                         model,
                         size,
                         self._learned[model],
-                        extra={"conversation_id": request.conversation_id},
                     )
                     if not clamped:
                         clamped = True
@@ -270,9 +268,9 @@ class LiteLLMSummarizer:
                     self._scrub(e)
                     raise _ModelFailed("input too large even with tool outputs cut", too_large=True) from e
                 reason = self._describe(e)
-                if is_retryable(e) and retries < self.settings.max_retries:
-                    retries += 1
-                    await self._backoff(model, retries, reason, request)
+                failures += 1
+                if is_retryable(e) and not self._retry.exhausted(failures):
+                    await self._backoff(model, failures, reason, request)
                     continue
                 self._scrub(e)
                 raise _ModelFailed(reason) from e
@@ -286,7 +284,6 @@ class LiteLLMSummarizer:
                         "summary by %s was cut off (finish_reason=%s); asking for a shorter one",
                         model,
                         finish,
-                        extra={"conversation_id": request.conversation_id},
                     )
                     continue
                 problem = (f"the summary was cut off (finish_reason={finish})", False)
@@ -294,9 +291,9 @@ class LiteLLMSummarizer:
                 text = text.strip()
                 return SummaryResult(text, model, self._count(text), usage.event())
             reason, transient = problem
-            if transient and retries < self.settings.max_retries:
-                retries += 1
-                await self._backoff(model, retries, reason, request)
+            failures += 1
+            if transient and not self._retry.exhausted(failures):
+                await self._backoff(model, failures, reason, request)
                 continue
             raise _ModelFailed(reason)
 
@@ -353,17 +350,15 @@ class LiteLLMSummarizer:
             "max_retries": 0,
         }
 
-    async def _backoff(self, model: str, attempt: int, reason: str, request: SummaryRequest) -> None:
-        delay = min(self._cap, self._base * 2 ** (attempt - 1))
-        delay *= 0.5 + self._jitter() / 2  # jitter keeps many workers from retrying in step
+    async def _backoff(self, model: str, failures: int, reason: str, request: SummaryRequest) -> None:
+        delay = self._retry.backoff(failures, self._rng)
         log.warning(
-            "summary by %s failed (%s); retry %d/%d in %.2fs",
+            "summary by %s failed (%s); try %d/%d in %.2fs",
             model,
             reason,
-            attempt,
-            self.settings.max_retries,
+            failures + 1,
+            self._retry.attempts,
             delay,
-            extra={"conversation_id": request.conversation_id},
         )
         await self._sleep(delay)
 

@@ -184,11 +184,14 @@ def default_summary(body: dict[str, Any]) -> str:
     if not entries:
         return "## Current state\n- (empty transcript)"
     budget = min(_SUMMARY_WORDS, max(_MIN_BUDGET_WORDS, len(transcript.split()) // 2))
+    headings = ["## Goals and constraints", "## Current state", "## Next steps"]
     # A model asked for at most max_tokens writes to fit them, as the prompt asks; a word of
-    # these bullets (paths, code) is up to ~3 tokens, headings included.
+    # these bullets (paths, code) is up to ~3 tokens, and the headings and a closing
+    # "- ... and N more messages" line take their share too.
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
     if isinstance(max_tokens, int) and max_tokens > 0:
-        budget = min(budget, max(8, max_tokens // 3))
+        framing = sum(len(h.split()) for h in headings) + 6
+        budget = min(budget, max(8, max_tokens // 3 - framing))
     goal_index = next((i for i, (role, _) in enumerate(entries) if role == "user"), 0)
     last_index = len(entries) - 1
     goal = _bullet(*entries[goal_index])
@@ -203,8 +206,24 @@ def default_summary(body: dict[str, Any]) -> str:
             break
         state.append(bullet)
         used += len(bullet.split())
-    parts = ["## Goals and constraints", goal, "## Current state"]
+    parts = [headings[0], goal, headings[1]]
     parts += state or ["- (see next steps)"]
     if nxt:
-        parts += ["## Next steps", nxt]
+        parts += [headings[2], nxt]
+    if isinstance(max_tokens, int) and max_tokens > 0:
+        parts = _within(parts, max(8, max_tokens // 3))  # a small budget cuts even the goal short
     return "\n".join(parts)
+
+
+def _within(lines: list[str], words: int) -> list[str]:
+    """The lines, cut to at most ``words`` words in all (a line cut short keeps its first words)."""
+    kept, used = [], 0
+    for line in lines:
+        parts = line.split()
+        if used + len(parts) > words:
+            if words - used > 1:
+                kept.append(" ".join(parts[: words - used]))
+            break
+        kept.append(line)
+        used += len(parts)
+    return kept

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import jsonschema
 from click.testing import CliRunner
@@ -24,15 +25,22 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
         assert isinstance(row["value"], int | float), row
         assert math.isfinite(row["value"]), row
         assert row["met"] is None or isinstance(row["met"], bool)
-    one, two = rows["one worker process"], rows["two worker processes"]
+    one, two = rows["one worker / bare loop (same fetch settings)"], rows["two workers / one worker"]
     assert min(one["value"], one["baseline"]) > 0
     assert (one["target"], one["at_least"]) == (0.6, True)
+    assert rows["one worker / pipelined bare loop"]["baseline"] > 0
     assert (two["baseline"], two["target"]) == (one["value"], 1.6)
     head = rows["head-of-line: p99 store latency, 10% compacting"]
     assert head["value"] > 0
     assert (head["target"], head["target_on_value"]) == (100.0, True)
+    sent = rows["Redis commands sent per stored turn"]
+    assert sent["value"] >= 1  # a stored turn takes at least one command
+    assert (sent["target"], sent["baseline"]) == (1.5, None)  # no --baseline-source
+    assert rows["Redis commands inside scripts per stored turn"]["target"] == 12
+    assert rows["Redis command time per stored turn"]["value"] > 0
+    assert rows["Redis commands/s an idle worker sends"]["target"] == 5
     assert any(name.startswith("per-turn cost") for name in rows)
-    assert any(name.startswith("compaction cost excl. LLM") for name in rows)
+    assert any(name.startswith("compaction cost incl. LiteLLM's CPU, excl. the LLM's wait") for name in rows)
     assert any(name.startswith("summarizer input tokens") for name in rows)
     assert Row(**{k: v for k, v in one.items() if k not in ("ratio", "met")}).met == one["met"]
 
@@ -41,3 +49,9 @@ def test_an_unknown_scenario_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["bench", "--only", "nope"])
     assert result.exit_code == 2
     assert "no scenario matches nope" in result.output
+
+
+def test_a_baseline_source_must_be_a_checkout(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["bench", "--baseline-source", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "not a checkout of compaction-worker" in result.output

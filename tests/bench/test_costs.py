@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 import redis.asyncio
 
@@ -12,17 +16,48 @@ from compaction_worker.bench.report import Row
 from compaction_worker.testing import FakeLLMServer
 
 
-async def test_the_llm_clock_times_litellm_calls_and_puts_the_original_back() -> None:
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+async def test_the_llm_clock_leaves_out_the_wait_keeps_the_clients_cpu_and_puts_the_original_back() -> None:
+    """CPU on the loop and on an executor thread (where LiteLLM builds a request) is the client's;
+    the CPU of the thread the fake LLM answers on is the LLM's, and so is the time waited for it."""
     module = _litellm.load()
     original = module.acompletion
+    answered, release = threading.Event(), threading.Event()
+
+    def serve() -> None:  # like FakeLLMServer's thread, it outlives the call
+        _burn(0.3)
+        answered.set()
+        release.wait()
+
+    server = threading.Thread(target=serve, name=costs.FAKE_LLM_THREAD)
+
+    async def call(*_args: object, **_kwargs: object) -> str:
+        _burn(0.05)
+        await asyncio.get_running_loop().run_in_executor(None, _burn, 0.05)
+        server.start()
+        await asyncio.to_thread(answered.wait)
+        return "ok"
+
+    module.acompletion = call
     clock = LLMClock()
-    with clock.installed():
-        assert module.acompletion is not original
-        await module.acompletion(
-            model="openai/x", messages=[{"role": "user", "content": "hi"}], mock_response="ok"
-        )
-    assert module.acompletion is original
-    assert clock.seconds > 0
+    try:
+        with clock.installed():
+            assert module.acompletion is not call
+            assert await module.acompletion(model="openai/x", messages=[]) == "ok"
+        assert module.acompletion is call
+    finally:
+        module.acompletion = original
+        release.set()
+        server.join()
+    assert clock.client_cpu >= 0.1
+    assert clock.client_cpu < 0.1 + 0.3  # the server thread's CPU is not the client's
+    assert clock.seconds > 0.1  # at least the server's 0.3 s less what the client's CPU overstates
 
 
 @pytest.mark.integration
@@ -39,12 +74,13 @@ async def test_every_row_runs_small(redis_client: redis.asyncio.Redis, fake_llm:
     per_turn = [r for r in rows if r.name.startswith("per-turn cost,")]
     assert len(per_turn) == 3
     assert all(r.value > 0 and r.baseline and r.baseline > 0 for r in per_turn)
+    assert {r.baseline_name for r in per_turn} == {"recount every turn (naive baseline)"}
     ratio = by_name["per-turn cost at 2K / at 1K"]
     assert ratio.target == 1.2
     assert ratio.met is not None
     p50, p99 = (
-        by_name["compaction cost excl. LLM, 16K tokens, p50"],
-        by_name["compaction cost excl. LLM, 16K tokens, p99"],
+        by_name["compaction cost incl. LiteLLM's CPU, excl. the LLM's wait, 16K tokens, p50"],
+        by_name["compaction cost incl. LiteLLM's CPU, excl. the LLM's wait, 16K tokens, p99"],
     )
     assert 0 < p50.value <= p99.value
     assert p99.target == 50.0

@@ -1,16 +1,26 @@
-"""The AsyncAPI document: the four topics, their keys, and who sends what."""
+"""The AsyncAPI document FastStream generates: the four topics, their keys and headers, and who sends what."""
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from compaction_worker.contracts.events import DLQ_TOPIC, TURNS_TOPIC, DeadLetterReason
-from compaction_worker.contracts.json_schemas import INPUT_TOPICS, schema_file
-from tests.contracts.helpers import SCHEMAS_DIR, TOPICS, load_asyncapi, load_schema, refs, resolve_pointer
+from compaction_worker.contracts.events import DLQ_TOPIC, EVENT_MODELS, TURNS_TOPIC, DeadLetterReason
+from compaction_worker.contracts.json_schemas import INPUT_TOPICS
+from compaction_worker.runtime.channels import DOCUMENTED_BOOTSTRAP
+from tests.contracts.helpers import TOPICS, load_asyncapi, load_schema, refs, resolve_pointer
+
+
+def messages_by_topic(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each channel's one message (resolved), by the channel's address."""
+    found = {}
+    for channel in document["channels"].values():
+        (reference,) = (m["$ref"] for m in channel["messages"].values())
+        found[channel["address"]] = resolve_pointer(document, reference[1:])
+    return found
 
 
 class TestAsyncApi:
-    """The AsyncAPI document describes the four topics, their keys and who sends what."""
+    """The committed document describes the four topics, their keys and who sends what."""
 
     def test_parses_as_asyncapi_3(self) -> None:
         """The file is YAML, AsyncAPI 3.0.0, with a title, a version and prose."""
@@ -22,7 +32,7 @@ class TestAsyncApi:
             assert topic in document["info"]["description"]
 
     def test_one_channel_per_topic(self) -> None:
-        """Each default topic name from keys.py is the address of exactly one channel."""
+        """Each default topic name is the address of exactly one channel."""
         addresses = [channel["address"] for channel in load_asyncapi()["channels"].values()]
         assert sorted(addresses) == sorted(TOPICS)
 
@@ -42,64 +52,105 @@ class TestAsyncApi:
             for message in operation["messages"]:
                 assert message["$ref"].startswith(channel_ref + "/messages/")
 
-    def test_every_ref_resolves(self) -> None:
-        """Every $ref names a component in the document or a file (and pointer) that exists."""
+    def test_every_ref_resolves_inside_the_document(self) -> None:
+        """Every $ref names a part of the document itself: the payloads are inline, not files."""
         document = load_asyncapi()
-        checked = 0
-        for ref in refs(document):
-            target, _, fragment = ref.partition("#")
-            if target:
-                path = SCHEMAS_DIR / target
-                assert path.is_file(), ref
-                resolved = resolve_pointer(json.loads(path.read_text()), fragment)
-            else:
-                resolved = resolve_pointer(document, fragment)
-            assert isinstance(resolved, dict), ref
-            checked += 1
-        assert checked >= 4 * 4  # channel, operation, message and schema refs of four topics
+        found = list(refs(document))
+        for ref in found:
+            assert ref.startswith("#/"), ref
+            assert isinstance(resolve_pointer(document, ref[1:]), dict), ref
+        assert len(found) >= 4 * 4  # channel, operation, message and payload refs of four topics
 
-    def test_payloads_are_the_event_schemas(self) -> None:
-        """Each channel's message payload is the schema file of that channel's topic."""
+    def test_payloads_are_the_models_schemas(self) -> None:
+        """Each message's payload is its topic's model, as pydantic describes it, with every definition."""
         document = load_asyncapi()
-        for channel in document["channels"].values():
-            (message_ref,) = (m["$ref"] for m in channel["messages"].values())
-            message = resolve_pointer(document, message_ref[1:])
+        schemas = document["components"]["schemas"]
+        for topic, message in messages_by_topic(document).items():
+            model = EVENT_MODELS[topic]
+            expected = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            definitions = expected.pop("$defs", {})
+            assert message["payload"] == {"$ref": f"#/components/schemas/{model.__name__}"}
+            assert schemas[model.__name__] == expected
+            for name, definition in definitions.items():
+                assert schemas[name] == definition, name
+
+    def test_payloads_agree_with_the_json_schema_files(self) -> None:
+        """The document and the files name the same fields; the input's schema is the file's exactly.
+
+        An output's file is in serialization mode (every field the worker always writes is
+        required); FastStream describes a payload as its model validates, so the document
+        may require fewer of an output's fields, never others.
+        """
+        document = load_asyncapi()
+        for topic, message in messages_by_topic(document).items():
             payload = resolve_pointer(document, message["payload"]["$ref"][1:])
-            assert payload == {"$ref": f"./{schema_file(channel['address'])}"}
+            committed = load_schema(topic)
+            assert set(payload["properties"]) == set(committed["properties"]), topic
+            assert set(payload.get("required", [])) <= set(committed["required"]), topic
+            if topic in INPUT_TOPICS:
+                assert payload["required"] == committed["required"]
+                assert payload["properties"] == {
+                    name: _local_refs(field) for name, field in committed["properties"].items()
+                }
 
     def test_kafka_key_is_the_conversation_id(self) -> None:
         """Every message declares its Kafka key; conversation events carry the id's constraints."""
         document = load_asyncapi()
         turn_id = load_schema(TURNS_TOPIC)["properties"]["conversation_id"]
-        for channel in document["channels"].values():
-            (message_ref,) = (m["$ref"] for m in channel["messages"].values())
-            key = resolve_pointer(document, message_ref[1:])["bindings"]["kafka"]["key"]
+        for topic, message in messages_by_topic(document).items():
+            key = message["bindings"]["kafka"]["key"]
             assert "conversation_id" in key["description"] or "conversation id" in key["description"]
-            if channel["address"] != DLQ_TOPIC:
+            if topic != DLQ_TOPIC:
                 assert key["type"] == "string"
                 assert key["pattern"] == turn_id["pattern"]
                 assert key["maxLength"] == turn_id["maxLength"]
 
-    def test_server_has_a_bootstrap_variable(self) -> None:
-        """The Kafka server's host is the ``{bootstrap}`` variable, with a default."""
+    def test_messages_declare_the_trace_headers(self) -> None:
+        """traceparent and tracestate are optional headers on every topic."""
+        for message in messages_by_topic(load_asyncapi()).values():
+            headers = message["headers"]
+            assert set(headers["properties"]) == {"traceparent", "tracestate"}
+            assert "required" not in headers
+
+    def test_server_names_the_bootstrap_setting(self) -> None:
+        """One Kafka server, the default bootstrap address, with the setting that replaces it."""
         (server,) = load_asyncapi()["servers"].values()
         assert server["protocol"] == "kafka"
-        assert server["host"] == "{bootstrap}"
-        assert server["variables"]["bootstrap"]["default"]
+        assert server["host"] == DOCUMENTED_BOOTSTRAP
+        assert "COMPACTION_KAFKA__BOOTSTRAP_SERVERS" in server["description"]
 
-    def test_describes_ordering_deduplication_and_dead_letters(self) -> None:
-        """The prose covers the key, the de-duplication ids and every dead-letter reason."""
+    def test_describes_ordering_deduplication_dead_letters_and_headers(self) -> None:
+        """The prose covers the key, the de-duplication ids, every dead-letter reason and the headers."""
         document = load_asyncapi()
         text = document["info"]["description"]
         for phrase in (
             "## Ordering",
             "## De-duplication",
             "## Dead letters",
+            "## Headers",
             "event_id",
             "turn_seq",
             "version",
+            "traceparent",
         ):
             assert phrase in text
         dlq = next(c for c in document["channels"].values() if c["address"] == DLQ_TOPIC)
         for reason in DeadLetterReason:
             assert f"`{reason.value}`" in dlq["description"]
+
+    def test_each_channel_names_the_setting_that_renames_it(self) -> None:
+        """A deployment that renames a topic finds the variable on the channel."""
+        for channel in load_asyncapi()["channels"].values():
+            assert "COMPACTION_TOPICS__" in channel["description"]
+
+
+def _local_refs(node: Any) -> Any:
+    """A file's schema with its ``#/$defs/`` references pointing where the document keeps definitions."""
+    if isinstance(node, dict):
+        return {
+            key: value.replace("#/$defs/", "#/components/schemas/") if key == "$ref" else _local_refs(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_local_refs(item) for item in node]
+    return node

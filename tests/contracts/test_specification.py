@@ -1,15 +1,30 @@
-"""The committed contract files: exactly what the models generate; write() and check()."""
+"""The committed contract files: exactly what the models (and FastStream, for AsyncAPI) generate; write() and check()."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from compaction_worker.contracts import specification
 from compaction_worker.contracts.cli_output import CLI_GENERATED_NOTE, CLI_MODELS, cli_schema_file
 from compaction_worker.contracts.events import COMPLETED_TOPIC, TURNS_TOPIC
 from compaction_worker.contracts.json_schemas import GENERATED_NOTE, schema_file
-from compaction_worker.contracts.specification import ASYNCAPI_FILE, check, render_all, write
+from compaction_worker.contracts.specification import ASYNCAPI_FILE
+from compaction_worker.runtime.channels import committed_document
 from tests.contracts.helpers import SCHEMA_FILES, SCHEMAS_DIR, TOPICS
+
+
+def render_all() -> dict[str, str]:
+    """Every contract file as the ``schemas`` command renders it."""
+    return specification.render_all(committed_document())
+
+
+def write(directory: Path) -> list[Path]:
+    return specification.write(directory, render_all())
+
+
+def check(directory: Path) -> list[str]:
+    return specification.check(directory, render_all())
 
 
 class TestDrift:
@@ -19,7 +34,7 @@ class TestDrift:
         """CI fails when a model changed and the contracts were not regenerated."""
         problems = check(SCHEMAS_DIR)
         assert problems == [], (
-            "schemas/ is out of date with compaction_worker/contracts/events.py; run "
+            "schemas/ is out of date with the models or the worker's channels; run "
             "`compaction-worker schemas` and commit the result:\n  " + "\n  ".join(problems)
         )
 

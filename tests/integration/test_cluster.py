@@ -44,7 +44,8 @@ async def test_a_primary_restart_loses_nothing(
             "api_base": fake_llm.url,
             "api_key": "fake-key-0123456789",
         },
-        worker={"sweep_interval_seconds": 0.2, "retry_backoff_seconds": 0.2},
+        worker={"sweep_interval_seconds": 0.2},
+        retry={"base_seconds": 0.2, "cap_seconds": 0.2},
     )
     caplog.set_level(logging.WARNING)
     await ensure_topics(settings)

@@ -58,7 +58,7 @@ async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(
         kafka_bootstrap,
         own_redis.url,
         topics,
-        worker={"retry_backoff_seconds": 0.2},
+        retry={"base_seconds": 0.2, "cap_seconds": 0.2},
         kafka={"batch_concurrency": 8},
     )
     run = uuid.uuid4().hex[:6]

@@ -2,9 +2,9 @@
 
 Worker A's event loop freezes inside its summarizer call (a blocking call: what a GC
 pause, a CPU-bound step or a stopped VM does to a process), so its lock renewal cannot
-run and the lock expires. Nothing in A is faked: the lock, the renewal task, the job
-lease, the pipeline and the fenced commit script are the production ones, against a real
-Redis server. Worker B, in another thread with its own event loop and Redis connection,
+run and the lock (its claim on the job) expires. Nothing in A is faked: the lock, the
+renewal task, the job claim, the pipeline and the fenced commit script are the production
+ones, against a real Redis server. Worker B, in another thread with its own event loop and Redis connection,
 is a second worker process in all but name.
 """
 
@@ -21,6 +21,7 @@ import redis.asyncio
 
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, LlmUsage, Outcome
 from compaction_worker.runtime.compactor import Compactor
+from compaction_worker.runtime.pool import run_job
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
@@ -59,8 +60,7 @@ class Scripted:
         return SummaryResult(text, self.name, self.count(text), LlmUsage())
 
 
-# Jobs busy elsewhere are postponed by half the TTL: short, so B retries promptly. The
-# job lease (twice the TTL) is the shortest there is: one second.
+# A job whose lock is busy is looked at again when that lock would expire: soon, with this TTL.
 SETTINGS = make_settings(redis={"key_prefix": PREFIX}, worker={"lock_ttl_seconds": LOCK_TTL})
 
 
@@ -107,12 +107,11 @@ async def test_worker_whose_lock_expired_cannot_commit_over_the_new_holder(
         client = connect(redis_url)
         try:
             compactor_b, _, jobs_b = compactor(client, published_b, lambda count: Scripted("B", count))
-            # B starts once A is inside its call; while A's lease stands, B cannot even claim the job.
+            # B starts once A is inside its call; while A's lock stands, B cannot claim the job.
             assert await asyncio.to_thread(a_in_call.wait, FREEZE_TIMEOUT), "A never reached its summarizer"
             deadline = time.monotonic() + FREEZE_TIMEOUT
             while time.monotonic() < deadline:
-                claim = await jobs_b.claim(CID)
-                if claim is not None and (done := await compactor_b.run(claim)) is not None:
+                if (done := await run_job(jobs_b, compactor_b, CID)) is not None:
                     return done
                 await asyncio.sleep(0.05)
             raise AssertionError("B never got the job and the lock")
@@ -127,11 +126,9 @@ async def test_worker_whose_lock_expired_cannot_commit_over_the_new_holder(
         finally:
             b_committed.set()
 
-    claim_a = await jobs_a.claim(CID)
-    assert claim_a is not None
     thread_b = threading.Thread(target=run_b, name="worker-b")
     thread_b.start()
-    done_a = await compactor_a.run(claim_a)
+    done_a = await run_job(jobs_a, compactor_a, CID)
     thread_b.join(FREEZE_TIMEOUT)
     (done_b,) = b_result
     if isinstance(done_b, BaseException):
@@ -176,9 +173,7 @@ async def test_worker_whose_lock_expired_cannot_commit_even_if_nobody_took_it(
         time.sleep(LOCK_TTL * 3)
 
     compactor_a, _, jobs = compactor(redis_client, published, lambda count: Scripted("A", count, freeze))
-    claim = await jobs.claim(CID)
-    assert claim is not None
-    done = await compactor_a.run(claim)
+    done = await run_job(jobs, compactor_a, CID)
 
     assert frozen, "A never reached its summarizer"
     assert done is not None

@@ -61,7 +61,7 @@ def health_sections() -> dict[str, dict[str, Any]]:
         "liveness_timeout_seconds": LIVENESS_TIMEOUT,
         "check_timeout_seconds": 1.0,
     }
-    return {"health": health, "worker": {"retry_backoff_seconds": 0.2}}
+    return {"health": health, "retry": {"base_seconds": 0.2, "cap_seconds": 0.2}}
 
 
 async def test_ready_follows_redis_and_live_holds_through_its_outage(

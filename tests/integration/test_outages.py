@@ -52,7 +52,8 @@ WINDOW = 3000  # small, so that compactions run before, during and after the out
 INFRA_WARNING = "infrastructure error on a turn"
 ASSIGNED = re.compile(r"Consumer (\S+) assigned to partitions")
 # Short leases and back-off: a compaction cut off by an outage is taken up again soon.
-WORKER = {"lock_ttl_seconds": 2.0, "retry_backoff_seconds": 0.5}
+WORKER = {"lock_ttl_seconds": 2.0}
+RETRY = {"base_seconds": 0.5, "cap_seconds": 1.0}
 
 Streams = Mapping[str, Sequence[TurnEvent]]
 
@@ -204,7 +205,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     streams = _streams(turns)
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=PARTITIONS)
     settings = make_settings(
-        kafka_bootstrap, own_redis.url, topics, worker=WORKER, summarizer=_summarizer(fake_llm)
+        kafka_bootstrap, own_redis.url, topics, worker=WORKER, retry=RETRY, summarizer=_summarizer(fake_llm)
     )
     handled = _Handled()
     worker = build_worker(settings, on_turn=handled)
@@ -320,7 +321,12 @@ async def test_broker_restart_mid_run_resumes_without_loss(
     streams = _streams(turns)
     topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
     settings = make_settings(
-        own_kafka.bootstrap_servers, redis_url, topics, worker=WORKER, summarizer=_summarizer(fake_llm)
+        own_kafka.bootstrap_servers,
+        redis_url,
+        topics,
+        worker=WORKER,
+        retry=RETRY,
+        summarizer=_summarizer(fake_llm),
     )
     await create_topics(own_kafka.bootstrap_servers, topics, PARTITIONS)
     handled = _Handled()

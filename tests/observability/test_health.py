@@ -7,6 +7,7 @@ tests/integration/test_health.py.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, cast
 
@@ -192,6 +193,23 @@ class TestEndpoints:
         server = await serve()
         status, _, _ = await request(server.port, "", raw=b"hello there\r\n\r\n")
         assert status == 400
+        assert (await request(server.port, LIVEZ))[0] == 200
+
+    async def test_serving_leaves_the_signal_handlers_to_the_app(self, serve: Serve) -> None:
+        """uvicorn takes no SIGINT or SIGTERM: the worker's FastStream app shuts down on them, once."""
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        server = await serve()
+        assert (await request(server.port, LIVEZ))[0] == 200  # uvicorn is serving by now
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+
+    async def test_a_port_in_use_fails_the_start(self, serve: Serve) -> None:
+        """Binding fails in start() itself, as an OSError the worker's start-up reports."""
+        server = await serve()
+        taken = HealthServer(
+            HealthSettings(enabled=True, port=server.port), Liveness(60), {}, CollectorRegistry()
+        )
+        with pytest.raises(OSError, match="in use"):
+            await taken.start()
         assert (await request(server.port, LIVEZ))[0] == 200
 
     async def test_stop_closes_the_port(self, serve: Serve) -> None:

@@ -8,6 +8,8 @@ from compaction_worker._litellm import litellm
 from compaction_worker.observability import metrics
 from compaction_worker.observability.operations import exported_series
 from compaction_worker.runtime.components import observe_backlog
+from compaction_worker.runtime.pool import run_job
+from compaction_worker.state.lock import Lease
 from compaction_worker.summaries.contract import SummarizerError
 from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.observability.memory import Memory
@@ -60,11 +62,9 @@ class TestCompactions:
             if (await parts.turns.handle(turn, b"c")).scheduled is not None:
                 break
         lease = await parts.locks.acquire("c", parts.store.keys("c"))  # another worker's run
-        assert lease is not None
-        claim = await parts.jobs.claim("c")
-        assert claim is not None
+        assert isinstance(lease, Lease)
         telemetry.clear()
-        assert await parts.compactor.run(claim) is None
+        assert await run_job(parts.jobs, parts.compactor, "c") is None
         assert telemetry.values("compaction.lock.contended") == {(): 1}
         assert telemetry.histogram("compaction.lock.wait.duration")[(("acquired", "false"),)][0] == 1
         assert telemetry.values("compaction.runs") == {}  # a postponed job is no run
@@ -92,7 +92,7 @@ class TestLLM:
     async def test_failures_are_counted_per_call(self, telemetry: Memory, fake_llm: FakeLLMServer) -> None:
         fake_llm.fail_next(10, status=401)  # not retried: one call
         with pytest.raises(SummarizerError):
-            await summarizer(fake_llm, max_retries=0, fallback_models=[]).summarize(request())
+            await summarizer(fake_llm, attempts=1, fallback_models=[]).summarize(request())
         failures = telemetry.values("compaction.llm.failures")
         assert sum(failures.values()) == 1
         ((attributes, _),) = failures.items()

@@ -16,7 +16,7 @@ from compaction_worker.summaries.llm import LiteLLMSummarizer
 from compaction_worker.testing import FakeLLMServer
 from tests.observability.memory import Memory, children
 from tests.orchestration import Parts, compact_now, compactor_with, conversation
-from tests.summaries.helpers import GOOD_SUMMARY, count, llm_settings, request
+from tests.summaries.helpers import GOOD_SUMMARY, count, llm_retry, llm_settings, request
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 PARENT_ID = 0xB7AD6B7169203331
@@ -111,7 +111,7 @@ class TestCompactionSpans:
         assert job.traceparent is not None
 
         def llm(_model: str, counter: TokenCounter) -> list[Summarizer]:
-            return [LiteLLMSummarizer(llm_settings(fake_llm), counter.text)]
+            return [LiteLLMSummarizer(llm_settings(fake_llm), counter.text, retry=llm_retry())]
 
         recorder = ContextRecorder()
         telemetry.clear()
@@ -160,7 +160,7 @@ class TestCompactionSpans:
     ) -> None:
         fake_llm.set_reply(GOOD_SUMMARY)
         monkeypatch.setattr(tracing, "capture_content", True)
-        await LiteLLMSummarizer(llm_settings(fake_llm), count).summarize(request())
+        await LiteLLMSummarizer(llm_settings(fake_llm), count, retry=llm_retry()).summarize(request())
         chat = one([s for s in telemetry.finished() if s.name.startswith("chat ")])
         assert "## " in str((chat.attributes or {})["gen_ai.output.messages"])
         assert "/health" in str((chat.attributes or {})["gen_ai.input.messages"])

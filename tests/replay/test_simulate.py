@@ -13,6 +13,7 @@ from compaction_worker.contracts.history import render
 from compaction_worker.replay.reader import Conversation, ReplayInputError, read_file
 from compaction_worker.replay.simulate import DEFAULT_MODEL, ConversationReport, Replay, split_turns
 from compaction_worker.runtime.components import configured_summarizers
+from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
 from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.orchestration import Parts
@@ -28,9 +29,7 @@ def _conversation() -> Conversation:
 
 
 async def _replay(settings: Settings, window: int | None = WINDOW, **kw: str) -> ConversationReport:
-    replay = Replay(
-        _conversation(), settings, configured_summarizers(settings.summarizer), context_window=window, **kw
-    )
+    replay = Replay(_conversation(), settings, configured_summarizers(settings), context_window=window, **kw)
     return await replay.run()
 
 
@@ -104,14 +103,13 @@ def test_an_unknown_model_without_a_window_is_refused() -> None:
     """As the worker dead-letters its turns when no fallback window is configured."""
     strict = Settings(budget=BudgetSettings(fallback_window=None))
     with pytest.raises(ReplayInputError, match="no known context window"):
-        Replay(_conversation(), strict, configured_summarizers(SummarizerSettings()), model="acme/unknown")
+        Replay(_conversation(), strict, configured_summarizers(strict), model="acme/unknown")
 
 
 async def test_an_llm_summarizer_s_tokens_are_counted(fake_llm: FakeLLMServer) -> None:
     settings = Settings(
-        summarizer=SummarizerSettings(
-            model="openai/fake", api_base=fake_llm.url, api_key="fake", max_retries=0
-        )
+        summarizer=SummarizerSettings(model="openai/fake", api_base=fake_llm.url, api_key="fake"),
+        retry={"llm_attempts": 1},
     )
     report = await _replay(settings)
     assert report.compactions
@@ -137,8 +135,8 @@ async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
             cid.encode(),
         )
         tokens = (await parts.store.meta(cid)).total_tokens
-        while (claim := await parts.jobs.claim(cid)) is not None:
-            completed = await parts.compactor.run(claim)
+        while cid in await parts.jobs.due(10):
+            completed = await run_job(parts.jobs, parts.compactor, cid)
             runs += completed is not None and completed.outcome is Outcome.COMPACTED
         worker_points.append((seq, tokens, (await parts.store.meta(cid)).total_tokens))
     assert [(p.turn, p.tokens, p.after) for p in report.points] == worker_points
@@ -161,7 +159,7 @@ async def test_tools_and_the_system_prompt_are_fixed_tokens_that_stay() -> None:
     with_tools = Conversation(conversation.name, conversation.messages, tools=tools)
     settings = Settings()
     counter = counter_for(DEFAULT_MODEL, settings.budget)
-    replay = Replay(with_tools, settings, configured_summarizers(settings.summarizer), context_window=WINDOW)
+    replay = Replay(with_tools, settings, configured_summarizers(settings), context_window=WINDOW)
     report = await replay.run()
     assert report.meta.tools_tokens == counter.tools(tools) > 0
     assert report.meta.system_tokens == counter.text(report.history.system_prompt or "") + 4

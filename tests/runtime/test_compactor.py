@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -22,12 +23,16 @@ from compaction_worker.contracts.events import (
     Trigger,
 )
 from compaction_worker.contracts.history import Entry, render, text_of
-from compaction_worker.runtime.compactor import Compactor, context_status, next_llm_failures
+from compaction_worker.runtime.compactor import Compactor, context_status, llm_failed
+from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, ArchivedArtifact
+from compaction_worker.state.breaker import BreakerState
+from compaction_worker.state.index import now_ms
 from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.lock import Locks
+from compaction_worker.state.keys import conversation_keys
+from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.store import Store
 from compaction_worker.strategies import CompactionResult, Draft, provider_problems
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
@@ -53,9 +58,7 @@ class TestCompactor:
         """References 000 and 003: a due job compacts under the target, commits the conversation's effective history, and publishes consistent events with the sizes before and after."""
         for event in conversation(24):
             await parts.turns.handle(event, b"c")
-        claim = await parts.jobs.claim("c")
-        assert claim is not None
-        completed = await parts.compactor.run(claim)
+        completed = await run_job(parts.jobs, parts.compactor, "c")
         assert completed is not None
         assert completed.outcome is Outcome.COMPACTED
         (started,) = [CompactionStarted.model_validate(e) for e in published.on("compaction.started")]
@@ -72,16 +75,17 @@ class TestCompactor:
         assert await parts.jobs.job("c") is None
 
     async def test_busy_lock_postpones(self, parts: Parts, redis_client: redis.asyncio.Redis) -> None:
-        """Reference 003 (Decision 10, a per-conversation lock): when another worker holds the lock, the job is postponed, not run twice."""
+        """Reference 003 (Decision 10, a per-conversation lock): when another worker holds the lock, the job is postponed until that lock would expire, not run twice."""
         for event in conversation(24):
             await parts.turns.handle(event, b"c")
         other = await Locks(redis_client, 30).acquire("c", parts.store.keys("c"))
-        assert other is not None
-        claim = await parts.jobs.claim("c")
-        assert claim is not None
-        assert await parts.compactor.run(claim) is None
+        assert isinstance(other, Lease)
+        assert await run_job(parts.jobs, parts.compactor, "c") is None
         assert await parts.jobs.job("c") is not None
         assert await parts.jobs.due(5) == []
+        score = await parts.jobs.index.score("c")
+        assert score is not None
+        assert score > now_ms() + 29_000
 
     async def test_noop_is_not_retried_in_a_loop(self, parts: Parts, published: Published) -> None:
         """Reference 000 (no-op rejection): a compaction that cannot shrink commits nothing and blocks re-triggering (docs/design.md, invariant 5)."""
@@ -89,9 +93,7 @@ class TestCompactor:
         await parts.turns.handle(
             turn_bytes("c", 1, [user("hi")], system_prompt="rule " * 900, context_window=1024), b"c"
         )
-        claim = await parts.jobs.claim("c")
-        assert claim is not None
-        completed = await parts.compactor.run(claim)
+        completed = await run_job(parts.jobs, parts.compactor, "c")
         assert completed is not None
         assert completed.outcome is Outcome.NOOP
         assert (await parts.store.meta("c")).version == 0
@@ -296,7 +298,7 @@ class Flaky:
 
 
 class TestCircuitBreaker:
-    """Issue 4 (failure policy): N failed LLM runs in a row open a per-conversation breaker."""
+    """Issues 4 and 20 (failure policy): N failed LLM runs in a row open the model's breaker."""
 
     async def _forced(
         self, turns: TurnHandler, jobs: JobQueue, compactor: Compactor, seq: int
@@ -330,7 +332,7 @@ class TestCircuitBreaker:
         assert "provider unavailable" in (runs[0].error or "")
         assert runs[2].summarizer_model == "extractive"
         assert flaky.calls == 2
-        assert (await parts.store.meta("c")).breaker_until > 0
+        assert (await breaker.breaker.peek("flaky-llm")).open
 
         # After the cooldown the LLM is asked again; a success closes the breaker.
         await asyncio.sleep(0.6)
@@ -339,8 +341,7 @@ class TestCircuitBreaker:
         assert (healed.outcome, healed.llm_failures, healed.circuit_open) == (Outcome.COMPACTED, 0, False)
         assert healed.summarizer_model == "flaky-llm"
         assert flaky.calls == 3
-        meta = await parts.store.meta("c")
-        assert (meta.llm_failures, meta.breaker_until) == (0, 0)
+        assert await breaker.breaker.peek("flaky-llm") == BreakerState(0, False)
         events = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
         assert [e.circuit_open for e in events] == [False, False, True, False]
 
@@ -363,11 +364,11 @@ def test_breaker_count_changes_only_when_the_llm_was_asked() -> None:
     base = CompactionResult(Outcome.COMPACTED, Draft((), ()), 10, 5, 2, 1)
     failed = replace(base, summarizers_tried=2, summarizer_failures=1)
     worked = replace(base, summarizers_tried=1)
-    assert next_llm_failures(1, failed, summarizers=2, circuit_open=False) == 2
-    assert next_llm_failures(1, worked, summarizers=2, circuit_open=False) == 0
-    assert next_llm_failures(1, failed, summarizers=1, circuit_open=True) == 1
-    assert next_llm_failures(1, failed, summarizers=1, circuit_open=False) == 1
-    assert next_llm_failures(1, base, summarizers=2, circuit_open=False) == 1
+    assert llm_failed(failed, summarizers=2, circuit_open=False) is True
+    assert llm_failed(worked, summarizers=2, circuit_open=False) is False
+    assert llm_failed(failed, summarizers=1, circuit_open=True) is None
+    assert llm_failed(failed, summarizers=1, circuit_open=False) is None
+    assert llm_failed(base, summarizers=2, circuit_open=False) is None
 
 
 class Forgetful:
@@ -494,11 +495,13 @@ class TestArchive:
 
     async def test_archiving_twice_keeps_the_first_sighting(self, redis_client: redis.asyncio.Redis) -> None:
         """A retried compaction writes the same archive: an item keeps where it was first seen."""
-        archive = Archive(redis_client, "t", 60)
+        archive = Archive(redis_client, "t")
+        deadline = int(time.time() * 1000) + 60_000  # the conversation's (lua/expiry.lua)
+        await redis_client.hset(conversation_keys("x", "t").meta, "expires_at", deadline)
         first = ArchivedArtifact("path: src/a.py", 3, 5)
         await archive.add("x", [first])
         await archive.add(
             "x", [ArchivedArtifact("path: src/a.py", 9, 17), ArchivedArtifact("id: AB-1", 9, 17)]
         )
         assert await archive.all("x") == [first, ArchivedArtifact("id: AB-1", 9, 17)]
-        assert 0 < await redis_client.ttl(archive.key("x")) <= 60
+        assert await redis_client.pexpiretime(archive.key("x")) == deadline

@@ -6,20 +6,28 @@ import base64
 import json
 import logging
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis.asyncio
+import redis.asyncio.connection
+import redis.exceptions
 
 from compaction_worker.contracts.events import (
     DeadLetter,
     Trigger,
     TurnEvent,
 )
+from compaction_worker.observability.logs import ContextFilter
+from compaction_worker.runtime import plan
+from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.turns import TurnStatus, turn_fingerprint
 from compaction_worker.settings import Settings
+from compaction_worker.state.connection import is_cluster
+from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
-from tests.orchestration import Parts, Published, all_keys, assistant, user
+from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
 
 pytestmark = pytest.mark.integration
 
@@ -386,3 +394,144 @@ class TestFingerprint:
         }
         base = TurnEvent.model_validate(fields)
         assert turn_fingerprint(TurnEvent.model_validate({**fields, **change})) != turn_fingerprint(base)
+
+
+class RoundTrips:
+    """Counts the requests the connections of one client name write to Redis (a pipeline is one)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        self.count = 0
+        send = redis.asyncio.connection.Connection.send_packed_command
+
+        async def counting(connection: Any, command: Any, check_health: bool = True) -> None:
+            if connection.client_name == name:
+                self.count += 1
+            await send(connection, command, check_health)
+
+        monkeypatch.setattr(redis.asyncio.connection.Connection, "send_packed_command", counting)
+
+
+class TestOneRoundTrip:
+    async def test_a_stored_turn_costs_one_script_call(
+        self,
+        redis_url: str,
+        redis_client: redis.asyncio.Redis,
+        settings: Settings,
+        published: Published,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Deciding and storing a turn is one command on the wire; a handler that never saw the
+        conversation pays one more, once (the meta it computes from)."""
+        if is_cluster(redis_client):
+            pytest.skip("counted on one server's connections (the cluster pass runs the same script)")
+        name = f"turns-{uuid.uuid4().hex[:6]}"
+        handler_client = redis.asyncio.Redis.from_url(redis_url, client_name=name)
+        trips = RoundTrips(monkeypatch, name)
+        try:
+            handler = make_parts(handler_client, settings, published).turns
+            await handler.handle(turn_bytes("warm", 1, [user("w")]), b"warm")  # loads the script
+            before = trips.count
+            for seq in range(1, 11):
+                message = user(f"q{seq}") if seq % 2 else assistant(f"a{seq}")
+                outcome = await handler.handle(turn_bytes("c", seq, [message]), b"c")
+                assert outcome.status is TurnStatus.APPENDED
+            assert trips.count - before == 10
+            # Another handler (a rebalance moved the partition): its first turn reads the meta.
+            other = make_parts(handler_client, settings, published).turns
+            before = trips.count
+            for seq in range(11, 14):
+                await other.handle(turn_bytes("c", seq, [user(f"q{seq}")]), b"c")
+            assert trips.count - before == 3 + 1
+        finally:
+            await handler_client.aclose()
+        meta = await Store(redis_client, settings.redis.key_prefix, None).meta("c")
+        assert (meta.last_seq, meta.msg_count) == (13, 13)
+
+    async def test_a_meta_changed_by_another_writer_is_read_again(
+        self, parts: Parts, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """A compaction's commit (or a no-op's mark) bumps the revision: the next turn computes from the stored meta."""
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.store.set_meta("c", noop_tokens=12345)
+        outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        assert outcome.status is TurnStatus.APPENDED
+        meta = await parts.store.meta("c")
+        assert (meta.last_seq, meta.msg_count, meta.noop_tokens) == (2, 2, 12345)
+
+
+class TestPoisonTurns:
+    async def test_a_turn_that_keeps_failing_is_dead_lettered_and_the_next_goes_on(
+        self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bug triggered by one turn: tried ``retry.turn_attempts`` times, then dead-lettered as
+        processing_failed with the error; the handler returns, so the partition moves on."""
+        monkeypatch.setattr(
+            parts.turns, "policy", replace(parts.turns.policy, base_seconds=0.01, cap_seconds=0.01)
+        )
+        tries = 0
+        real = plan.plan_append
+
+        def broken(event: TurnEvent, *args: Any, **kwargs: Any) -> Any:
+            nonlocal tries
+            if event.conversation_id == "poison":
+                tries += 1
+                raise KeyError("a bug this turn triggers")
+            return real(event, *args, **kwargs)
+
+        monkeypatch.setattr(turns_module, "plan_append", broken)
+        payload = turn_bytes("poison", 1, [user("x")])
+        outcome = await parts.turns.handle(payload, b"poison", 2, 9)
+        assert (outcome.status, outcome.reason) == (TurnStatus.DEAD_LETTERED, "processing_failed")
+        assert tries == parts.turns.policy.attempts
+        (letter,) = [DeadLetter.model_validate_json(p) for t, p, _ in published.events if t.endswith("dlq")]
+        assert letter.reason.value == "processing_failed"
+        assert "KeyError" in letter.detail
+        assert "a bug this turn triggers" in letter.detail
+        assert (letter.conversation_id, letter.partition, letter.offset) == ("poison", 2, 9)
+        assert base64.b64decode(letter.original_b64) == payload
+        assert (
+            await parts.turns.handle(turn_bytes("fine", 1, [user("y")]), b"fine")
+        ).status is TurnStatus.APPENDED
+
+    async def test_a_failure_that_passes_is_retried_not_dead_lettered(
+        self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(
+            parts.turns, "policy", replace(parts.turns.policy, base_seconds=0.01, cap_seconds=0.01)
+        )
+        real = plan.plan_append
+        failures = iter([RuntimeError("once")])
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            if (error := next(failures, None)) is not None:
+                raise error
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(turns_module, "plan_append", flaky)
+        outcome = await parts.turns.handle(turn_bytes("c", 1, [user("x")]), b"c")
+        assert outcome.status is TurnStatus.APPENDED
+        assert not [t for t, _, _ in published.events if t.endswith("dlq")]
+
+    async def test_an_outage_is_not_retried_here_but_raised_for_redelivery(
+        self, parts: Parts, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Redis away: the consumer rewinds and redelivers, without limit; the handler does not dead-letter it."""
+
+        async def down(*_args: Any, **_kwargs: Any) -> Any:
+            raise redis.exceptions.ConnectionError("Redis is down")
+
+        monkeypatch.setattr(parts.store, "write_turn", down)
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await parts.turns.handle(turn_bytes("c", 1, [user("x")]), b"c")
+
+
+async def test_every_line_logged_for_a_turn_names_its_conversation_and_seq(
+    parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bound once where the turn starts (observability/logs.py), not passed at each call."""
+    caplog.handler.addFilter(ContextFilter())
+    with caplog.at_level(logging.INFO, logger="compaction_worker"):
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")  # held: logged
+    (held,) = [r for r in caplog.records if "waits for turn" in r.getMessage()]
+    assert (getattr(held, "conversation_id", None), getattr(held, "turn_seq", None)) == ("c", 3)

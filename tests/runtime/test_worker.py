@@ -115,7 +115,7 @@ async def test_stop_hands_back_a_compaction_that_outlasts_the_grace(
 
     # Another worker's pool finishes it right away.
     other = _pool(parts, published, ExtractiveSummarizer(COUNT))
-    assert await other.sweep() == 1
+    assert (await other.sweep()).done == 1
     await asyncio.wait_for(asyncio.gather(*other.tasks.values()), 10)
     (done,) = published.on("compaction.completed")
     assert done["outcome"] == Outcome.COMPACTED.value

@@ -1,4 +1,5 @@
-"""The sharded indexes: buckets by conversation, merged sweeps, counts, the pre-bucket key."""
+"""The sharded indexes: buckets by conversation, merged sweeps and when to look next, counts,
+wake-up announcements, the pre-bucket key."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.index import LeasedIndex, ShardedIndex, bucket_key, bucket_keys, shard_of
+from compaction_worker.state.index import Scan, ShardedIndex, bucket_key, bucket_keys, shard_of
 from compaction_worker.state.jobs import JobQueue, jobs_index_key
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.wake import Wakes
 
 pytestmark = pytest.mark.integration
 
@@ -45,27 +48,59 @@ async def test_add_flags_and_remove(redis_client: RedisClient) -> None:
     assert (await index.stats()).count == 0
 
 
+async def test_a_scan_says_what_is_due_and_when_the_next_entry_is(redis_client: RedisClient) -> None:
+    """One read of the buckets gives the due members and the lowest score after them, so that a
+    worker sleeps until then instead of polling; a full page of due members means "look again now"."""
+    index = ShardedIndex(redis_client, "t:jobs", 4)
+    for score, cid in enumerate(CIDS[:12]):
+        await index.add(cid, 1000 + 10 * score)
+    scan = await index.scan(100, 1035)
+    assert (scan.due, scan.next_ms) == (CIDS[:4], 1040)
+    assert (await index.scan(2, 1035)).next_ms == 1035  # more due than it took
+    assert (await index.scan(100, 5000)).next_ms is None  # nothing after them
+    assert await index.scan(100, 999) == Scan([], 1000)
+
+
+async def test_arming_announces_and_a_conditional_write_only_when_it_changes(
+    redis_client: RedisClient,
+) -> None:
+    """Every write that arms an entry announces when it is due (held turns: a timeout after their
+    score); a conditional write that changes nothing announces nothing."""
+    wakes = Wakes(redis_client, "t")
+    index = ShardedIndex(redis_client, "t:gaps", 4, wakes=wakes, due_after_ms=500)
+    await index.add("a", 1000, lower_only=True)
+    wake = await wakes.next(1)
+    assert wake is not None
+    assert (wake.kind, wake.conversation_id, wake.at_ms) == ("gaps", "a", 1500)
+    await index.add("a", 2000, lower_only=True)  # not lower: unchanged
+    await index.add("a", 3000, later_only=True, existing_only=True)
+    await index.add("b", 3000, later_only=True, existing_only=True)  # not indexed: unchanged
+    wake = await wakes.next(1)
+    assert wake is not None
+    assert (wake.conversation_id, wake.at_ms) == ("a", 3500)
+    assert await wakes.next(0.01) is None
+    assert await index.score("b") is None
+
+
 async def test_the_pre_bucket_key_is_swept_into_the_buckets(redis_client: RedisClient) -> None:
-    """A job indexed by a version before buckets is found, moved to its bucket, and claimed."""
-    queue = JobQueue(redis_client, "t", lease_seconds=5, shards=4)
+    """A job indexed by a version before buckets is found and moved to its bucket; what is not due stays."""
+    queue = JobQueue(redis_client, "t", Locks(redis_client, 5), shards=4)
     await redis_client.zadd(jobs_index_key("t"), {"old": 10, "later": 10**15})
     assert await queue.pending_count() == 2  # counted before it moves
     assert await queue.due(10) == ["old"]
     assert await redis_client.zscore(jobs_index_key("t"), "old") is None
     assert await redis_client.zscore(queue.index.key_of("old"), "old") == 10
-    assert await queue.claim("old") is not None
     assert await redis_client.zscore(jobs_index_key("t"), "later") == 10**15  # not due: left for later
 
 
-async def test_a_leased_entry_moves_with_its_lease(redis_client: RedisClient) -> None:
-    """An entry an older worker leased keeps its score; a bucket entry that exists is not overwritten."""
-    leased = LeasedIndex(redis_client, "t:outbox", 4)
+async def test_a_bucket_entry_is_not_overwritten_by_the_pre_bucket_key(redis_client: RedisClient) -> None:
+    """An entry the bucket already has keeps its score; the old key drains either way."""
+    index = ShardedIndex(redis_client, "t:outbox", 4)
     await redis_client.zadd("t:outbox", {"x": 5, "y": 6})
-    await leased.arm("y", 7)
-    assert await leased.due(10, at_ms=100) == ["x", "y"]
-    assert await leased.index.score("y") == 7
+    await index.add("y", 7)
+    assert await index.due(10, 100) == ["x", "y"]
+    assert await index.score("y") == 7
     assert await redis_client.zcard("t:outbox") == 0
-    assert await leased.drop("x", 5)
 
 
 async def test_buckets_spread_over_the_cluster_primaries(redis_client: RedisClient) -> None:

@@ -9,7 +9,10 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import CompactionCompleted, Outcome
+from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
+from compaction_worker.state.index import now_ms
+from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.outbox import Outbox, pack, unpack
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
@@ -65,19 +68,19 @@ async def test_an_event_left_by_a_dead_worker_is_relayed_once(
     store = dying.store
     for turn in conversation(24):
         await dying.turns.handle(turn, b"c")
-    claim = await dying.jobs.claim("c")
-    assert claim is not None
     with pytest.raises(DiesAfterCommit):
-        await dying.compactor.run(claim)
+        await run_job(dying.jobs, dying.compactor, "c")
     assert (await store.meta("c")).version == 1  # committed
     assert published.on("compaction.completed") == []
     assert await redis_client.hlen(store.keys("c").outbox) == 1
 
-    sweepers = [Outbox(store, published, 1) for _ in range(3)]
-    assert sum([await s.relay() for s in sweepers]) == 0  # within the grace: the worker may still deliver
+    sweepers = [Outbox(store, published, Locks(redis_client, 1), 1) for _ in range(3)]
+    assert (
+        sum([(await s.relay()).done for s in sweepers]) == 0
+    )  # within the grace: the worker may still deliver
     await asyncio.sleep(1.1)
     counts = await asyncio.gather(*(s.relay() for s in sweepers))
-    assert sorted(counts) == [0, 0, 1]
+    assert sorted(c.done for c in counts) == [0, 0, 1]  # one relay took the lock; the others skipped it
     (event,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
     assert (event.outcome, event.version) == (Outcome.COMPACTED, 1)
     assert await redis_client.hlen(store.keys("c").outbox) == 0
@@ -91,10 +94,8 @@ async def test_an_event_left_waiting_is_published_before_the_next_commits(
     dying = make_parts(redis_client, settings, Dying(published))
     for turn in conversation(24):
         await dying.turns.handle(turn, b"c")
-    claim = await dying.jobs.claim("c")
-    assert claim is not None
     with pytest.raises(DiesAfterCommit):
-        await dying.compactor.run(claim)
+        await run_job(dying.jobs, dying.compactor, "c")
     live = make_parts(redis_client, settings, published)
     await live.turns.handle(turn_bytes("c", 25, [], compaction={"mode": "force"}), b"c")
 
@@ -107,20 +108,38 @@ async def test_an_event_left_waiting_is_published_before_the_next_commits(
     assert await redis_client.zcard(live.compactor.outbox.index.key_of("c")) == 0
 
 
-async def test_a_re_armed_entry_is_not_lost_to_a_sweeper(
+async def test_an_event_written_while_the_entry_goes_keeps_an_entry(
     redis_client: redis.asyncio.Redis, published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sweeper that finds an empty outbox removes the index entry only if no new compaction re-armed it."""
+    """A relay that finds an empty outbox removes the entry, then reads the hash again: an event
+    written in between (a commit's, whose worker then died) is not left without an entry."""
     store = Store(redis_client, "t", None)
-    outbox = Outbox(store, published, 1)
+    outbox = Outbox(store, published, Locks(redis_client, 1), 1)
     await redis_client.zadd(outbox.index.key_of("c"), {"c": 0})  # due, empty outbox
-    original_claim = outbox.index.claim
+    remove = outbox.index.remove
 
-    async def claim_then_rearm(conversation_id: str, now: int, lease_ms: float) -> bool:
-        claimed = await original_claim(conversation_id, now, lease_ms)
-        await outbox.expect("c")  # a new compaction arms the entry between claim and unindex
-        return claimed
+    async def remove_then_commit(conversation_id: str) -> None:
+        await remove(conversation_id)
+        await redis_client.hset(store.keys("c").outbox, "000000000001-x", pack("compaction.completed", b"{}"))
 
-    monkeypatch.setattr(outbox.index, "claim", claim_then_rearm)
-    assert await outbox.relay() == 0
+    monkeypatch.setattr(outbox.index, "remove", remove_then_commit)
+    assert (await outbox.relay()).done == 0
     assert await redis_client.zscore(outbox.index.key_of("c"), "c") is not None
+
+
+async def test_a_relay_skips_a_conversation_whose_lock_is_held(
+    redis_client: redis.asyncio.Redis, published: Published
+) -> None:
+    """A run holding the conversation's lock delivers its own events: a relay leaves them, and looks
+    again when that lock would expire (not sooner)."""
+    store = Store(redis_client, "t", None)
+    locks = Locks(redis_client, 30)
+    outbox = Outbox(store, published, locks, 1)
+    await redis_client.hset(store.keys("c").outbox, "000000000001-x", pack("compaction.completed", b"{}"))
+    await redis_client.zadd(outbox.index.key_of("c"), {"c": 0})
+    assert isinstance(await locks.acquire("c", store.keys("c")), Lease)
+    assert (await outbox.relay()).done == 0
+    assert published.events == []
+    score = await outbox.index.score("c")
+    assert score is not None
+    assert score > now_ms() + 29_000

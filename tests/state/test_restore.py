@@ -14,9 +14,10 @@ import redis.asyncio
 from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import SummaryChunk
 from compaction_worker.errors import RewindError, StaleFenceError
+from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.restore import rewind, rewind_target
-from compaction_worker.state.store import NewMessage, Store
+from compaction_worker.state.store import Store
 from tests.state.helpers import append, chunk, msg
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,7 @@ class TestRewind:
             NewMessage({"role": "tool", "tool_call_id": "c1", "content": "x" * 400}, 100),
         )
         lease = await locks.acquire("c", store.keys("c"))
-        assert lease is not None
+        assert isinstance(lease, Lease)
         snapshot = await store.snapshot("c")
         entries = snapshot.history.entries
         pruned = replace(
@@ -66,7 +67,7 @@ class TestRewind:
         await locks.release(lease, store.keys("c"))
         await append(store, "c", 3, msg("q3", tokens=8))
         lease = await locks.acquire("c", store.keys("c"))
-        assert lease is not None
+        assert isinstance(lease, Lease)
         return lease
 
     async def test_restores_verbatim_messages_and_keeps_later_appends(
@@ -207,7 +208,7 @@ class TestRewind:
         await Locks(redis_client, 30).release(first, store.keys("c"))
         locks = Locks(redis_client, 0.2)
         lease = await locks.acquire("c", store.keys("c"))
-        assert lease is not None
+        assert isinstance(lease, Lease)
         before = await store.snapshot("c")
         await asyncio.sleep(0.3)
         assert await locks.acquire("c", store.keys("c")) is not None  # another worker takes over
@@ -231,7 +232,7 @@ class TestRewind:
         """Without a compaction, or with a version the log lacks, the rewind says so and writes nothing."""
         await append(store, "c", 1, msg("q1"))
         lease = await Locks(redis_client, 30).acquire("c", store.keys("c"))
-        assert lease is not None
+        assert isinstance(lease, Lease)
         with pytest.raises(RewindError, match="nothing to undo"):
             await rewind(
                 store,

@@ -28,8 +28,8 @@ def test_every_lua_file_is_loaded_by_a_state_module() -> None:
 
 def test_a_script_is_its_files_in_order() -> None:
     """Libraries come first, so the body can call what they define."""
-    text = scripts.source("push.lua", "append.lua")
-    assert text.index("local function push") < text.index("push(transcript, h.records)")
+    text = scripts.source("push.lua", "turn.lua")
+    assert text.index("local function push_range") < text.index("push_range(transcript")
 
 
 class Inline(Script):
@@ -55,10 +55,12 @@ async def test_a_script_is_loaded_again_after_a_primary_restart(
 ) -> None:
     """Cluster: the primary that owns the key restarts with an empty script cache; the call reloads it (NOSCRIPT)."""
     assert isinstance(redis_client, RedisCluster)
-    claim = Script(redis_client, "lease_claim.lua")
-    await redis_client.zadd("{t:jobs:0}", {"c": 0})
-    assert await claim(["{t:jobs:0}"], member="c", now_ms="1", lease_ms="10") == b"10"
-    owner = redis_client.get_node_from_key("{t:jobs:0}")
+    acquire = Script(redis_client, "expiry.lua", "lock_acquire.lua")
+    lock, fence, meta = "{c}:lock", "{c}:fence", "{c}:meta"
+    assert await acquire([lock, fence, meta], token="a", ttl_ms="60000") == [1, 1]
+    owner = redis_client.get_node_from_key(lock)
     assert owner is not None
     redis_cluster.restart(redis_cluster.ports.index(int(owner.port)))
-    assert await claim(["{t:jobs:0}"], member="c", now_ms="20", lease_ms="30") == b"30"
+    (held, remaining) = await acquire([lock, fence, meta], token="b", ttl_ms="60000")
+    assert held == 0
+    assert 0 < remaining <= 60000

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from unittest.mock import ANY
 
 import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import ContextStatus
+from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
-from compaction_worker.state.gaps import GapIndex, HeldTurn
-from compaction_worker.state.lock import Locks
-from compaction_worker.state.store import AppendResult, AppendStatus, Store
+from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, encode_messages
+from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value
+from compaction_worker.state.lock import Lease, Locks
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Store
 from tests.state.helpers import FP_A, FP_B, append, chunk, msg
 
 pytestmark = pytest.mark.integration
@@ -49,34 +54,75 @@ class TestAppend:
         assert await store.redis.lrange(store.keys("c").transcript, 0, -1) == before
         assert (await store.meta("c")).history_tokens == 10
 
-    async def test_gap_is_refused(self, store: Store) -> None:
-        """A turn that skips a seq is not appended."""
+    async def test_a_gap_is_held_only_with_its_held_form(self, store: Store) -> None:
+        """A turn that skips a seq is never appended: held when its held form came with it, else asked for."""
         await append(store, "c", 1, msg("a"))
-        assert await append(store, "c", 3, msg("c")) == AppendStatus.GAP
+        assert await append(store, "c", 3, msg("c")) == AppendStatus.NEED_HELD
+        assert await store.redis.hlen(store.keys("c").pending) == 0
+        held = held_value(b'{"turn": 3}', 1000, FP_A)
+        reply = await store.write_turn("c", _write(3, msg("c"), fingerprint=FP_A, held=held))
+        assert (reply.status, reply.last_seq) == (AppendStatus.HELD, 1)
+        assert await store.redis.hget(store.keys("c").pending, "3") == held
+        # A redelivery keeps the first hold; another turn with that seq is refused.
+        again = held_value(b'{"turn": 3}', 2000, FP_A)
+        assert (
+            await store.write_turn("c", _write(3, fingerprint=FP_A, held=again))
+        ).status is AppendStatus.HELD
+        other = await store.write_turn("c", _write(3, fingerprint=FP_B, held=again))
+        assert (other.status, other.kept) == (AppendStatus.CONFLICTING_HELD, FP_A)
+        assert await store.redis.hget(store.keys("c").pending, "3") == held
         assert (await store.meta("c")).last_seq == 1
 
-    async def test_concurrent_writer_conflict(self, store: Store) -> None:
-        """A writer whose message count is stale is refused, so ordinals never collide."""
+    async def test_a_stale_revision_writes_nothing_and_gets_the_stored_meta(self, store: Store) -> None:
+        """The caller's fields were computed from another revision: refused, with the meta to compute again from."""
         await append(store, "c", 1, msg("a"))
-        result = await store.append_turn("c", 2, [msg("b")], {}, expected_count=0)
-        assert result == AppendResult(AppendStatus.CONFLICT, last_seq=1)
-        assert (await store.meta("c")).msg_count == 1
+        keys = store.keys("c")
+        before = [await store.redis.dump(k) for k in keys.all()]
+        reply = await store.write_turn("c", _write(2, msg("b"), rev=0, fields={"last_seq": "2"}))
+        assert reply.status is AppendStatus.STALE
+        assert reply.meta is not None
+        assert Meta.from_hash(reply.meta) == await store.meta("c")
+        assert [await store.redis.dump(k) for k in keys.all()] == before
+        # Every writer bumps the revision: a compaction's commit, a no-op's mark.
+        rev = (await store.meta("c")).rev
+        await store.set_meta("c", noop_tokens=5)
+        assert (await store.meta("c")).rev == rev + 1
 
-    async def test_result_carries_the_totals(self, store: Store) -> None:
-        """An append returns the new last seq and running total; a refusal the last seq stored."""
-        first = await store.append_turn("c", 1, [msg("a", tokens=7)], {}, expected_count=0)
-        assert (first.status, first.last_seq, first.history_tokens) == (AppendStatus.APPENDED, 1, 7)
-        # The meta the append left and whether turn 2 is held come with it (no more round trips).
-        assert first.meta == await store.meta("c")
-        assert first.next_held is False
+    async def test_reply_carries_what_the_caller_acts_on(self, store: Store) -> None:
+        """An append returns its seq, the new revision and whether the next turn is held; a duplicate too."""
+        first = await store.append_turn("c", 1, [msg("a", tokens=7)])
+        assert (first.status, first.last_seq, first.next_held) == (AppendStatus.APPENDED, 1, False)
+        assert first.rev == (await store.meta("c")).rev == 1
         await store.redis.hset(store.keys("c").pending, "3", b"0:{}")
-        second = await store.append_turn("c", 2, [msg("b", tokens=1)], {}, expected_count=1)
-        assert second.next_held is True
-        assert second.meta is not None
-        assert second.meta.history_tokens == 8
-        await store.redis.delete(store.keys("c").pending)
-        again = await store.append_turn("c", 1, [msg("a", tokens=7)], {}, expected_count=2)
-        assert again == AppendResult(AppendStatus.DUPLICATE, last_seq=2)
+        second = await store.append_turn("c", 2, [msg("b", tokens=1)])
+        assert (second.next_held, second.rev) == (True, 2)
+        assert (await store.meta("c")).history_tokens == 8
+        again = await store.append_turn("c", 1, [msg("a", tokens=7)])
+        assert again == AppendReply(AppendStatus.DUPLICATE, last_seq=2, next_held=True, job=False)
+
+    async def test_a_turn_writes_only_what_it_changes(self, store: Store) -> None:
+        """Creation-time fields are written by the first append only; later appends leave them."""
+        await append(store, "c", 1, msg("a"))
+        created = await store.redis.hget(store.keys("c").meta, "created_at")
+        assert created is not None
+        await store.redis.hset(store.keys("c").meta, "context_status", "summarized")
+        await append(store, "c", 2, msg("b"))
+        assert await store.redis.hget(store.keys("c").meta, "created_at") == created
+        assert await store.redis.hget(store.keys("c").meta, "context_status") == b"summarized"
+
+    def test_messages_are_encoded_once_as_the_readers_read_them(self) -> None:
+        """The script's records are the transcript's JSON records, its entries the text Entry.to_json gives."""
+        messages = [msg('é \n "q"', tokens=3), NewMessage({"role": "tool", "content": [1, None]}, 2)]
+        records, entries = encode_messages(4, 7, messages, 1764000000.125)
+        for n, (new, record, entry) in enumerate(zip(messages, records, entries, strict=True), start=7):
+            assert json.loads(record) == {
+                "n": n,
+                "seq": 4,
+                "m": new.message,
+                "at": 1764000000.125,
+                "t": new.tokens,
+            }
+            assert entry == Entry(n=n, seq=4, message=new.message, tokens=new.tokens).to_json()
 
     async def test_large_numbers_are_stored_exactly(self, store: Store) -> None:
         """Numbers the script stores travel as text: a seq past 14 digits is not rounded."""
@@ -92,20 +138,56 @@ class TestAppend:
         assert await store.redis.llen(store.keys("c").entries) == 3000
         assert (await store.meta("c")).history_tokens == 3000
 
-    async def test_retention_sets_ttls(self, store: Store) -> None:
-        """Every key of an active conversation carries the retention TTL, the fingerprints too."""
+    async def test_retention_gives_every_key_one_deadline(self, store: Store) -> None:
+        """The keys of a conversation expire together, at the deadline its meta keeps."""
         await append(store, "c", 1, msg("a"), fingerprint=FP_A)
-        for key in (store.keys("c").transcript, store.keys("c").fingerprints):
-            ttl = await store.redis.pttl(key)
-            assert 3_500_000 < ttl <= 3_600_000, key
+        keys = store.keys("c")
+        deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
+        for key in (keys.meta, keys.transcript, keys.entries, keys.fingerprints):
+            assert await store.redis.pexpiretime(key) == deadline, key
 
-    async def test_every_turn_refreshes_the_artifact_archive(self, store: Store) -> None:
-        """The archive, written only at compactions, lives as long as the conversation takes turns."""
+    async def test_a_turn_moves_the_deadline_only_when_half_the_retention_is_gone(self, store: Store) -> None:
+        """Most turns leave expiry alone; the one that finds less than half left moves every key's, the archive's too."""
         await append(store, "c", 1, msg("a"))
-        await store.redis.hset(store.keys("c").artifacts, "path:/src/a.py", "1")
-        await store.redis.pexpire(store.keys("c").artifacts, 1_000)
+        keys = store.keys("c")
+        first = int(await store.redis.hget(keys.meta, "expires_at") or 0)
         await append(store, "c", 2, msg("b"))
-        assert 3_500_000 < await store.redis.pttl(store.keys("c").artifacts) <= 3_600_000
+        assert int(await store.redis.hget(keys.meta, "expires_at") or 0) == first
+        assert await store.redis.pexpiretime(keys.transcript) == first
+        # Less than half left (3600 s retention): the next turn moves the deadline for every key.
+        soon = int(time.time() * 1000) + 1_000_000
+        await store.redis.hset(keys.meta, "expires_at", soon)
+        await store.redis.hset(keys.artifacts, "path:/src/a.py", "1")
+        for key in keys.lasting():
+            if await store.redis.exists(key):
+                await store.redis.pexpireat(key, soon)
+        await append(store, "c", 3, msg("c"))
+        moved = int(await store.redis.hget(keys.meta, "expires_at") or 0)
+        assert moved > soon + 2_000_000
+        for key in keys.lasting():
+            if await store.redis.exists(key):
+                assert await store.redis.pexpiretime(key) == moved, key
+
+
+def _write(
+    seq: int,
+    *messages: NewMessage,
+    rev: int = 1,
+    fields: dict[str, str] | None = None,
+    fingerprint: str | None = None,
+    held: bytes | None = None,
+) -> TurnWrite:
+    """A write as the turn handler would send it (its fields are the test's)."""
+    return TurnWrite(
+        seq=seq,
+        messages=messages,
+        first_n=1,
+        fields=fields or {},
+        rev=rev,
+        now=time.time(),
+        fingerprint=fingerprint,
+        held=held,
+    )
 
 
 class TestFingerprints:
@@ -161,7 +243,7 @@ class TestCommit:
         await append(store, "c", 1, msg("q1"), msg("a1", "assistant"))
         await append(store, "c", 2, msg("q2"), msg("a2", "assistant"))
         lease = await locks.acquire("c", store.keys("c"))
-        assert lease is not None
+        assert isinstance(lease, Lease)
         return lease.fence, lease.token
 
     async def test_commit_keeps_messages_appended_meanwhile(

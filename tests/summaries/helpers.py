@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from pydantic import SecretStr
 
+from compaction_worker.retry import RetryPolicy
 from compaction_worker.settings import SummarizerSettings
 from compaction_worker.summaries.contract import SummaryRequest
 from compaction_worker.summaries.llm import LiteLLMSummarizer
@@ -54,7 +56,6 @@ def llm_settings(server: FakeLLMServer, **fields: Any) -> SummarizerSettings:
         "api_base": server.url,
         "api_key": SecretStr("fake"),
         "timeout_seconds": 5,
-        "max_retries": 2,
     }
     return SummarizerSettings(**(values | fields))
 
@@ -69,10 +70,28 @@ class Sleeps:
         self.delays.append(seconds)
 
 
-def summarizer(server: FakeLLMServer, sleeps: Sleeps | None = None, **fields: Any) -> LiteLLMSummarizer:
-    """A LiteLLMSummarizer against the fake server, with recorded sleeps and a fixed jitter."""
+def llm_retry(attempts: int = 3) -> RetryPolicy:
+    """The summarizer's retries in these tests: ``attempts`` tries, waits under 0.5 s, 1 s, 2 s..."""
+    return RetryPolicy(attempts=attempts, base_seconds=0.5, cap_seconds=8.0)
+
+
+class Midpoint(random.Random):
+    """A jitter source that always picks the middle of the range: waits are half their ceiling."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return (a + b) / 2
+
+
+def summarizer(
+    server: FakeLLMServer, sleeps: Sleeps | None = None, *, attempts: int = 3, **fields: Any
+) -> LiteLLMSummarizer:
+    """A LiteLLMSummarizer against the fake server: ``attempts`` tries per model, recorded sleeps, fixed jitter."""
     return LiteLLMSummarizer(
-        llm_settings(server, **fields), count, sleep=sleeps or Sleeps(), jitter=lambda: 0.5
+        llm_settings(server, **fields),
+        count,
+        retry=llm_retry(attempts),
+        sleep=sleeps or Sleeps(),
+        rng=Midpoint(),
     )
 
 

@@ -2,7 +2,8 @@
 -- (store.py) or a rewind (restore.py). Refuses a stale writer, then replaces all chunks
 -- and the first `consumed` entries, keeping the entries appended since the writer's
 -- snapshot (the suffix) after the new ones.
--- KEYS: meta, chunks, entries, compactions, lock, fence, outbox.
+-- KEYS: meta, chunks, entries, compactions, lock, fence, outbox. Every write bumps the meta's
+--   revision (`rev`), which the per-turn script's caller computed from.
 -- Header: {fence, lock_token, expected_version, consumed, tokens, recount, status, now};
 --   lists: chunks, entries, record (the log record), outbox (field and event, or empty).
 --   Without `recount`, `tokens` is the change in history tokens (a compaction knows exactly
@@ -32,6 +33,10 @@ else
 end
 redis.call('HSET', meta, 'version', version + 1, 'context_status', h.status,
   'updated_at', h.now, 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
+redis.call('HINCRBY', meta, 'rev', 1)
 push(log, h.record)
 if h.outbox[1] then redis.call('HSET', outbox, h.outbox[1], h.outbox[2]) end
+-- Written anew or perhaps for the first time: each takes the conversation's deadline.
+local deadline = deadline_of(meta)
+for _, key in ipairs({chunks, entries, log, outbox}) do expire_with(key, deadline) end
 return {'committed', version + 1, history, #suffix}

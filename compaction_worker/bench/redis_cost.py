@@ -1,0 +1,214 @@
+"""The Redis rows: what a stored turn and an idle worker cost the Redis server, from its own counters.
+
+They are measured on the one-worker process of the throughput rows (this checkout's, and with
+``--baseline-source`` the other's) once its rate is measured: attached, warmed up, on its own
+topic and key prefix. Three phases follow, with nothing else using Redis (the end of a phase
+is read from the group's committed offsets on the broker):
+
+1. idle: the worker attached with nothing to do, its commands counted with ``MONITOR``;
+2. timed: 20 new conversations x 20 small turns, no compaction due, between two
+   ``INFO commandstats`` snapshots (the command time and the commands executed);
+3. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
+   clients sent from those run inside scripts.
+
+See ``meter.py`` for why each figure comes from where it does, and docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections import Counter
+from dataclasses import dataclass, fields
+
+from redis.asyncio import Redis
+
+from compaction_worker.bench.environment import BenchEnv, BenchError, WorkerSource
+from compaction_worker.bench.load import Attached, StoredCounter, make_input, wait_committed
+from compaction_worker.bench.meter import SCRIPT_CALLS, Meter, Monitored, Snapshot
+from compaction_worker.bench.report import Progress, Row
+
+CONVERSATIONS, TURNS = 20, 20
+IDLE_SECONDS = 5.0
+SETTLE_SECONDS = 1.0
+"""Before the idle phase: the worker's chores after the turns it stored before are done."""
+
+
+def idle_seconds(scale: float) -> float:
+    """The idle phase: 5 s, at least 2 s on a small run."""
+    return max(2.0, IDLE_SECONDS * scale)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCost:
+    """One run's figures: per stored turn, and per second of an idle worker."""
+
+    sent: float
+    """Commands clients sent, per stored turn (``MONITOR``, phase 3)."""
+    inside: float
+    """Commands run inside scripts, per stored turn (``MONITOR``, phase 3)."""
+    executed: float
+    """Every command executed, per stored turn (``INFO commandstats``, phase 2): sent + inside."""
+    usec: float
+    """Command time, per stored turn: the time of the commands clients sent (a script's includes its calls)."""
+    cpu_usec: float
+    """Redis's main-thread CPU, per stored turn: command time plus network I/O and the rest of the event loop."""
+    idle_sent: float
+    """Commands per second an idle worker sends."""
+    idle_inside: float
+    """Commands per second an idle worker's scripts run."""
+    detail: str = ""
+
+
+def sent_time(stats: Snapshot, counted: Monitored) -> tuple[float, list[str], list[str]]:
+    """Microseconds of the commands clients sent; the names whose time is split, and those not in ``counted``.
+
+    ``commandstats`` counts a command called by a script under its own name too, and the
+    script's time already includes it: only the commands clients sent add up. A name seen
+    only as sent, or only inside scripts, is exact. A name seen both ways has its time split
+    by its calls; one the ``MONITOR`` phase did not see (a sweep that ran in one phase only)
+    counts as sent.
+    """
+    total, split, unseen = 0.0, [], []
+    for name, usec in stats.usec.items():
+        head = name.split("|")[0]
+        sent, inside = counted.sent[head], counted.inside[head]
+        if head in SCRIPT_CALLS or (sent and not inside):
+            total += usec
+        elif sent and inside:
+            total += usec * sent / (sent + inside)
+            split.append(name)
+        elif not inside:
+            total += usec
+            unseen.append(name)
+    return total, split, unseen
+
+
+def turn_cost(
+    turns: int, stats: Snapshot, counted: Monitored, idle: Monitored, idle_seconds: float
+) -> TurnCost:
+    """The figures of one run from its three phases."""
+    usec, split, unseen = sent_time(stats, counted)
+    detail = (
+        f"per turn, sent: {_top(counted.sent, turns)}; inside scripts: {_top(counted.inside, turns)}; "
+        f"idle, per second: {_top(idle.sent, idle_seconds)}"
+    )
+    if split:
+        detail += f"; sent and inside scripts, time split by calls: {', '.join(sorted(split))}"
+    if unseen:
+        detail += f"; timed but not counted (taken as sent): {', '.join(sorted(unseen))}"
+    return TurnCost(
+        sent=counted.sent.total() / turns,
+        inside=counted.inside.total() / turns,
+        executed=stats.calls.total() / turns,
+        usec=usec / turns,
+        cpu_usec=stats.cpu_seconds * 1e6 / turns,
+        idle_sent=idle.sent.total() / idle_seconds,
+        idle_inside=idle.inside.total() / idle_seconds,
+        detail=detail,
+    )
+
+
+def _top(counts: Counter[str], per: float, most: int = 6) -> str:
+    shown = ", ".join(f"{name} {count / per:.2g}" for name, count in counts.most_common(most))
+    rest = counts.total() - sum(count for _, count in counts.most_common(most))
+    return (shown + (f", others {rest / per:.2g}" if rest else "")) or "none"
+
+
+async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, progress: Progress) -> TurnCost:
+    """The three phases on a worker attached and warmed up (see the module's docstring)."""
+    if not isinstance(env.redis, Redis):
+        raise BenchError("the Redis rows need a single Redis, not a cluster (MONITOR and INFO are per node)")
+    timed, counted_input = (
+        make_input(CONVERSATIONS, TURNS, "timed"),
+        make_input(CONVERSATIONS, TURNS, "counted"),
+    )
+    timed_built, counted_built = (
+        worker.batches.build(timed.events),
+        worker.batches.build(counted_input.events),
+    )
+    topic, group, within = worker.topic, worker.group, 120.0
+    async with Meter(env.redis) as meter:
+        await asyncio.sleep(SETTLE_SECONDS)
+        progress(f"redis cost: idle for {idle_seconds:g} s")
+        async with meter.monitor() as idle:
+            await asyncio.sleep(idle_seconds)
+        progress(f"redis cost: {timed.total} turns timed, then {counted_input.total} counted")
+        before = await meter.snapshot()
+        ends = await worker.batches.send(topic, timed_built)
+        await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
+        stats = await meter.snapshot() - before
+        async with meter.monitor() as counted:
+            ends = await worker.batches.send(topic, counted_built)
+            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
+    for data in (timed, counted_input):
+        stored = await StoredCounter(env, worker.prefix, data.conversations).stored()
+        if stored != data.total:
+            raise BenchError(f"the worker committed {data.total} turns but Redis holds {stored}")
+    return turn_cost(timed.total, stats, counted, idle, idle_seconds)
+
+
+def median_cost(runs: list[TurnCost]) -> TurnCost:
+    """Each figure's median over the runs (the detail of the median run by command time)."""
+    values = {
+        f.name: statistics.median(getattr(r, f.name) for r in runs)
+        for f in fields(TurnCost)
+        if f.name != "detail"
+    }
+    middle = sorted(runs, key=lambda r: r.usec)[len(runs) // 2]
+    return TurnCost(**values, detail=middle.detail)
+
+
+def cost_rows(
+    this: TurnCost, base: TurnCost | None, source: WorkerSource | None, repeat: int, idle_seconds: float
+) -> list[Row]:
+    """The rows: targets from issue 24 on the value, the command time's on the ratio beside a baseline."""
+    beside = source.label if source else ""
+
+    def row(name: str, field: str, unit: str, target: float | None, note: str = "") -> Row:
+        figure = getattr(base, field) if base else None
+        return Row(
+            name, getattr(this, field), unit, figure, beside, target=target, target_on_value=True, note=note
+        )
+
+    shape = (
+        f"{CONVERSATIONS} conversations x {TURNS} turns, no compaction due, 1 worker; median of {repeat} runs; "
+        f"{this.detail}"
+    )
+    if base:
+        shape += f"; {beside}: {base.detail}"
+    time_row = Row(
+        "Redis command time per stored turn",
+        this.usec,
+        "µs",
+        base.usec if base else None,
+        beside,
+        target=1 / 3 if base else 30.0,
+        target_on_value=base is None,
+        note=f"commandstats time of the commands clients sent; one Redis core: {_per_core(this.usec)} turns/s of command time",
+    )
+    return [
+        row("Redis commands sent per stored turn", "sent", "commands", 1.5, note=shape),
+        row("Redis commands inside scripts per stored turn", "inside", "commands", 12.0),
+        row("Redis commands executed per stored turn (commandstats)", "executed", "commands", None),
+        time_row,
+        row(
+            "Redis main-thread CPU per stored turn",
+            "cpu_usec",
+            "µs",
+            None,
+            note=f"command time plus network I/O; one Redis core: {_per_core(this.cpu_usec)} turns/s",
+        ),
+        row(
+            "Redis commands/s an idle worker sends",
+            "idle_sent",
+            "commands/s",
+            5.0,
+            note=f"over {idle_seconds:g} s with nothing to do; its scripts ran {this.idle_inside:.3g} more/s",
+        ),
+    ]
+
+
+def _per_core(usec: float) -> str:
+    """Turns per second one Redis core sustains at ``usec`` per turn."""
+    return f"{1e6 / usec:,.0f}" if usec > 0 else "unbounded"

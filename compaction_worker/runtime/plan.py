@@ -1,0 +1,131 @@
+"""What a turn's append changes: computed from the event and the meta the handler knows, no I/O.
+
+The per-turn script stores these fields only if the meta's revision is still the one they
+were computed from (state/appends.py), so the plan is exact or it is not used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from compaction_worker.budget.overflow import detect_overflow
+from compaction_worker.budget.threshold import threshold_trigger
+from compaction_worker.budget.tokens import TokenCounter, budget_for, calibrate
+from compaction_worker.contracts.events import Trigger, TurnEvent
+from compaction_worker.settings import BudgetSettings
+from compaction_worker.state.appends import NewMessage, first_fields
+from compaction_worker.state.jobs import JobRequest
+from compaction_worker.state.meta import Meta, stored_text
+
+_EVERY_APPEND = frozenset({"last_seq", "updated_at"})
+
+
+@dataclass(frozen=True, slots=True)
+class AppendPlan:
+    """The meta fields an append writes (as stored text), the meta after it, and its job, if any."""
+
+    fields: dict[str, str]
+    after: Meta
+    """The meta once the append is stored (its revision included)."""
+    job: JobRequest | None
+    """The request the append records: the one the turn carries, else a threshold's."""
+    threshold: Trigger | None
+    """The threshold the total crosses with this turn (None for a turn carrying a request)."""
+    notes: tuple[str, ...] = ()
+    """Warnings for the log, once the append is stored."""
+
+
+def plan_append(
+    event: TurnEvent,
+    meta: Meta,
+    new: Sequence[NewMessage],
+    request: JobRequest | None,
+    *,
+    counter: TokenCounter,
+    settings: BudgetSettings,
+    now: float | None = None,
+    traceparent: str | None = None,
+) -> AppendPlan:
+    """The append of ``event`` (its messages counted as ``new``) onto a conversation whose meta is ``meta``."""
+    now = time.time() if now is None else now
+    cid = event.conversation_id
+    reactive = request is not None and request.trigger is Trigger.REACTIVE
+    overflow = detect_overflow(request.error) if request is not None and reactive and request.error else None
+    # A maximum the provider stated caps the window from now on, not only for this compaction.
+    stated = [w for w in (meta.observed_window, overflow.max_tokens if overflow else None) if w]
+    info, budget = budget_for(
+        event.model,
+        settings,
+        event.context_window or meta.context_window,
+        event.max_output_tokens or meta.max_output_tokens,
+        min(stated, default=None),
+    )
+    changes: dict[str, Any] = {
+        "model": event.model,
+        "window": budget.window,
+        "threshold": budget.threshold,
+        "overhead_tokens": settings.conversation_overhead_tokens,
+    }
+    notes = []
+    if info.source == "fallback" and event.model != meta.model:
+        # Once per conversation (its first turn, then each change of model): per turn would
+        # flood the log, per process would name the model only in the first of its conversations.
+        notes.append(
+            f"{cid}: model {event.model!r} has no known context window; assuming {info.window} tokens "
+            "(set the turn's context_window or budget.window_overrides)"
+        )
+    if info.source == "provider" and info.window != meta.observed_window:
+        changes["observed_window"] = info.window
+        notes.append(f"{cid}: the provider's maximum, {info.window} tokens, is now its window")
+    if event.system_prompt is not None and event.system_prompt != meta.system_prompt:
+        changes["system_prompt"] = event.system_prompt
+        changes["system_tokens"] = counter.text(event.system_prompt) + settings.message_overhead_tokens
+    if event.tools is not None:
+        tools = tuple(event.tools)
+        if tools != meta.tools:  # runtimes send their tools every turn: counted when they change
+            changes["tools"] = tools
+            changes["tools_tokens"] = counter.tools(event.tools)
+    if event.context_window is not None:
+        changes["context_window"] = event.context_window
+    if event.max_output_tokens is not None:
+        changes["max_output_tokens"] = event.max_output_tokens
+    # Our estimate of the prompt of the call this turn reports on (its usage or its error).
+    estimate = meta.total_tokens + _input_part(new, event)
+    calibration = meta.calibration
+    if event.usage is not None:
+        calibration = calibrate(calibration, estimate, event.usage.prompt_tokens)
+    if request is not None and reactive:
+        # The provider's count of the rejected prompt is a usage report too; the job keeps
+        # the estimate it is paired with, for the compaction to use (limits.reactive_target).
+        request = replace(request, estimate=estimate)
+        if overflow is not None and overflow.actual_tokens:
+            calibration = calibrate(calibration, estimate, overflow.actual_tokens)
+    changes |= {
+        "calibration": calibration,
+        "last_seq": event.turn_seq,
+        "msg_count": meta.msg_count + len(new),
+        "history_tokens": meta.history_tokens + sum(m.tokens for m in new),
+        "updated_at": now,
+    }
+    changes = {k: v for k, v in changes.items() if k in _EVERY_APPEND or getattr(meta, k) != v}
+    after = replace(meta, **changes, rev=meta.rev + 1)  # the revision the append gives it
+    fields = {k: stored_text(v) for k, v in changes.items()}
+    if meta.last_seq == 0:
+        fields |= first_fields(now)
+    threshold = threshold_trigger(after, settings, now) if request is None else None
+    job = request if request is not None else _threshold_job(threshold, traceparent)
+    return AppendPlan(fields, after, job, threshold, tuple(notes))
+
+
+def _threshold_job(trigger: Trigger | None, traceparent: str | None) -> JobRequest | None:
+    # The compaction continues this turn's trace (jobs.py keeps the context with the request).
+    return JobRequest(trigger, traceparent=traceparent) if trigger is not None else None
+
+
+def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
+    """Tokens of this turn's messages that were input to the call its usage reports."""
+    last_assistant = max((i for i, m in enumerate(event.messages) if m.role == "assistant"), default=len(new))
+    return sum(m.tokens for m in new[:last_assistant])

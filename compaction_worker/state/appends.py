@@ -1,0 +1,158 @@
+"""The per-turn script's contract: one call decides and stores one turn (lua/turn.lua).
+
+The turn handler (runtime/turns.py) computes every meta field an append changes from the
+meta it knows, and sends that meta's revision with them: the script stores the turn only if
+the revision is still the stored one, and otherwise writes nothing and returns the stored
+meta (``stale``). So every decision stays in Python, in one place, and a stored turn costs one
+round trip. Duplicates and holds behind a gap depend on the stored sequence alone, so the
+script settles them whatever revision the caller knew.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from compaction_worker.state.jobs import SET_JOB_LUA, JobRequest
+from compaction_worker.state.scripts import as_text, encode
+
+TURN_LUA = ("push.lua", "expiry.lua", SET_JOB_LUA, "held.lua", "turn.lua")
+"""The per-turn script: its libraries, then its body (called by position: scripts.PositionalScript)."""
+
+UNKNOWN_REV = -1
+"""The revision to send when the caller knows no meta: an append is then ``stale``."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to append, with its token count (computed once, by the caller)."""
+
+    message: Mapping[str, Any]
+    tokens: int
+
+
+class AppendStatus(StrEnum):
+    """What the per-turn script did with a turn."""
+
+    APPENDED = "appended"
+    DUPLICATE = "duplicate"
+    """The seq is stored with the same fingerprint (or one stored before fingerprints were kept)."""
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    """The seq is stored with another fingerprint: the turn is not the one stored."""
+    HELD = "held"
+    """The turn is ahead of the next seq: it is held behind the gap (now, or since an earlier delivery)."""
+    CONFLICTING_HELD = "conflicting_held"
+    """A different turn with this seq is held behind a gap; it arrived first and is kept."""
+    NEED_HELD = "need_held"
+    """The turn is ahead of the next seq, and the caller, expecting none, sent no held form."""
+    STALE = "stale"
+    """The caller's meta revision is not the stored one: nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnWrite:
+    """One turn as the script takes it: what to store, and what the caller computed from which revision."""
+
+    seq: int
+    messages: Sequence[NewMessage]
+    first_n: int
+    """The ordinal of the first message: the message count the caller knew, plus one."""
+    fields: Mapping[str, str]
+    """The meta fields the append changes, as stored text (last_seq, msg_count and totals among them)."""
+    rev: int
+    """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
+    now: float
+    fingerprint: str | None = None
+    job: JobRequest | None = None
+    """A compaction request to record with the append (kept unless a stronger one is pending)."""
+    held: bytes | None = None
+    """The turn's held form (gaps.held_value), sent when the caller expects a gap."""
+    first: bool = False
+    """Whether this is the conversation's first append (its keys are created now)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendReply:
+    """The script's answer."""
+
+    status: AppendStatus
+    last_seq: int
+    """The stored last seq: the turn's own after an append, else the one the script found."""
+    rev: int = 0
+    """After an append: the meta's new revision."""
+    next_held: bool = False
+    """After an append: turn ``seq + 1`` is held; after a duplicate: turn ``last_seq + 1`` is."""
+    job: bool = False
+    """After an append: the request was recorded; after a duplicate: a job is pending."""
+    kept: str | None = None
+    """For a conflict: the fingerprint of the turn stored or held first (None: it has none)."""
+    meta: Mapping[str, str] | None = None
+    """When stale: the stored meta hash."""
+
+
+def first_fields(now: float) -> dict[str, str]:
+    """The meta fields a conversation's first append writes, and no append after it."""
+    return {"created_at": repr(now), "version": "0", "context_status": "full"}
+
+
+def encode_messages(
+    seq: int, first_n: int, messages: Sequence[NewMessage], at: float
+) -> tuple[list[str], list[str]]:
+    """The transcript records and effective-history entries of a turn, each message encoded once.
+
+    A transcript record is ``{"n", "seq", "m", "at", "t"}``: ``t`` is the count the entry gets,
+    so a rewind restores it exactly (records appended before it was stored lack it). An entry
+    is the text ``Entry.to_json`` gives (a test holds them equal).
+    """
+    records, entries = [], []
+    stamp = json.dumps(at)
+    for n, new in enumerate(messages, start=first_n):
+        head = f'{{"n":{n},"seq":{seq},"m":{encode(new.message)},'
+        records.append(f'{head}"at":{stamp},"t":{new.tokens}}}')
+        entries.append(f'{head}"t":{new.tokens},"e":null}}')
+    return records, entries
+
+
+def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
+    """The per-turn script's arguments for a write, by position (lua/turn.lua names them)."""
+    records, entries = encode_messages(write.seq, write.first_n, write.messages, write.now)
+    fields = [text for pair in write.fields.items() for text in pair]
+    args: list[str | bytes] = [
+        str(write.seq),
+        str(write.seq + 1),
+        str(write.rev),
+        str(int(write.now * 1000)),
+        str(retention_ms),
+        write.fingerprint or "",
+        "1" if write.first else "0",
+        encode(write.job.fields()) if write.job is not None else "",
+        str(len(fields)),
+        *fields,
+        str(len(records)),
+        *records,
+        *entries,
+    ]
+    if write.held is not None:
+        args.append(write.held)
+    return args
+
+
+def reply_of(raw: Sequence[Any]) -> AppendReply:
+    """Read the script's reply."""
+    status, last_seq = AppendStatus(as_text(raw[0])), int(raw[1])
+    match status:
+        case AppendStatus.APPENDED:
+            rev, next_held, recorded = int(raw[2]), bool(int(raw[3])), bool(int(raw[4]))
+            return AppendReply(status, last_seq, rev=rev, next_held=next_held, job=recorded)
+        case AppendStatus.DUPLICATE:
+            return AppendReply(status, last_seq, next_held=bool(int(raw[3])), job=bool(int(raw[2])))
+        case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
+            return AppendReply(status, last_seq, kept=as_text(raw[2]))
+        case AppendStatus.STALE:
+            flat = raw[2]
+            stored = {as_text(k): as_text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+            return AppendReply(status, last_seq, meta=stored)
+    return AppendReply(status, last_seq)

@@ -1,0 +1,24 @@
+-- Library (docs/design.md, "Retention"): a conversation's keys expire together, at the one
+-- deadline its meta hash keeps (`expires_at`, epoch ms). Every script that creates one of its
+-- keys gives it that deadline; the per-turn script moves the deadline (and re-applies it to
+-- every key) only when less than half the retention is left, not on every turn.
+
+-- The conversation's deadline (0: none yet, or no retention).
+local function deadline_of(meta)
+  return tonumber(redis.call('HGET', meta, 'expires_at') or '0')
+end
+
+-- Give a key the conversation's deadline (a no-op without one).
+local function expire_with(key, deadline)
+  if deadline > 0 then redis.call('PEXPIREAT', key, string.format('%d', deadline)) end
+end
+
+-- Move the deadline to now + retention when less than half of it is left, and apply it to
+-- every key in `keys` (the meta hash first); returns the deadline in force.
+local function keep_alive(keys, deadline, now_ms, retention_ms)
+  if retention_ms <= 0 or deadline - now_ms >= retention_ms / 2 then return deadline end
+  deadline = now_ms + retention_ms
+  redis.call('HSET', keys[1], 'expires_at', string.format('%d', deadline))
+  for i = 1, #keys do redis.call('PEXPIREAT', keys[i], string.format('%d', deadline)) end
+  return deadline
+end

@@ -1,0 +1,78 @@
+-- The per-turn script (appends.py): decides and stores one turn in one call.
+-- KEYS: meta, transcript, entries, pending, fingerprints, job, then the conversation's other
+--   keys that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq):
+--   their expiry moves with the rest (expiry.lua).
+-- ARGV, by position (it runs for every turn: a JSON header to decode was a fifth of its time):
+--   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none),
+--   now_ms, retention_ms, fingerprint ('' for none), first ('1': the conversation's first
+--   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
+--   that many meta field/value texts (what the append changes), then the message count n and
+--   n transcript records and n entries, then the turn's held form if the caller expects a gap.
+-- Replies, by what the stored sequence says of the turn:
+--   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
+--   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
+--   {'stale', last_seq, meta hash}: the caller's revision is not the stored one; nothing written
+--   {'appended', seq, rev, next_held, job_recorded}
+-- A turn stored or held before fingerprints were kept has none: a redelivery of it is accepted
+-- as a duplicate. A turn held behind a gap arrived first: a different turn with its seq is refused.
+local meta, transcript, entries, pending, fingerprints, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local seq_text, fingerprint = ARGV[1], ARGV[6]
+if fingerprint == '' then fingerprint = nil end
+local fields_at, fields_n = 10, tonumber(ARGV[9])
+local n = tonumber(ARGV[fields_at + fields_n])
+local records_at = fields_at + fields_n + 1
+local held_form = ARGV[records_at + 2 * n]
+local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at')
+local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
+local seq = tonumber(seq_text)
+if seq <= last then
+  local stored = redis.call('HGET', fingerprints, seq_text)
+  if fingerprint and stored and stored ~= fingerprint then
+    return {'conflicting_duplicate', last, stored}
+  end
+  local following = redis.call('HEXISTS', pending, string.format('%d', last + 1))
+  return {'duplicate', last, redis.call('EXISTS', job), following}
+end
+if seq > last + 1 then
+  local held = redis.call('HGET', pending, seq_text)
+  if held then
+    local held_fp = held_fingerprint(held)
+    if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+    return {'held', last}
+  end
+  if not held_form then return {'need_held', last} end
+  redis.call('HSET', pending, seq_text, held_form)
+  expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[4]), tonumber(ARGV[5])))
+  return {'held', last}
+end
+if tonumber(ARGV[3]) ~= rev then return {'stale', last, redis.call('HGETALL', meta)} end
+local waiting = redis.call('HMGET', pending, seq_text, ARGV[2])
+if waiting[1] then
+  local held_fp = held_fingerprint(waiting[1])
+  if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+  redis.call('HDEL', pending, seq_text)
+end
+push_range(transcript, records_at, records_at + n - 1)
+push_range(entries, records_at + n, records_at + 2 * n - 1)
+rev = rev + 1
+if fields_n > 0 then
+  redis.call('HSET', meta, 'rev', string.format('%d', rev), unpack(ARGV, fields_at, fields_at + fields_n - 1))
+else
+  redis.call('HSET', meta, 'rev', string.format('%d', rev))
+end
+if fingerprint then redis.call('HSET', fingerprints, seq_text, fingerprint) end
+local recorded = 0
+if ARGV[8] ~= '' then
+  recorded = set_job(job, cjson.decode(ARGV[8]))
+  if recorded == 1 then expire_with(job, deadline) end
+end
+if ARGV[7] == '1' then
+  expire_with(meta, deadline)
+  expire_with(transcript, deadline)
+  expire_with(entries, deadline)
+  expire_with(fingerprints, deadline)
+end
+keep_alive(KEYS, deadline, tonumber(ARGV[4]), tonumber(ARGV[5]))
+local next_held = 0
+if waiting[2] then next_held = 1 end
+return {'appended', seq, rev, next_held, recorded}

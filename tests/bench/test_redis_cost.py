@@ -1,0 +1,67 @@
+"""The Redis rows' arithmetic: per stored turn, per idle second, and the targets beside a baseline."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from compaction_worker.bench.environment import WorkerSource
+from compaction_worker.bench.meter import Monitored, Snapshot
+from compaction_worker.bench.redis_cost import TurnCost, cost_rows, median_cost, turn_cost
+
+TURNS = 400
+
+
+def _cost(**figures: float) -> TurnCost:
+    base = dict.fromkeys(("sent", "inside", "executed", "usec", "cpu_usec", "idle_sent", "idle_inside"), 1.0)
+    return TurnCost(**{**base, **figures}, detail="d")
+
+
+def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_commands() -> None:
+    stats = Snapshot(
+        Counter({"evalsha": TURNS, "hgetall": 2 * TURNS, "pexpire": 10 * TURNS, "zcard": 8}),
+        Counter({"evalsha": 40 * TURNS, "hgetall": 4 * TURNS, "pexpire": 10 * TURNS, "zcard": 16}),
+        cpu_seconds=0.03,
+    )
+    counted = Monitored(
+        sent=Counter({"evalsha": TURNS, "hgetall": TURNS, "zrange": 4}),
+        inside=Counter({"hgetall": TURNS, "pexpire": 10 * TURNS}),
+    )
+    idle = Monitored(sent=Counter({"zrangebyscore": 100, "zcard": 100}), inside=Counter({"zadd": 10}))
+    cost = turn_cost(TURNS, stats, counted, idle, idle_seconds=5.0)
+    assert cost.sent == pytest.approx(2.01)
+    assert cost.inside == 11.0
+    assert cost.executed == pytest.approx(13.02)
+    # EVALSHA 40 (its calls inside), HGETALL's 4 split half sent, PEXPIRE only inside: 0, ZCARD not counted: sent.
+    assert cost.usec == pytest.approx(40 + 2 + 16 / TURNS)
+    assert cost.cpu_usec == pytest.approx(75.0)
+    assert (cost.idle_sent, cost.idle_inside) == (40.0, 2.0)
+    assert "time split by calls: hgetall" in cost.detail
+    assert "taken as sent): zcard" in cost.detail
+
+
+def test_each_figure_is_the_median_of_the_runs() -> None:
+    runs = [_cost(usec=30.0, sent=2.0), _cost(usec=10.0, sent=1.0), _cost(usec=20.0, sent=3.0)]
+    assert (median_cost(runs).usec, median_cost(runs).sent) == (20.0, 2.0)
+
+
+def test_alone_the_targets_are_issue_24s_values_beside_a_baseline_the_time_is_a_third_of_its() -> None:
+    alone = {
+        row.name: row for row in cost_rows(_cost(usec=25.0, sent=1.2, idle_sent=3.0), None, None, 3, 5.0)
+    }
+    assert alone["Redis commands sent per stored turn"].met is True  # 1.2 <= 1.5
+    time_row = alone["Redis command time per stored turn"]
+    assert (time_row.target, time_row.baseline, time_row.met) == (30.0, None, True)
+    assert "40,000 turns/s" in time_row.note
+    source = WorkerSource(Path("/tmp/base"), "worker at abc1234")
+    beside = {
+        row.name: row
+        for row in cost_rows(_cost(usec=25.0, sent=1.2), _cost(usec=60.0, sent=2.0), source, 3, 5.0)
+    }
+    time_row = beside["Redis command time per stored turn"]
+    assert (time_row.baseline, time_row.baseline_name, time_row.met) == (60.0, "worker at abc1234", False)
+    sent = beside["Redis commands sent per stored turn"]
+    assert (sent.value, sent.baseline, sent.met) == (1.2, 2.0, True)  # the target stays on the value
+    assert set(beside) == set(alone)
