@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -115,25 +115,37 @@ class TurnHandler:
         """
         # The key is the conversation's id (parse checks it): every line logged for it says so.
         with bound(conversation_id=key.decode(errors="replace") if key else None):
-            failures = 0
-            while True:
-                try:
-                    return await self._handle(raw, key, partition, offset)
-                except Exception as error:
-                    if is_outage(error):
-                        raise
-                    failures += 1
-                    if self.policy.exhausted(failures):
-                        return await self._poisoned(raw, key, partition, offset, error=error, tries=failures)
-                    log.warning(
-                        "turn failed (%s: %s); try %d of %d",
-                        type(error).__name__,
-                        error,
-                        failures + 1,
-                        self.policy.attempts,
-                        exc_info=error,
-                    )
-                    await asyncio.sleep(self.policy.backoff(failures))
+            return await self._tried(
+                lambda: self._handle(raw, key, partition, offset),
+                lambda error, tries: self._poisoned(raw, key, partition, offset, error=error, tries=tries),
+            )
+
+    async def _tried(
+        self,
+        call: Callable[[], Awaitable[TurnOutcome]],
+        poisoned: Callable[[Exception, int], Awaitable[TurnOutcome]],
+    ) -> TurnOutcome:
+        """``call()`` until it returns; an outage propagates; any other failure is tried again
+        (``retry.turns``), and after the last try the turn is ``poisoned(error, tries)``."""
+        failures = 0
+        while True:
+            try:
+                return await call()
+            except Exception as error:
+                if is_outage(error):
+                    raise
+                failures += 1
+                if self.policy.exhausted(failures):
+                    return await poisoned(error, failures)
+                log.warning(
+                    "turn failed (%s: %s); try %d of %d",
+                    type(error).__name__,
+                    error,
+                    failures + 1,
+                    self.policy.attempts,
+                    exc_info=error,
+                )
+                await asyncio.sleep(self.policy.backoff(failures))
 
     async def _handle(
         self, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
@@ -336,8 +348,8 @@ class TurnHandler:
 
     async def handle_held(self, raw: bytes, cid: str, turn_seq: int) -> TurnOutcome:
         """Apply one held turn (it was valid when it was held); one that keeps failing is dead-lettered."""
-        failures = 0
-        while True:
+
+        async def apply() -> TurnOutcome:
             try:
                 with bound(conversation_id=cid, turn_seq=turn_seq):
                     return await self._apply(self.parse(raw, cid.encode()), raw)
@@ -345,16 +357,15 @@ class TurnHandler:
                 BadEventError
             ) as bad:  # settings changed since it was held, or its seq was stored meanwhile
                 return await self._release_held(raw, cid, turn_seq, bad)
-            except Exception as error:
-                if is_outage(error):
-                    raise
-                failures += 1
-                if self.policy.exhausted(failures):
-                    log.error("held turn %s of %s failed %d times", turn_seq, cid, failures, exc_info=error)
-                    detail = f"{type(error).__name__}: {error} (failed {failures} times)"
-                    poison = BadEventError(DeadLetterReason.PROCESSING_FAILED, detail, cid)
-                    return await self._release_held(raw, cid, turn_seq, poison)
-                await asyncio.sleep(self.policy.backoff(failures))
+
+        async def poisoned(error: Exception, tries: int) -> TurnOutcome:
+            log.error("held turn %s of %s failed %d times", turn_seq, cid, tries, exc_info=error)
+            detail = f"{type(error).__name__}: {error} (failed {tries} times)"
+            return await self._release_held(
+                raw, cid, turn_seq, BadEventError(DeadLetterReason.PROCESSING_FAILED, detail, cid)
+            )
+
+        return await self._tried(apply, poisoned)
 
     async def _release_held(self, raw: bytes, cid: str, turn_seq: int, bad: BadEventError) -> TurnOutcome:
         await self.dead_letters.held(raw, cid, turn_seq, bad)

@@ -25,6 +25,7 @@ from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.turns import TurnStatus, turn_fingerprint
 from compaction_worker.settings import Settings
 from compaction_worker.state.connection import is_cluster
+from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
@@ -492,6 +493,33 @@ class TestPoisonTurns:
         assert (
             await parts.turns.handle(turn_bytes("fine", 1, [user("y")]), b"fine")
         ).status is TurnStatus.APPENDED
+
+    async def test_a_held_turn_that_keeps_failing_is_dead_lettered_when_its_gap_fills(
+        self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The turn that fills the gap is stored; the held one behind it that fails every try
+        goes to the DLQ and leaves the hash, so it cannot block its conversation."""
+        monkeypatch.setattr(
+            parts.turns, "policy", replace(parts.turns.policy, base_seconds=0.01, cap_seconds=0.01)
+        )
+        real = plan.plan_append
+
+        def broken(event: TurnEvent, meta: Meta, *args: Any, **kwargs: Any) -> Any:
+            if event.turn_seq == 3 and meta.last_seq == 2:  # applied after its gap filled
+                raise RuntimeError("a bug the held turn triggers")
+            return real(event, meta, *args, **kwargs)
+
+        monkeypatch.setattr(turns_module, "plan_append", broken)
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        assert (
+            await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
+        ).status is TurnStatus.BUFFERED
+        outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        assert outcome.status is TurnStatus.APPENDED
+        (letter,) = [DeadLetter.model_validate_json(p) for t, p, _ in published.events if t.endswith("dlq")]
+        assert (letter.reason.value, letter.turn_seq) == ("processing_failed", 3)
+        assert await parts.gaps.held_turns("c") == []
+        assert (await parts.store.meta("c")).last_seq == 2
 
     async def test_a_failure_that_passes_is_retried_not_dead_lettered(
         self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch

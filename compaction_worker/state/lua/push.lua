@@ -1,6 +1,8 @@
--- Library (store.py, appends.py): pushes a list in batches, since unpack() has a C-stack limit.
-local function push(key, items)
-  local i, last = 1, #items
+-- Library (store.py, appends.py): pushes list items in batches, since unpack() has a C-stack limit.
+
+-- Pushes items[first..last] (none when last < first).
+local function push_slice(key, items, first, last)
+  local i = first
   while i <= last do
     local j = math.min(i + 499, last)
     redis.call('RPUSH', key, unpack(items, i, j))
@@ -8,12 +10,12 @@ local function push(key, items)
   end
 end
 
--- Pushes the arguments ARGV[first..last] (none when last < first), in batches.
+-- Pushes every item of a list.
+local function push(key, items)
+  push_slice(key, items, 1, #items)
+end
+
+-- Pushes the arguments ARGV[first..last].
 local function push_range(key, first, last)
-  local i = first
-  while i <= last do
-    local j = math.min(i + 499, last)
-    redis.call('RPUSH', key, unpack(ARGV, i, j))
-    i = j + 1
-  end
+  push_slice(key, ARGV, first, last)
 end
