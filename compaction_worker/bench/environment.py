@@ -57,19 +57,15 @@ class WorkerSource:
 
 def _revision(path: Path) -> str:
     """The checkout's short commit, ``+changes`` if tracked files differ from it; its name without git."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(path), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        changes = subprocess.run(
-            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        changes = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return path.name
     return f"{commit}+changes" if changes else commit
