@@ -271,6 +271,7 @@ class TurnHandler:
                 fields=plan.fields,
                 # Unknown: a first turn is taken for a new conversation's (revision 0).
                 rev=meta.rev if known is not None or seq == 1 else UNKNOWN_REV,
+                version=meta.version,
                 now=plan.after.updated_at,
                 fingerprint=fingerprint,
                 job=plan.job,

@@ -65,6 +65,9 @@ class TurnWrite:
     rev: int
     """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
     now: float
+    version: int = 0
+    """The history version of that meta: with the revision and the message count (``first_n - 1``)
+    it must still be the stored one (a writer of an older release bumps no revision)."""
     fingerprint: str | None = None
     job: JobRequest | None = None
     """A compaction request to record with the append (kept unless a stronger one is pending)."""
@@ -123,7 +126,7 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
     args: list[str | bytes] = [
         str(write.seq),
         str(write.seq + 1),
-        str(write.rev),
+        f"{write.rev}/{write.first_n - 1}/{write.version}",
         str(int(write.now * 1000)),
         str(retention_ms),
         write.fingerprint or "",

@@ -3,7 +3,9 @@
 --   keys that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq):
 --   their expiry moves with the rest (expiry.lua).
 -- ARGV, by position (it runs for every turn: a JSON header to decode was a fifth of its time):
---   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none),
+--   seq, next (seq + 1), stamp ('<rev>/<msg_count>/<version>' of the meta the caller computed
+--   its fields from; rev -1: none; all three must still be the stored ones, so that a writer that
+--   does not bump the revision, such as an older release's in a rolling upgrade, is caught too),
 --   now_ms, retention_ms, fingerprint ('' for none), first ('1': the conversation's first
 --   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
 --   that many meta field/value texts (what the append changes), then the message count n and
@@ -22,7 +24,7 @@ local fields_at, fields_n = 10, tonumber(ARGV[9])
 local n = tonumber(ARGV[fields_at + fields_n])
 local records_at = fields_at + fields_n + 1
 local held_form = ARGV[records_at + 2 * n]
-local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at')
+local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'msg_count', 'version')
 local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
 local seq = tonumber(seq_text)
 if seq <= last then
@@ -45,7 +47,11 @@ if seq > last + 1 then
   expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[4]), tonumber(ARGV[5])))
   return {'held', last}
 end
-if tonumber(ARGV[3]) ~= rev then return {'stale', last, redis.call('HGETALL', meta)} end
+local known_rev, known_count, known_version = string.match(ARGV[3], '^(-?%d+)/(%d+)/(%d+)$')
+if tonumber(known_rev) ~= rev or tonumber(known_count) ~= tonumber(state[4] or '0')
+    or tonumber(known_version) ~= tonumber(state[5] or '0') then
+  return {'stale', last, redis.call('HGETALL', meta)}
+end
 local waiting = redis.call('HMGET', pending, seq_text, ARGV[2])
 if waiting[1] then
   local held_fp = held_fingerprint(waiting[1])
