@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from compaction_worker.budget.tokens import BudgetFacts, conversation_budget
+from compaction_worker.budget.tokens import Budget, BudgetFacts, conversation_budget
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.settings import BudgetSettings
 
@@ -40,8 +40,12 @@ def calibrated_total(facts: TotalFacts) -> int:
     return int(facts.total_tokens * scale_of(facts))
 
 
-def threshold_trigger(facts: ThresholdFacts, settings: BudgetSettings, now: float) -> Trigger | None:
+def threshold_trigger(
+    facts: ThresholdFacts, settings: BudgetSettings, now: float, *, budget: Budget | None = None
+) -> Trigger | None:
     """The threshold a conversation's calibrated total has crossed at ``now``, if any.
+
+    ``budget`` is the conversation's, when the caller has just computed it (the turn's plan).
 
     None while a failed run's backoff lasts, and while the total has not grown by
     ``noop_regrowth_fraction`` of the budget since a run that could not shrink it.
@@ -50,7 +54,8 @@ def threshold_trigger(facts: ThresholdFacts, settings: BudgetSettings, now: floa
         return None  # manual and reactive requests travel with their turns, not through here
     if facts.retry_after and now < facts.retry_after:
         return None
-    _, budget = conversation_budget(facts, settings)
+    if budget is None:
+        _, budget = conversation_budget(facts, settings)
     total = calibrated_total(facts)
     regrowth = int(settings.noop_regrowth_fraction * budget.available)
     if facts.noop_tokens and total <= facts.noop_tokens + regrowth:

@@ -115,7 +115,7 @@ def plan_append(
     fields = {k: stored_text(v) for k, v in changes.items()}
     if meta.last_seq == 0:
         fields |= first_fields(now)
-    threshold = threshold_trigger(after, settings, now) if request is None else None
+    threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
     job = request if request is not None else _threshold_job(threshold, traceparent)
     return AppendPlan(fields, after, job, threshold, tuple(notes))
 
