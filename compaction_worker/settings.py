@@ -167,6 +167,10 @@ class TailSettings(_Section):
     max_fraction: float = Field(default=0.25, gt=0, le=1)
 
 
+_WORKING_STATE = "Files read or edited and the plan, restored after a summary (within the target); 0: off."
+_PLAN_TOOLS = "Names of the runtime's own plan tools, besides TodoWrite, update_plan and write_todos."
+
+
 class PipelineSettings(_Section):
     """Which compaction stages run and their knobs; stages run cheapest first."""
 
@@ -248,6 +252,10 @@ class PipelineSettings(_Section):
     user_words_max_fraction: float = Field(
         default=0.1, gt=0, le=1, description="The same, as a share of the window; the smaller wins."
     )
+    working_state_max_tokens: int = Field(default=8_000, ge=0, description=_WORKING_STATE)
+    working_state_max_files: int = Field(default=5, ge=0, description="The most recent files restored.")
+    working_state_file_max_tokens: int = Field(default=3_000, ge=0, description="Larger files: path, size.")
+    plan_tools: list[str] = Field(default_factory=list, description=_PLAN_TOOLS)
 
 
 class SummarizerSettings(_Section):
@@ -334,6 +342,16 @@ class HealthSettings(_Section):
     )
 
 
+class InspectorSettings(_Section):
+    """``compaction-worker inspect``: a read-only web view of the conversations in Redis."""
+
+    host: str = Field(default="127.0.0.1", description="Listen address; non-loopback needs a token.")
+    port: int = Field(default=8090, ge=0, le=65535, description="Port to listen on; 0 picks a free one.")
+    token: SecretStr | None = Field(default=None, description="Bearer token (header; ?token= sets a cookie).")
+    list_limit: int = Field(default=50, ge=1, description="Conversations in each list of the index page.")
+    scan_limit: int = Field(default=10_000, ge=1, description="Meta keys the index page reads (SCAN).")
+
+
 class Settings(BaseSettings):
     """Everything the worker, the CLI and the client need, read once."""
 
@@ -354,6 +372,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    inspector: InspectorSettings = Field(default_factory=InspectorSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
 

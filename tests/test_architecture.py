@@ -37,9 +37,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("summaries",),
     ("strategies",),
     ("state",),
+    ("recall",),
     ("runtime", "testing"),
     ("client", "replay"),
-    ("local", "bench"),
+    ("local", "bench", "inspector"),
     ("cli",),
 )
 """The package's layers, lowest first: a module imports only from its own layer or lower ones
@@ -48,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 LAZY_CLI_IMPORTS = frozenset(
     {
         "compaction_worker.bench.command",
+        "compaction_worker.inspector.app",
         "compaction_worker.local.demo",
         "compaction_worker.observability.operations",
         "compaction_worker.observability.setup",

@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from compaction_worker.bench import costs
 from compaction_worker.bench.environment import BenchEnv, BenchError
+from compaction_worker.bench.recall import recall_rows
 from compaction_worker.bench.report import Progress, Row
 from compaction_worker.bench.throughput import head_of_line_rows, throughput_rows
 
@@ -35,6 +36,7 @@ SCENARIOS: dict[str, Scenario] = {
     "throughput": throughput_rows,
     "head_of_line": head_of_line_rows,
     **{scenario.__name__.removesuffix("_rows"): cost_scenario(scenario) for scenario in costs.ROWS},
+    "recall": recall_rows,
 }
 """Every scenario, in the order the table shows them; ``--only`` takes these names."""
 

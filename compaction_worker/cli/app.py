@@ -9,6 +9,7 @@ import click
 
 from compaction_worker.cli import operate, tools
 from compaction_worker.cli.common import embedded_infra, settings_of
+from compaction_worker.cli.inspect import inspect, serve_inspector
 from compaction_worker.observability.logs import configure_logging
 from compaction_worker.settings import Settings
 
@@ -68,8 +69,22 @@ async def _run(settings: Settings) -> None:
     "--window", "context_window", default=6000, show_default=True, help="Context window set on the events."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the compaction events as JSON lines.")
+@click.option(
+    "--inspect",
+    "inspect_after",
+    is_flag=True,
+    help="Then serve the read-only inspector over the demo's Redis until Ctrl-C.",
+)
 @click.pass_context
-def demo(ctx: click.Context, turns: int, conversations: int, context_window: int, as_json: bool) -> None:
+def demo(
+    ctx: click.Context,
+    *,
+    turns: int,
+    conversations: int,
+    context_window: int,
+    as_json: bool,
+    inspect_after: bool,
+) -> None:
     """Run the whole loop locally: broker, Redis, worker and a synthetic agent; show compactions."""
     from compaction_worker.local.demo import run_demo
 
@@ -88,6 +103,8 @@ def demo(ctx: click.Context, turns: int, conversations: int, context_window: int
                     click.echo(event.model_dump_json())
 
         asyncio.run(go())
+        if inspect_after:
+            serve_inspector(settings)
 
 
 for command in (
@@ -96,6 +113,7 @@ for command in (
     operate.artifacts,
     operate.compact,
     operate.rewind,
+    inspect,
     tools.schemas,
     tools.docs,
     tools.bench,

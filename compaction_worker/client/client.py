@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -21,16 +21,19 @@ from compaction_worker.budget.attachments import FittedFile, file_budget, fit_fi
 from compaction_worker.budget.threshold import calibrated_total, scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
-from compaction_worker.contracts.history import render
 from compaction_worker.errors import ConfigError, WaitTimeoutError
+from compaction_worker.formats.anthropic import AnthropicMessages
+from compaction_worker.formats.gemini import GeminiContents
+from compaction_worker.formats.rendering import HistoryFormat, Rendered, rendered
 from compaction_worker.observability.tracing import inject
+from compaction_worker.recall.search import Recall, RecallResult
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import Job, JobQueue
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.meta import Meta
+from compaction_worker.state.meta import Meta, write_instructions
 from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
 
@@ -115,6 +118,8 @@ class Client:
         self.producer = producer
         self._published: dict[str, int] = {}
         """The highest turn seq this client published, by conversation (``wait_for`` waits for it)."""
+        self._recall = Recall(store)
+        """Recall's indexes, one per recently searched conversation (recall/search.py)."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -174,15 +179,24 @@ class Client:
         )
 
     async def request_compaction(
-        self, conversation_id: str, turn_seq: int, model: str, error: str | None = None
+        self,
+        conversation_id: str,
+        turn_seq: int,
+        model: str,
+        error: str | None = None,
+        *,
+        instructions: str | None = None,
     ) -> TurnEvent:
-        """Publish a turn with no messages that asks for a manual or (with ``error``) reactive compaction."""
+        """Publish a turn with no messages that asks for a manual or (with ``error``) reactive compaction.
+
+        ``instructions`` say what its summary keeps first (added to the standing ones).
+        """
         mode = CompactionMode.OVERFLOW if error else CompactionMode.FORCE
         event = TurnEvent(
             conversation_id=conversation_id,
             turn_seq=turn_seq,
             model=model,
-            compaction=CompactionRequest(mode=mode, error=error),
+            compaction=CompactionRequest(mode=mode, error=error, instructions=instructions),
         )
         await self.publish_turn(event)
         return event
@@ -266,10 +280,34 @@ class Client:
         """Metadata and the effective history, read consistently."""
         return await self.store.snapshot(conversation_id)
 
-    async def messages(self, conversation_id: str) -> list[dict[str, Any]]:
-        """The provider-ready messages to send to the model next (with the configured summary placement)."""
+    @overload
+    async def messages(
+        self, conversation_id: str, format: Literal["openai", "responses"] = "openai"
+    ) -> list[dict[str, Any]]: ...
+    @overload
+    async def messages(self, conversation_id: str, format: Literal["anthropic"]) -> AnthropicMessages: ...
+    @overload
+    async def messages(self, conversation_id: str, format: Literal["gemini"]) -> GeminiContents: ...
+    async def messages(self, conversation_id: str, format: HistoryFormat = "openai") -> Rendered:
+        """The provider-ready messages to send to the model next (with the configured summary placement).
+
+        ``format`` is the runtime's own: ``openai`` chat messages, ``anthropic`` (``system``
+        and ``messages``), ``responses`` input items or ``gemini`` contents. The verbatim
+        tail's thinking blocks, reasoning items and signatures come back exactly as
+        published (:mod:`compaction_worker.formats.rendering`).
+        """
         history = (await self.store.snapshot(conversation_id)).history
-        return render(history, self.settings.pipeline.summary_placement)
+        return rendered(history, format, self.settings.pipeline.summary_placement)
+
+    async def set_instructions(self, conversation_id: str, text: str | None) -> None:
+        """Set the conversation's standing compaction instructions (None or "" clears them).
+
+        Every later compaction's summary keeps first what they name; a request's own
+        ``instructions`` add to them. A turn's ``compaction_instructions`` sets them too, in
+        the turn's order; this call takes effect at once.
+        """
+        keys = self.store.keys(conversation_id)
+        await write_instructions(self.store.redis, keys.meta, text, self.store.retention_ms)
 
     async def meta(self, conversation_id: str) -> Meta:
         """The conversation's metadata (last seq, token totals, version)."""
@@ -323,6 +361,15 @@ class Client:
         history = (await self.store.snapshot(conversation_id)).history
         present = carried([a.item for a in archived], history)
         return [Artifact(a.kind, a.text, a.seq, a.n, a.item in present) for a in archived]
+
+    async def recall(self, conversation_id: str, query: str, *, limit: int | None = None) -> RecallResult:
+        """Search what compaction took out of the history, and the artifact archive (BM25, best first).
+
+        Each hit is a verbatim snippet with its ``turn_seq`` (and ``artifact_id`` for an archive
+        hit); bounded by :class:`~compaction_worker.recall.RecallLimits`. The tool a model calls
+        for it: :mod:`compaction_worker.recall.tools`; ``complete(..., recall=True)`` answers it.
+        """
+        return await self._recall.search(conversation_id, query, limit)
 
 
 _FIRST_RECHECK = 0.02

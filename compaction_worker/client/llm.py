@@ -4,10 +4,15 @@
 the stored effective history plus the turn's new messages; when the provider says the
 prompt does not fit, it asks the worker for a reactive compaction with the provider's own
 text, waits for it to land and retries once; when the call succeeds it publishes the turn.
+
+With ``recall=True`` it also gives the model the ``recall`` tool (recall/tools.py) and
+answers the model's recall calls itself, calling again with the answers, a bounded number
+of rounds: an agent gets recall of what compaction took out in one line.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +20,7 @@ from compaction_worker import _litellm
 from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import TurnEvent, Usage
+from compaction_worker.recall.tools import OPENAI_TOOL, TOOL_NAME, recall_calls, tool_result
 
 __all__ = ["assistant_message", "complete"]
 
@@ -29,6 +35,8 @@ async def complete(
     model: str,
     messages: Sequence[Mapping[str, Any]] | None = None,
     compaction_timeout: float = 120.0,
+    recall: bool = False,
+    recall_rounds: int = 3,
     **litellm_kwargs: Any,
 ) -> Any:
     """Call ``model`` on the effective history plus ``messages`` (this turn's new ones); publish the turn.
@@ -36,34 +44,66 @@ async def complete(
     On a context overflow (:func:`~compaction_worker.budget.overflow.detect_overflow`) it
     requests a reactive compaction, waits for it (at most ``compaction_timeout`` seconds)
     and retries once; a second overflow is raised. Returns LiteLLM's response unchanged.
+
+    With ``recall=True`` the ``recall`` tool joins ``tools=`` and each of the model's recall
+    calls is answered here (:meth:`Client.recall`) and the model called again, at most
+    ``recall_rounds`` times; the turn published holds every call and answer. The response
+    returned may still name recall calls (answered already: a runtime skips them) beside
+    its own tools' calls, which are the runtime's to answer.
     """
     litellm = _litellm.load()
     new = [dict(m) for m in messages or ()]
+    if recall:
+        tools = list(litellm_kwargs.get("tools") or ())
+        if not any(_tool_name(t) == TOOL_NAME for t in tools):
+            litellm_kwargs["tools"] = [*tools, OPENAI_TOOL]
     # The previous turn, or a compaction it set off, may not be stored yet.
     await client.wait_for(conversation_id, timeout=compaction_timeout)
     history = await client.messages(conversation_id)
-    try:
-        response = await litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs)
-    except Exception as error:
-        if detect_overflow(error) is None:
-            raise
-        seq = await client.next_turn_seq(conversation_id)
-        await client.request_compaction(conversation_id, seq, model, error=str(error)[:_MAX_ERROR_CHARS])
-        await client.wait_for(conversation_id, timeout=compaction_timeout)
-        history = await client.messages(conversation_id)
-        response = await litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs)
+    rounds = 0
+    while True:
+        try:
+            response = await litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs)
+        except Exception as error:
+            if detect_overflow(error) is None:
+                raise
+            seq = await client.next_turn_seq(conversation_id)
+            await client.request_compaction(conversation_id, seq, model, error=str(error)[:_MAX_ERROR_CHARS])
+            await client.wait_for(conversation_id, timeout=compaction_timeout)
+            history = await client.messages(conversation_id)
+            response = await litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs)
+        reply = assistant_message(response)
+        new.append(reply)
+        calls = recall_calls(reply.get("tool_calls") or ()) if recall else []
+        for call in calls:
+            if call.error:
+                text = json.dumps({"error": call.error})
+            else:
+                text = tool_result(await client.recall(conversation_id, call.query, limit=call.limit))
+            new.append({"role": "tool", "tool_call_id": call.id, "content": text})
+        rounds += 1
+        # Another call only when the model asked for nothing but recall (its other calls are
+        # the runtime's), and not past the bound.
+        if not calls or len(calls) < len(reply["tool_calls"]) or rounds > recall_rounds:
+            break
     event = TurnEvent.model_validate(
         {
             "conversation_id": conversation_id,
             "turn_seq": 1,  # drawn below, once the event is known valid: a drawn seq must be published
             "model": model,
-            "messages": [*new, assistant_message(response)],
+            "messages": new,
             "usage": _usage(response),
         }
     )
     seq = await client.next_turn_seq(conversation_id)
     await client.publish_turn(event.model_copy(update={"turn_seq": seq}))
     return response
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str | None:
+    """A tool's name in OpenAI's shape (``function.name``) or a flat one (``name``)."""
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, Mapping) else tool.get("name")
 
 
 def assistant_message(response: Any) -> dict[str, Any]:

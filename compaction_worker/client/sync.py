@@ -12,11 +12,15 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from compaction_worker.budget.attachments import FittedFile
 from compaction_worker.client.client import Artifact, Client, ContextStats
 from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.formats.anthropic import AnthropicMessages
+from compaction_worker.formats.gemini import GeminiContents
+from compaction_worker.formats.rendering import HistoryFormat, Rendered
+from compaction_worker.recall.search import RecallResult
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
 from compaction_worker.state.meta import Meta
@@ -67,10 +71,22 @@ class SyncClient:
         self._call(self.client.publish_raw(payload, key))
 
     def request_compaction(
-        self, conversation_id: str, turn_seq: int, model: str, error: str | None = None
+        self,
+        conversation_id: str,
+        turn_seq: int,
+        model: str,
+        error: str | None = None,
+        *,
+        instructions: str | None = None,
     ) -> TurnEvent:
         """See :meth:`Client.request_compaction`."""
-        return self._call(self.client.request_compaction(conversation_id, turn_seq, model, error))
+        return self._call(
+            self.client.request_compaction(conversation_id, turn_seq, model, error, instructions=instructions)
+        )
+
+    def set_instructions(self, conversation_id: str, text: str | None) -> None:
+        """See :meth:`Client.set_instructions`."""
+        self._call(self.client.set_instructions(conversation_id, text))
 
     def next_turn_seq(self, conversation_id: str) -> int:
         """See :meth:`Client.next_turn_seq`."""
@@ -93,9 +109,18 @@ class SyncClient:
         """See :meth:`Client.snapshot`."""
         return self._call(self.client.snapshot(conversation_id))
 
-    def messages(self, conversation_id: str) -> list[dict[str, Any]]:
+    @overload
+    def messages(
+        self, conversation_id: str, format: Literal["openai", "responses"] = "openai"
+    ) -> list[dict[str, Any]]: ...
+    @overload
+    def messages(self, conversation_id: str, format: Literal["anthropic"]) -> AnthropicMessages: ...
+    @overload
+    def messages(self, conversation_id: str, format: Literal["gemini"]) -> GeminiContents: ...
+    def messages(self, conversation_id: str, format: HistoryFormat = "openai") -> Rendered:
         """See :meth:`Client.messages`."""
-        return self._call(self.client.messages(conversation_id))
+        # mypy joins the overloads' results for a union argument into a Sequence: each is a Rendered.
+        return self._call(self.client.messages(conversation_id, format))  # type: ignore[return-value]
 
     def meta(self, conversation_id: str) -> Meta:
         """See :meth:`Client.meta`."""
@@ -124,3 +149,7 @@ class SyncClient:
     def artifacts(self, conversation_id: str) -> list[Artifact]:
         """See :meth:`Client.artifacts`."""
         return self._call(self.client.artifacts(conversation_id))
+
+    def recall(self, conversation_id: str, query: str, *, limit: int | None = None) -> RecallResult:
+        """See :meth:`Client.recall`."""
+        return self._call(self.client.recall(conversation_id, query, limit=limit))

@@ -23,6 +23,9 @@ STARTED_TOPIC: Final = "compaction.started"
 COMPLETED_TOPIC: Final = "compaction.completed"
 DLQ_TOPIC: Final = "conversation.turn.dlq"
 
+MAX_INSTRUCTIONS_CHARS: Final = 4_000
+"""The longest compaction instructions a request or a conversation may carry (characters)."""
+
 ConversationId = Annotated[
     str,
     Field(
@@ -156,6 +159,12 @@ class CompactionRequest(BaseModel):
 
     mode: CompactionMode
     error: str | None = Field(default=None, max_length=20_000, description="The provider's error text.")
+    instructions: str | None = Field(
+        default=None,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="What this compaction's summary should keep first (e.g. \"keep the migration plan and "
+        "every failing test name\"); added to the conversation's standing instructions.",
+    )
 
     @model_validator(mode="after")
     def _overflow_has_error(self) -> CompactionRequest:
@@ -179,11 +188,24 @@ class TurnEvent(_Event):
     max_output_tokens: int | None = Field(default=None, ge=1)
     usage: Usage | None = None
     compaction: CompactionRequest | None = None
+    compaction_instructions: str | None = Field(
+        default=None,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="Standing instructions for every later compaction of the conversation (what its "
+        "summaries keep first), until changed; an empty string clears them, absent leaves them as they are.",
+    )
 
     @model_validator(mode="after")
     def _has_something(self) -> TurnEvent:
-        if not self.messages and self.compaction is None and self.system_prompt is None:
-            raise ValueError("a turn needs messages, a system_prompt or a compaction request")
+        if (
+            not self.messages
+            and self.compaction is None
+            and self.system_prompt is None
+            and self.compaction_instructions is None
+        ):
+            raise ValueError(
+                "a turn needs messages, a system_prompt, compaction_instructions or a compaction request"
+            )
         return self
 
 
@@ -298,6 +320,11 @@ class CompactionCompleted(_Event):
         default_factory=list,
         description="What a person should know about how the compaction went, in words (e.g. the verbatim "
         "tail could not start on a user turn).",
+    )
+    instructions: str | None = Field(
+        default=None,
+        description="The instructions this compaction applied: the conversation's standing ones, then the "
+        "request's, separated by a blank line; null when none.",
     )
 
 

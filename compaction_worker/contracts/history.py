@@ -23,12 +23,19 @@ SUMMARY_INTRO = (
 SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and will continue from it."
 
 # Fields that are ours, not the provider's; stripped when rendering and not counted.
-# ``native`` holds what a format adapter (compaction_worker.formats) could not map.
-PRIVATE_FIELDS = ("pinned", "native")
+# ``native`` holds what a format adapter (compaction_worker.formats) could not map;
+# ``working_state`` the structured state a restored-state message shows (``RESTORED``).
+PRIVATE_FIELDS = ("pinned", "native", "working_state")
 
 SYNTHETIC = "synthetic"
 """The ``edit`` of an entry that repair made up (a placeholder tool call or result, a
 separator turn). It stands for no transcript message, so its ordinal is 0."""
+
+RESTORED = "restored"
+"""The ``edit`` of the working state a compaction restored after its summary: the latest
+files and plan the summarized span held (``strategies.working_state``). Like a synthetic
+entry it has ordinal 0 and covers nothing; it renders inside the summary turn."""
+RESTORED_HEADER = "[Restored working state]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +183,14 @@ def is_summary_text(text: str) -> bool:
     return text.lstrip().startswith(SUMMARY_HEADER)
 
 
-def render(history: EffectiveHistory, placement: SummaryPlacement = "separate") -> list[dict[str, Any]]:
+def render(
+    history: EffectiveHistory, placement: SummaryPlacement = "separate", *, private: bool = False
+) -> list[dict[str, Any]]:
     """Provider-ready messages: one system message, the summary, then the entries.
 
     System-role entries are hoisted into the leading system message (a second system
-    message mid-history is rejected by some providers). The summary never becomes a
+    message mid-history is rejected by some providers); the restored working state
+    (``RESTORED``) follows the summary chunks in the summary turn. The summary never becomes a
     system message; it is tagged with ``SUMMARY_HEADER`` in either placement:
 
     - ``separate`` (reference 000): a user message, followed by a short assistant
@@ -189,19 +199,26 @@ def render(history: EffectiveHistory, placement: SummaryPlacement = "separate") 
     - ``merge`` (reference 001): when the first kept non-system message is a user message
       with text, the summary is prepended to that text (string content, or the first text
       part of list content) and no acknowledgment is needed; otherwise as ``separate``.
+
+    ``private`` keeps the entries' private fields (``native``), for a format adapter to render
+    the history in the runtime's own format (:mod:`compaction_worker.formats.rendering`).
+    The summary and acknowledgment are made here and never carry any.
     """
     system_texts = [history.system_prompt] if history.system_prompt else []
     body: list[dict[str, Any]] = []
+    restored: list[str] = []
     for entry in history.entries:
         if entry.role == "system":
             system_texts.append(text_of(entry.message))
+        elif entry.edit == RESTORED and history.chunks:
+            restored.append(text_of(entry.message))
         else:
-            body.append(public_message(entry.message))
+            body.append(dict(entry.message) if private else public_message(entry.message))
     out: list[dict[str, Any]] = []
     if system_texts:
         out.append({"role": "system", "content": "\n\n".join(system_texts)})
     if history.chunks:
-        summary = summary_message_text(history.chunks)
+        summary = "\n\n".join([summary_message_text(history.chunks), *restored])
         merged = _prepend_text(body[0], summary) if placement == "merge" and body else None
         if merged is not None:
             body[0] = merged

@@ -2,7 +2,9 @@
 and LangChain messages in and out of the stored form (OpenAI chat messages), losing nothing.
 
 Each module has ``to_openai`` (its format to stored messages) and ``from_openai`` (back).
-What chat form cannot hold rides in the private ``native`` field that rendering strips.
+What chat form cannot hold rides in the private ``native`` field that rendering to chat
+form strips; :mod:`compaction_worker.formats.rendering` renders the effective history in a
+runtime's own format with it (``Client.messages(cid, format=...)``).
 """
 
 from compaction_worker.formats import anthropic, gemini, langchain, openai_chat, responses

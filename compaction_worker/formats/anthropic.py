@@ -5,7 +5,8 @@ blocks become its parallel ``tool_calls``; a user message's ``tool_result`` bloc
 one tool message each, in order, followed by a user message for its other blocks (chat
 wants the results right after the calls). Back, a run of tool messages and the user
 message after it regroup into one user message. ``thinking``, unknown blocks and extra
-fields ride in the private ``native`` field (see :mod:`compaction_worker.formats._common`).
+fields ride in the private ``native`` field (see :mod:`compaction_worker.formats._common`);
+thinking blocks come back even when a compaction edited their message.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from compaction_worker.formats._common import (
+    NATIVE,
     FormatError,
     Message,
     call_arguments,
@@ -225,9 +227,34 @@ def from_openai(messages: Iterable[Mapping[str, Any]]) -> AnthropicMessages:
                 out.append(user)
             group = None
         else:
-            out.append(restore(FORMAT, message, _assistant, _assistant_back))
+            out.append(_assistant_restored(message))
             group = None
     return AnthropicMessages(_joined(systems), out)
+
+
+_THINKING = ("thinking", "redacted_thinking")
+
+
+def _assistant_restored(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message ``message`` came from; when a compaction edited its text, the
+    kept message's thinking blocks still lead it, unchanged.
+
+    Their signatures cover the thinking alone, and the API rejects a tool loop whose last
+    assistant message lost them (extended thinking with tool use).
+    """
+    out = restore(FORMAT, message, _assistant, _assistant_back)
+    native = message.get(NATIVE)
+    source = native.get("source") if isinstance(native, Mapping) and native.get("format") == FORMAT else None
+    content = source.get("content") if isinstance(source, Mapping) else None
+    thinking = [b for b in content if b.get("type") in _THINKING] if isinstance(content, list) else []
+    if thinking and not any(isinstance(b, Mapping) and b.get("type") in _THINKING for b in _listed(out)):
+        out["content"] = [*thinking, *_listed(out)]
+    return out
+
+
+def _listed(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return [text_part(content)] if isinstance(content, str) and content else list(content or [])
 
 
 def _joined(systems: list[System]) -> System | None:

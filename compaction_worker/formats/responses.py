@@ -5,7 +5,8 @@ A ``message`` item is one chat message (``developer`` becomes ``system``); an as
 parallel ``tool_calls``; a ``function_call_output`` is a tool message. Items chat has no
 place for (``reasoning``, built-in tool calls, ...) ride, with ids, statuses and
 annotations, in the private ``native`` field of the message they precede (the last
-message for trailing ones), and come back in place.
+message for trailing ones), and come back in place; ``reasoning`` items come back even when
+a compaction edited their message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from compaction_worker.formats._common import FormatError, Message, keep, restore, text_part, validated
+from compaction_worker.formats._common import (
+    NATIVE,
+    FormatError,
+    Message,
+    keep,
+    restore,
+    text_part,
+    validated,
+)
 
 FORMAT = "responses"
 
@@ -158,5 +167,17 @@ def from_openai(messages: Iterable[Mapping[str, Any]]) -> list[Item]:
     """Stored messages as Responses input items."""
     items: list[Item] = []
     for message in messages:
-        items += restore(FORMAT, message, _forward, _back)
+        items += _restored(message)
     return items
+
+
+def _restored(message: Mapping[str, Any]) -> list[Item]:
+    """The items ``message`` came from; when a compaction edited it, its kept ``reasoning`` items
+    still lead the items mapped from its new content (a call goes back with its reasoning)."""
+    out: list[Item] = restore(FORMAT, message, _forward, _back)
+    native = message.get(NATIVE)
+    group = native.get("source") if isinstance(native, Mapping) and native.get("format") == FORMAT else None
+    reasoning = [i for i in group if _kind(i) == "reasoning"] if isinstance(group, list) else []
+    if reasoning and not any(_kind(i) == "reasoning" for i in out):
+        out = [*reasoning, *out]
+    return out

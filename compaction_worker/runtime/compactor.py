@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
@@ -15,14 +15,7 @@ from opentelemetry import trace
 from compaction_worker import strategies
 from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, conversation_budget, counter_for
-from compaction_worker.contracts.events import (
-    CompactionCompleted,
-    CompactionStarted,
-    ContextStatus,
-    LlmUsage,
-    Outcome,
-    Trigger,
-)
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.contracts.history import EffectiveHistory
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.observability import metrics
@@ -30,6 +23,7 @@ from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
 from compaction_worker.runtime.limits import estimate, limits_for, reactive_target
 from compaction_worker.runtime.publisher import Publisher, encode
+from compaction_worker.runtime.reports import Run, context_status, llm_failed
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
 from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
@@ -39,36 +33,11 @@ from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, event_field, pack
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.instructions import applied_instructions
+
+__all__ = ["Compactor", "Summarizers", "applied", "context_status", "llm_failed"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """What one run's events report, fixed before the pipeline starts."""
-
-    conversation_id: str
-    compaction_id: uuid.UUID
-    trigger: Trigger
-    window: int
-    target: int
-    scale: float
-    tokens_before: int
-    started_at: float
-    circuit_open: bool
-
-
-def llm_failed(result: strategies.CompactionResult, summarizers: int, circuit_open: bool) -> bool | None:
-    """The run's verdict on the primary (LLM) summarizer, for its model's breaker: True when it
-    failed, False when it worked.
-
-    None when the LLM was not asked: the circuit was open, there is no fallback (nothing to
-    switch to), or no summary was needed (the cheap stages sufficed).
-    """
-    if circuit_open or summarizers < 2 or result.summarizers_tried == 0:
-        return None
-    return bool(result.summarizer_failures)
-
 
 Summarizers = Callable[[str, TokenCounter], Sequence[Summarizer]]
 """The summarizers to try, in order, for a conversation's model and token counter."""
@@ -173,7 +142,7 @@ class Compactor:
         circuit_open = health.open
         if circuit_open:  # the model kept failing, for any conversation: only the fallback runs
             summarizers = summarizers[-1:]
-        run = _Run(
+        run = Run(
             conversation_id=cid,
             compaction_id=uuid.uuid4(),
             trigger=job.trigger,
@@ -183,23 +152,10 @@ class Compactor:
             tokens_before=int(meta.total_tokens * scale),
             started_at=started_at,
             circuit_open=circuit_open,
+            instructions=applied_instructions(meta.instructions, job.instructions),
         )
         await self.publish(
-            self.settings.topics.started,
-            encode(
-                CompactionStarted(
-                    conversation_id=cid,
-                    compaction_id=run.compaction_id,
-                    trigger=job.trigger,
-                    model=meta.model,
-                    tokens_before=run.tokens_before,
-                    window=budget.window,
-                    threshold=budget.threshold,
-                    target=target,
-                    version=meta.version,
-                )
-            ),
-            cid.encode(),
+            self.settings.topics.started, encode(run.started(meta, budget.threshold)), cid.encode()
         )
         result: strategies.CompactionResult | None = None
         llm_failures = health.failures
@@ -214,6 +170,7 @@ class Compactor:
                 originals=originals,
                 conversation_id=cid,
                 conversation_model=meta.model,
+                instructions=run.instructions,
             )
             failed = llm_failed(result, len(summarizers), circuit_open)
             if llm is not None and failed is not None:
@@ -231,15 +188,11 @@ class Compactor:
             else:
                 completed = await self._noop(run, snapshot, result, llm_failures)
         except StaleFenceError as e:
-            completed = self._unchanged(
-                run, meta, Outcome.FAILED, result, error=str(e), llm_failures=llm_failures
-            )
+            completed = run.unchanged(meta, Outcome.FAILED, result, error=str(e), llm_failures=llm_failures)
         except Exception as e:  # a compaction failure is an event, never a dead worker
             log.exception("compaction of %s failed", cid)
             error = f"{type(e).__name__}: {e}"
-            completed = self._unchanged(
-                run, meta, Outcome.FAILED, None, error=error, llm_failures=llm_failures
-            )
+            completed = run.unchanged(meta, Outcome.FAILED, None, error=error, llm_failures=llm_failures)
         retry_in: float | None = None
         # A newer fence means another writer owns the conversation now (it took the lock
         # after ours expired): its state is not ours to stamp, and it reschedules itself.
@@ -259,69 +212,8 @@ class Compactor:
         )
         return completed, retry_in
 
-    def _event(
-        self,
-        run: _Run,
-        outcome: Outcome,
-        *,
-        version: int,
-        status: ContextStatus,
-        result: strategies.CompactionResult | None,
-        error: str | None,
-        llm_failures: int,
-        artifacts_dropped: int = 0,
-    ) -> CompactionCompleted:
-        """The ``compaction.completed`` event of a run; only a commit reports savings."""
-        compacted = result if outcome is Outcome.COMPACTED else None
-        return CompactionCompleted(
-            conversation_id=run.conversation_id,
-            compaction_id=run.compaction_id,
-            trigger=run.trigger,
-            outcome=outcome,
-            stages=list(result.stages) if result else [],
-            stage_savings=_stage_savings(compacted, run.scale) if compacted else {},
-            tokens_before=run.tokens_before,
-            tokens_after=int(compacted.tokens_after * run.scale) if compacted else run.tokens_before,
-            messages_before=result.messages_before if result else 0,
-            messages_after=(result.messages_after if compacted else result.messages_before) if result else 0,
-            summary_tokens=compacted.summary_tokens if compacted else 0,
-            summarizer_model=result.summarizer if result else None,
-            llm_usage=result.usage if result else LlmUsage(),
-            window=run.window,
-            target=run.target,
-            version=version,
-            context_status=status,
-            duration_ms=int((time.monotonic() - run.started_at) * 1000),
-            error=error,
-            circuit_open=run.circuit_open,
-            llm_failures=llm_failures,
-            artifacts_dropped=artifacts_dropped,
-            notes=list(result.notes) if result else [],
-        )
-
-    def _unchanged(
-        self,
-        run: _Run,
-        meta: Meta,
-        outcome: Outcome,
-        result: strategies.CompactionResult | None,
-        *,
-        error: str | None,
-        llm_failures: int,
-    ) -> CompactionCompleted:
-        """The event of a run that committed nothing: the conversation stays at its version."""
-        return self._event(
-            run,
-            outcome,
-            version=meta.version,
-            status=meta.context_status,
-            result=result,
-            error=error,
-            llm_failures=llm_failures,
-        )
-
     async def _noop(
-        self, run: _Run, snapshot: Snapshot, result: strategies.CompactionResult, llm_failures: int
+        self, run: Run, snapshot: Snapshot, result: strategies.CompactionResult, llm_failures: int
     ) -> CompactionCompleted:
         """Commit nothing; remember the size that could not shrink, so that it is not retried in a loop."""
         meta = snapshot.meta
@@ -332,11 +224,11 @@ class Compactor:
             # grow a history the provider may just have called too long (docs/design.md, invariant 5).
             error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
         await self.store.set_meta(run.conversation_id, noop_tokens=calibrated_total(meta) or 1)
-        return self._unchanged(run, meta, Outcome.NOOP, result, error=error, llm_failures=llm_failures)
+        return run.unchanged(meta, Outcome.NOOP, result, error=error, llm_failures=llm_failures)
 
     async def _commit(
         self,
-        run: _Run,
+        run: Run,
         snapshot: Snapshot,
         result: strategies.CompactionResult,
         originals: Mapping[int, Mapping[str, Any]],
@@ -353,8 +245,7 @@ class Compactor:
         status = context_status(result.draft)
         dropped = await self.archive.record(cid, snapshot.history, history, originals)
         # The commit succeeds only at exactly this version (the script checks it).
-        completed = self._event(
-            run,
+        completed = run.completed(
             Outcome.COMPACTED,
             version=meta.version + 1,
             status=status,
@@ -432,18 +323,3 @@ def applied(
     old = strategies.draft_tokens(strategies.Draft(history.chunks, history.entries), overhead)
     new = strategies.draft_tokens(result.draft, overhead)
     return history.with_parts(result.draft.chunks, result.draft.entries), new - old
-
-
-def context_status(draft: strategies.Draft) -> ContextStatus:
-    """``summarized`` when anything the model saw was replaced: a chunk, or a pruned, de-duplicated
-    or truncated message (the event's stages say which); messages repair made up replace nothing."""
-    edited = any(e.edit is not None and not e.synthetic for e in draft.entries)
-    return ContextStatus.SUMMARIZED if draft.chunks or edited else ContextStatus.FULL
-
-
-def _stage_savings(result: strategies.CompactionResult, scale: float) -> dict[str, int]:
-    """Tokens each stage saved, in the event's (calibrated) units."""
-    savings: dict[str, int] = {}
-    for report in result.reports:
-        savings[report.stage] = savings.get(report.stage, 0) + int(report.tokens_saved * scale)
-    return savings

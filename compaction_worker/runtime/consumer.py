@@ -1,7 +1,8 @@
 """The turns consumer: batches per partition, conversations concurrently, one commit per batch.
 
 Each consumer of the group fetches a batch (aiokafka ``getmany``). A partition's turns are
-grouped by key, the conversation: conversations run concurrently, each one's turns in order.
+grouped by key, the conversation: conversations run concurrently, each one's turns in order
+(several consecutive turns of one conversation may be stored by one call: runtime/runs.py).
 Then one commit covers, per partition, every offset before the first turn that was neither
 stored nor dead-lettered (an infrastructure error); the partition is rewound to that turn, so
 it and the turns after it come back. At-least-once: a turn delivered again is a duplicate the
@@ -30,6 +31,9 @@ Record: TypeAlias = ConsumerRecord[bytes, bytes]
 Handle = Callable[[Record], Awaitable[None]]
 """Handles one turn: returns once it is stored or dead-lettered, raises if it must come back (an
 outage: the turn handler itself retries, then dead-letters, a turn that fails for any other reason)."""
+HandleRun = Callable[[Sequence[Record]], Awaitable[int]]
+"""Handles the leading records of one conversation's (one or more, in order) and returns how many,
+each stored or dead-lettered; raises as :data:`Handle` does, for the first of them."""
 ObserveLag = Callable[[str, int, int], None]
 """Called with (topic, partition, lag) for each partition of a batch, after it is handled."""
 
@@ -55,27 +59,46 @@ def conversations(records: Sequence[Record]) -> Iterator[list[Record]]:
     return iter(groups.values())
 
 
+def one_at_a_time(handle: Handle) -> HandleRun:
+    """A :data:`HandleRun` that handles the first record only."""
+
+    async def run(records: Sequence[Record]) -> int:
+        await handle(records[0])
+        return 1
+
+    return run
+
+
 async def handle_batch(
-    batch: Mapping[TopicPartition, Sequence[Record]], handle: Handle, limit: asyncio.Semaphore
+    batch: Mapping[TopicPartition, Sequence[Record]],
+    handle: Handle,
+    limit: asyncio.Semaphore,
+    handle_run: HandleRun | None = None,
 ) -> BatchResult:
     """Handle a fetched batch: conversations concurrently, each in order; stop a conversation at its first failure.
 
     ``limit`` bounds the conversations handled at once (shared by the process's consumers:
-    each holds one Redis connection, and the client's pool has a maximum).
+    each holds one Redis connection, and the client's pool has a maximum). With ``handle_run``,
+    it is given each conversation's records from the first not yet handled, instead of ``handle``
+    each record.
     """
     result = BatchResult()
+    run = handle_run or one_at_a_time(handle)
 
     async def one_conversation(tp: TopicPartition, records: list[Record]) -> None:
         async with limit:
-            for record in records:
+            at = 0
+            while at < len(records):
                 try:
-                    await handle(record)
+                    done = await run(records[at:])
                 except Exception as e:  # any failure: the turn comes back, never skipped
                     # Its later turns wait too: they must not be stored before it.
-                    result.rewinds[tp] = min(result.rewinds.get(tp, record.offset), record.offset)
+                    offset = records[at].offset
+                    result.rewinds[tp] = min(result.rewinds.get(tp, offset), offset)
                     result.error = result.error or e
                     return
-                result.handled += 1
+                at += done
+                result.handled += done
 
     await asyncio.gather(
         *(one_conversation(tp, group) for tp, records in batch.items() for group in conversations(records))
@@ -116,9 +139,11 @@ class TurnConsumer:
         handle: Handle,
         liveness: Liveness | None = None,
         observe_lag: ObserveLag | None = None,
+        handle_run: HandleRun | None = None,
     ) -> None:
         self.settings = settings
         self.handle = handle
+        self.handle_run = handle_run
         self.liveness = liveness
         self.observe_lag = observe_lag
         self.consumers: list[AIOKafkaConsumer] = []
@@ -189,7 +214,7 @@ class TurnConsumer:
                 if not batch:
                     continue
                 async with busy:
-                    result = await handle_batch(batch, self.handle, self._limit)
+                    result = await handle_batch(batch, self.handle, self._limit, self.handle_run)
                     self._rewind(consumer, result.rewinds)
                     await self._commit(consumer, result.commits)
                 self._lag(consumer, batch, result)

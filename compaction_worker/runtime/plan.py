@@ -92,6 +92,7 @@ def plan_append(
         changes["context_window"] = event.context_window
     if event.max_output_tokens is not None:
         changes["max_output_tokens"] = event.max_output_tokens
+    changes |= _standing_instructions(event)
     # Our estimate of the prompt of the call this turn reports on (its usage or its error).
     estimate = meta.total_tokens + _input_part(new, event)
     calibration = meta.calibration
@@ -116,8 +117,23 @@ def plan_append(
     if meta.last_seq == 0:
         fields |= first_fields(now)
     threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
+    request = _with_instructions(request, event)
     job = request if request is not None else _threshold_job(threshold, traceparent)
     return AppendPlan(fields, after, job, threshold, tuple(notes))
+
+
+def _standing_instructions(event: TurnEvent) -> dict[str, Any]:
+    """The meta field the turn's standing compaction instructions set ("" clears them; absent: none)."""
+    text = event.compaction_instructions
+    return {} if text is None else {"instructions": text.strip()}
+
+
+def _with_instructions(request: JobRequest | None, event: TurnEvent) -> JobRequest | None:
+    """The turn's request with the instructions it carries (the job hash keeps them)."""
+    asked = event.compaction.instructions if event.compaction is not None else None
+    if request is None or not asked or not asked.strip():
+        return request
+    return replace(request, instructions=asked.strip())
 
 
 def _threshold_job(trigger: Trigger | None, traceparent: str | None) -> JobRequest | None:

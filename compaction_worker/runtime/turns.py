@@ -2,12 +2,13 @@
 
 It never waits on an LLM: compactions run later, from the job queue (compactor.py). What an
 append changes is planned in plan.py; what the script decides is read in state/appends.py.
+Consecutive turns of one conversation in a batch are stored together by runs.py, with this
+handler's plan and effects; what a run does not store comes here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -18,11 +19,10 @@ from enum import StrEnum
 
 from pydantic import ValidationError
 
-from compaction_worker.budget.tokens import counter_for
+from compaction_worker.budget.tokens import TokenCounter
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import (
     BadEventError,
-    CompactionMode,
     DeadLetterReason,
     Trigger,
     TurnEvent,
@@ -33,6 +33,7 @@ from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan, plan_append
+from compaction_worker.runtime.prepare import counted, request_of, turn_fingerprint
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
@@ -102,6 +103,8 @@ class TurnHandler:
         self.on_scheduled = on_scheduled or (lambda _cid: None)
         self.policy = settings.retry.turns
         self._known: OrderedDict[str, Meta] = OrderedDict()
+        self.failed_in_run: dict[bytes, int] = {}
+        """Turns (their bytes) whose planning failed in a run: that was their first try (runs.py)."""
 
     async def handle(
         self, raw: bytes, key: bytes | None = None, partition: int | None = None, offset: int | None = None
@@ -118,16 +121,20 @@ class TurnHandler:
             return await self._tried(
                 lambda: self._handle(raw, key, partition, offset),
                 lambda error, tries: self._poisoned(raw, key, partition, offset, error=error, tries=tries),
+                self.failed_in_run.pop(raw, 0) if self.failed_in_run else 0,
             )
 
     async def _tried(
         self,
         call: Callable[[], Awaitable[TurnOutcome]],
         poisoned: Callable[[Exception, int], Awaitable[TurnOutcome]],
+        failures: int = 0,
     ) -> TurnOutcome:
         """``call()`` until it returns; an outage propagates; any other failure is tried again
-        (``retry.turns``), and after the last try the turn is ``poisoned(error, tries)``."""
-        failures = 0
+        (``retry.turns``), and after the last try the turn is ``poisoned(error, tries)``.
+        ``failures``: tries the turn already failed (in a run: runs.py)."""
+        if failures:
+            await asyncio.sleep(self.policy.backoff(failures))
         while True:
             try:
                 return await call()
@@ -180,7 +187,7 @@ class TurnHandler:
         # Counted once stored, held or dead-lettered (a redelivery after a failed drain counts as a duplicate).
         metrics.record_turn(_METRIC_STATUS.get(outcome.status, outcome.status.value), outcome.reason)
         if outcome.next_held:  # the script said whether the turn after it waits: no round trip
-            await self._drain_pending(cid, outcome.last_seq)
+            await self.drain_pending(cid, outcome.last_seq)
         return outcome
 
     async def _poisoned(
@@ -243,9 +250,8 @@ class TurnHandler:
         """
         cid, seq = event.conversation_id, event.turn_seq
         fingerprint = turn_fingerprint(event)
-        counter = counter_for(event.model, self.settings.budget)
-        new = [NewMessage(d, counter.message(d)) for d in (m.to_dict() for m in event.messages)]
-        request = _request_of(event)
+        counter, new = counted(event, self.settings.budget)
+        request = request_of(event)
         known = self._known.get(cid)
         send_held = known is None or seq > known.last_seq + 1
         held_ms = int(time.time() * 1000)  # when it is held, if it is (an earlier hold keeps its own)
@@ -253,15 +259,7 @@ class TurnHandler:
             meta = known or Meta()
             with tracing.span(tracing.BUDGET_SPAN) as span:
                 # The job's compaction continues this span's trace (jobs.py keeps its context).
-                plan = plan_append(
-                    event,
-                    meta,
-                    new,
-                    request,
-                    counter=counter,
-                    settings=self.settings.budget,
-                    traceparent=tracing.current_traceparent(),
-                )
+                plan = self.plan(event, meta, new, request, counter)
                 if plan.job is not None:
                     span.set_attribute("compaction.trigger", plan.job.trigger.value)
             write = TurnWrite(
@@ -283,8 +281,8 @@ class TurnHandler:
                 span.set_attribute("compaction.append.status", reply.status.value)
             match reply.status:
                 case AppendStatus.APPENDED:
-                    self._remember(cid, plan.after)
-                    return await self._appended(cid, plan, reply)
+                    self.remember(cid, plan.after)
+                    return await self.appended(cid, plan, reply)
                 case AppendStatus.DUPLICATE:
                     return await self._duplicate(cid, reply)
                 case AppendStatus.HELD:
@@ -299,12 +297,31 @@ class TurnHandler:
                     send_held = True
                 case AppendStatus.STALE:
                     known = Meta.from_hash(reply.meta or {})
-                    self._remember(cid, known)
+                    self.remember(cid, known)
         raise ConcurrentUpdateError(
             f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
         )
 
-    async def _appended(self, cid: str, plan: AppendPlan, reply: AppendReply) -> TurnOutcome:
+    def plan(
+        self,
+        event: TurnEvent,
+        meta: Meta,
+        new: list[NewMessage],
+        request: JobRequest | None,
+        counter: TokenCounter,
+    ) -> AppendPlan:
+        """The turn's append onto ``meta`` (plan.py): the per-turn path and runs plan here."""
+        return plan_append(
+            event,
+            meta,
+            new,
+            request,
+            counter=counter,
+            settings=self.settings.budget,
+            traceparent=tracing.current_traceparent(),
+        )
+
+    async def appended(self, cid: str, plan: AppendPlan, reply: AppendReply) -> TurnOutcome:
         for note in plan.notes:
             log.warning("%s", note)
         trigger = plan.job.trigger if plan.job is not None else None
@@ -329,13 +346,17 @@ class TurnHandler:
             self.on_scheduled(cid)
         return TurnOutcome(TurnStatus.DUPLICATE, cid, next_held=reply.next_held, last_seq=reply.last_seq)
 
-    def _remember(self, cid: str, meta: Meta) -> None:
+    def known(self, cid: str) -> Meta | None:
+        """The meta this handler last stored or read for the conversation, if it remembers it."""
+        return self._known.get(cid)
+
+    def remember(self, cid: str, meta: Meta) -> None:
         self._known[cid] = meta
         self._known.move_to_end(cid)
         if len(self._known) > KNOWN_CONVERSATIONS:
             self._known.popitem(last=False)
 
-    async def _drain_pending(self, cid: str, seq: int) -> None:
+    async def drain_pending(self, cid: str, seq: int) -> None:
         """Apply, in order, turns that were held behind a gap this turn just filled."""
         released = 0
         while (held := await self.gaps.held_turn(cid, seq + 1)) is not None:
@@ -373,28 +394,6 @@ class TurnHandler:
         # Left held, it would block its conversation and be dead-lettered again on expiry.
         await self.gaps.drop(cid, turn_seq)
         return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
-
-
-_IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
-
-
-def turn_fingerprint(event: TurnEvent) -> str:
-    """A digest of a turn's content: equal for every delivery of one turn, whatever its event id.
-
-    The event's identity (id, timestamp, schema version) is left out, so a runtime that
-    publishes a turn again under a new id sends the same turn. Fields at their defaults are
-    left out too, so a field added to the schema later keeps stored turns' fingerprints.
-    """
-    content = event.model_dump(mode="json", exclude=set(_IDENTITY), exclude_defaults=True)
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _request_of(event: TurnEvent) -> JobRequest | None:
-    if event.compaction is None:
-        return None
-    trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
-    return JobRequest(trigger, event.compaction.error, traceparent=tracing.current_traceparent())
 
 
 def _reject_constant(name: str) -> object:

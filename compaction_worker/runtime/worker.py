@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from faststream import FastStream
@@ -27,6 +27,7 @@ from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.runtime.consumer import Record, TurnConsumer
 from compaction_worker.runtime.pool import CompactionPool
+from compaction_worker.runtime.runs import RUN_MAX, append_run
 from compaction_worker.runtime.turns import TurnHandler, TurnOutcome
 from compaction_worker.settings import Settings
 from compaction_worker.state.connection import RedisClient
@@ -128,7 +129,19 @@ def build_worker(
         if on_turn is not None:
             on_turn(outcome)
 
-    consumer = TurnConsumer(settings, handle, parts.liveness, observe_lag=record_lag)
+    async def handle_run(records: Sequence[Record]) -> int:
+        # Consecutive turns of one conversation in one script call (runtime/runs.py), else the first alone.
+        outcomes = await append_run(turns, [(r.value or b"", r.key) for r in records[:RUN_MAX]])
+        if not outcomes:
+            await handle(records[0])
+            return 1
+        worker.handled += len(outcomes)
+        if on_turn is not None:
+            for outcome in outcomes:
+                on_turn(outcome)
+        return len(outcomes)
+
+    consumer = TurnConsumer(settings, handle, parts.liveness, observe_lag=record_lag, handle_run=handle_run)
 
     @contextlib.asynccontextmanager
     async def lifespan() -> AsyncIterator[None]:

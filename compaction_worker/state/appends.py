@@ -1,4 +1,4 @@
-"""The per-turn script's contract: one call decides and stores one turn (lua/turn.lua).
+"""The per-turn script's contract: one call decides and stores one turn (lua/turn.lua), or a run of them.
 
 The turn handler (runtime/turns.py) computes every meta field an append changes from the
 meta it knows, and sends that meta's revision with them: the script stores the turn only if
@@ -6,6 +6,11 @@ the revision is still the stored one, and otherwise writes nothing and returns t
 meta (``stale``). So every decision stays in Python, in one place, and a stored turn costs one
 round trip. Duplicates and holds behind a gap depend on the stored sequence alone, so the
 script settles them whatever revision the caller knew.
+
+A run (lua/turn_run.lua) is several consecutive turns of one conversation in one call, each
+turn's fields computed from the meta the turn before it leaves: the script appends them in
+order while each is a plain append, and stops, writing nothing more, at the first that is not
+(the caller sends that one alone, with the per-turn script).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from typing import Any
 from compaction_worker.state.jobs import SET_JOB_LUA, JobRequest
 from compaction_worker.state.scripts import as_text, encode
 
-TURN_LUA = ("push.lua", "expiry.lua", SET_JOB_LUA, "held.lua", "turn.lua")
+TURN_LUA = ("push.lua", "expiry.lua", SET_JOB_LUA, "held.lua", "turn.lua", "turn_one.lua")
 """The per-turn script: its libraries, then its body (called by position: scripts.PositionalScript)."""
+RUN_LUA = (*TURN_LUA[:-1], "turn_run.lua")
+"""The run script: the per-turn script's libraries, then a loop over the turns."""
 
 UNKNOWN_REV = -1
 """The revision to send when the caller knows no meta: an append is then ``stale``."""
@@ -140,6 +147,17 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
     ]
     if write.held is not None:
         args.append(write.held)
+    return args
+
+
+def run_args(writes: Sequence[TurnWrite], retention_ms: int) -> list[str | bytes]:
+    """The run script's arguments: the number of turns, then each turn's argument count and arguments."""
+    args: list[str | bytes] = [str(len(writes))]
+    for write in writes:
+        if write.held is not None:
+            raise ValueError("a run's turns are appends: none carries a held form")
+        one = script_args(write, retention_ms)
+        args += [str(len(one)), *one]
     return args
 
 

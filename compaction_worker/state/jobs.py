@@ -59,6 +59,8 @@ class Job:
     """Our estimate (uncalibrated) of the prompt a reactive request's error is about; 0 if unknown."""
     traceparent: str | None = None
     """The W3C trace context of the turn that asked for it: the compaction continues that trace."""
+    instructions: str | None = None
+    """What the request asked the summary to keep first (added to the conversation's standing ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class JobRequest:
     """See :attr:`Job.estimate`."""
     traceparent: str | None = None
     """See :attr:`Job.traceparent`."""
+    instructions: str | None = None
+    """See :attr:`Job.instructions`."""
 
     def fields(self) -> dict[str, str]:
         """The job hash a new job gets (strings only, as the scripts store them)."""
@@ -82,6 +86,7 @@ class JobRequest:
             "error": self.error or "",
             "estimate": str(self.estimate),
             "traceparent": self.traceparent or "",
+            "instructions": self.instructions or "",
         }
 
 
@@ -163,6 +168,7 @@ class JobQueue:
             error=data.get("error") or None,
             estimate=int(data.get("estimate") or 0),
             traceparent=data.get("traceparent") or None,
+            instructions=data.get("instructions") or None,
         )
 
     async def traceparent(self, conversation_id: str) -> str | None:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from compaction_worker.contracts.events import ContextStatus
+from compaction_worker.contracts.events import MAX_INSTRUCTIONS_CHARS, ContextStatus
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.scripts import as_text
 
 
@@ -43,6 +44,8 @@ class Meta:
     context_window: int | None = None
     observed_window: int | None = None
     """The maximum a provider's overflow error stated, when below the window we knew."""
+    instructions: str = ""
+    """Standing compaction instructions: what every compaction's summary keeps first ("": none)."""
     updated_at: float = 0.0
     rev: int = 0
     """The revision: every write of the hash bumps it (the per-turn script checks it: appends.py)."""
@@ -95,6 +98,7 @@ class Meta:
             max_output_tokens=opt_int("max_output_tokens"),
             context_window=opt_int("context_window"),
             observed_window=opt_int("observed_window"),
+            instructions=data.get("instructions", ""),
             updated_at=f("updated_at"),
             rev=i("rev"),
         )
@@ -109,3 +113,22 @@ def stored_text(value: object) -> str:
     if isinstance(value, StrEnum):
         return value.value
     return str(value)
+
+
+async def write_instructions(redis: RedisClient, key: str, text: str | None, retention_ms: int) -> None:
+    """Set (or, with None or blank text, clear) a conversation's standing compaction instructions.
+
+    It bumps the revision, as every write of the hash does, so that a turn planned from the
+    meta before it is planned again (appends.py). A conversation with no turn yet gets a meta
+    hash that expires after the retention, unless a turn gives it its deadline first
+    (lua/expiry.lua); an existing deadline is left as it is, shared with the other keys.
+    """
+    text = (text or "").strip()
+    if len(text) > MAX_INSTRUCTIONS_CHARS:
+        raise ValueError(f"instructions of {len(text)} characters; at most {MAX_INSTRUCTIONS_CHARS}")
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, "instructions", text)
+        pipe.hincrby(key, "rev", 1)
+        if retention_ms > 0:
+            pipe.pexpire(key, retention_ms, nx=True)
+        await pipe.execute()

@@ -16,12 +16,14 @@ from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.state.appends import (
+    RUN_LUA,
     TURN_LUA,
     AppendReply,
     NewMessage,
     TurnWrite,
     first_fields,
     reply_of,
+    run_args,
     script_args,
 )
 from compaction_worker.state.connection import RedisClient
@@ -78,6 +80,7 @@ class Store:
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
         self._turn = PositionalScript(redis, *TURN_LUA)
+        self._run = PositionalScript(redis, *RUN_LUA)
         self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
 
     def keys(self, conversation_id: str) -> ConversationKeys:
@@ -97,10 +100,20 @@ class Store:
 
     async def write_turn(self, conversation_id: str, write: TurnWrite) -> AppendReply:
         """Decide and store one turn in one script call (appends.py says what it does)."""
+        args = script_args(write, self.retention_ms)
+        return reply_of(await self._turn(self._turn_keys(conversation_id), args))
+
+    async def write_run(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
+        """Append consecutive turns of one conversation in one script call, in order, while each is a
+        plain append: the replies of those appended (appends.py says when it stops)."""
+        raw = await self._run(self._turn_keys(conversation_id), run_args(writes, self.retention_ms))
+        return [reply_of(reply) for reply in raw]
+
+    def _turn_keys(self, conversation_id: str) -> list[str]:
+        """The per-turn script's keys (lua/turn.lua names them)."""
         keys = self.keys(conversation_id)
         first = (keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)
-        rest = tuple(k for k in keys.lasting() if k not in first)
-        return reply_of(await self._turn([*first, *rest], script_args(write, self.retention_ms)))
+        return [*first, *(k for k in keys.lasting() if k not in first)]
 
     async def append_turn(
         self,

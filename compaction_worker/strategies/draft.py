@@ -19,6 +19,7 @@ from compaction_worker.contracts.history import (
 )
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.instructions import Terms, instruction_terms
 
 CountText = Callable[[str], int]
 
@@ -92,6 +93,13 @@ class StageContext:
     """Transcript messages by ordinal: a summary reads these, not what the editing stages left."""
     conversation_id: str = ""
     conversation_model: str = ""
+    instructions: str | None = None
+    """What the runtime asked this compaction to keep first (``summaries.instructions``)."""
+
+    @property
+    def terms(self) -> Terms:
+        """The instructions' terms: what the ledgers and cut texts keep first."""
+        return instruction_terms(self.instructions)
 
     def count(self, text: str) -> int:
         """Tokens of a text (a summary, a placeholder)."""

@@ -17,12 +17,15 @@ from compaction_worker.summaries.artifacts import (
     item_kind,
     scan_items,
 )
+from compaction_worker.summaries.instructions import Terms, matches
 from compaction_worker.summaries.selection import select_items
 
 __all__ = ["finalize_ledger", "ledger_allowance", "merge_ledgers", "plan_ledger", "span_ledger"]
 
 
-def merge_ledgers(ledgers: Sequence[Sequence[str]], budget: int, count: CountText) -> tuple[str, ...]:
+def merge_ledgers(
+    ledgers: Sequence[Sequence[str]], budget: int, count: CountText, *, terms: Terms = frozenset()
+) -> tuple[str, ...]:
     """One ledger from several, given newest first, within ``budget`` tokens (items joined by newlines).
 
     Items are de-duplicated (the newest copy counts). When they do not all fit, an item's
@@ -31,13 +34,19 @@ def merge_ledgers(ledgers: Sequence[Sequence[str]], budget: int, count: CountTex
     error but not a recent one, and old items give way gradually as folds repeat. Within
     one ledger, later items of a kind are the more recent (see ``extract_artifacts``).
     Short of room, items keep their cores (see ``select_items``). The result is listed
-    like a fresh ledger: by kind, oldest first.
+    like a fresh ledger: by kind, oldest first. Items sharing the most of ``terms`` (the
+    compaction instructions', ``summaries.instructions``) are kept first.
     """
-    return _merge(ledgers, budget, count)
+    return _merge(ledgers, budget, count, terms=terms)
 
 
 def _merge(
-    ledgers: Sequence[Sequence[str]], budget: int, count: CountText, carried: str = ""
+    ledgers: Sequence[Sequence[str]],
+    budget: int,
+    count: CountText,
+    carried: str = "",
+    *,
+    terms: Terms = frozenset(),
 ) -> tuple[str, ...]:
     if budget <= 0:
         return ()
@@ -47,7 +56,11 @@ def _merge(
         for position, item in enumerate(ledger):
             if item not in found:
                 found[item] = (kind_rank.get(item_kind(item), len(KINDS)), age, position)
-    ranked = sorted(found, key=lambda it: (found[it][0] + found[it][1], found[it][1], -found[it][2]))
+    asked = {it: matches(it, terms) for it in found} if terms else {}
+    ranked = sorted(
+        found,
+        key=lambda it: (-asked.get(it, 0), found[it][0] + found[it][1], found[it][1], -found[it][2]),
+    )
     kept = select_items(
         ranked,
         budget,
@@ -59,13 +72,21 @@ def _merge(
 
 
 def span_ledger(
-    messages: Sequence[Mapping[str, Any]], folded: Sequence[SummaryChunk], budget: int, count: CountText
+    messages: Sequence[Mapping[str, Any]],
+    folded: Sequence[SummaryChunk],
+    budget: int,
+    count: CountText,
+    *,
+    terms: Terms = frozenset(),
 ) -> tuple[str, ...]:
-    """The ledger of a new chunk: its span's artifacts, merged with what the folded chunks carried."""
-    if not folded:
+    """The ledger of a new chunk: its span's artifacts, merged with what the folded chunks carried.
+
+    Items sharing ``terms`` (the instructions') come first, as in ``merge_ledgers``.
+    """
+    if not folded and not terms:
         return tuple(extract_artifacts(messages, budget, count))
     # All of the span's items compete with the folded ones, not a pre-trimmed few.
-    return _merge(_sources((), messages, folded), budget, count)
+    return _merge(_sources((), messages, folded), budget, count, terms=terms)
 
 
 def plan_ledger(
@@ -75,6 +96,7 @@ def plan_ledger(
     allowance: int,
     cap: int,
     count: CountText,
+    terms: Terms = frozenset(),
 ) -> tuple[int, tuple[str, ...]]:
     """A new chunk's ledger budget, and its ledger before the summary (``span_ledger``).
 
@@ -82,19 +104,19 @@ def plan_ledger(
     folds carried (their ledgers and what their summaries stated) with the span's items:
     a re-summary must not lose them, and ledger items outrank summary prose (the summary
     gets what the ledger leaves). An additive chunk's ledger grows only after its summary,
-    into what the summary left unused (``finalize_ledger``).
+    into what the summary left unused (``finalize_ledger``). Items sharing ``terms`` come first.
     """
     budget = min(allowance, cap)
     if budget <= 0 or not folded:
-        return max(0, budget), span_ledger(messages, folded, budget, count)
+        return max(0, budget), span_ledger(messages, folded, budget, count, terms=terms)
     cached = _cached(count)
     sources = _sources((), messages, folded)
-    everything = _merge(sources, sys.maxsize, cached)
+    everything = _merge(sources, sys.maxsize, cached, terms=terms)
     need = cached("\n".join(everything))
     if need <= budget:
         return budget, everything
     budget = min(cap, need)
-    return budget, everything if need <= budget else _merge(sources, budget, cached)
+    return budget, everything if need <= budget else _merge(sources, budget, cached, terms=terms)
 
 
 def ledger_allowance(ctx: StageContext) -> int:
@@ -119,6 +141,7 @@ def finalize_ledger(
     budget: int,
     count: CountText,
     fits: Callable[[tuple[str, ...]], bool] | None = None,
+    terms: Terms = frozenset(),
 ) -> tuple[str, ...]:
     """The chunk's final ledger: what ``summary`` lost of the span's and the folded chunks' items.
 
@@ -127,7 +150,7 @@ def finalize_ledger(
     lose the facts an earlier summary carried). Items whose core the summary holds
     verbatim take no room; the rest are kept as ``merge_ledgers`` keeps them, within
     ``budget`` tokens joined by newlines and, if given, while ``fits`` accepts the ledger
-    (the exact check of the chunk it makes).
+    (the exact check of the chunk it makes). Items sharing ``terms`` come first.
     """
     if budget <= 0:
         return ()
@@ -135,7 +158,7 @@ def finalize_ledger(
     sources = _sources(ledger, messages, folded)
 
     def choose(room: int) -> tuple[str, ...]:
-        return _merge(sources, room, cached, carried=summary)
+        return _merge(sources, room, cached, carried=summary, terms=terms)
 
     kept = choose(budget)
     if fits is None or fits(kept):

@@ -88,7 +88,7 @@ def cut_kept(entry: Entry, budget: int, ctx: StageContext) -> tuple[Entry, str] 
     original = "\n".join(_texts(entry.message.get("content")))
     kept = "\n".join(_texts(cut.message.get("content")))
     room = budget - cut.tokens - ctx.count(CARRIED_INTRO)
-    carried = carry(original, max(0, room), ctx.count, skip=distinctive_terms(kept))
+    carried = carry(original, max(0, room), ctx.count, skip=distinctive_terms(kept), prefer=ctx.terms)
     if carried.phrases:
         quoted = CARRIED_INTRO + "; ".join(f"«{p}»" for p in carried.phrases)
         content = _carry_in_notice(cut.message.get("content"), quoted)

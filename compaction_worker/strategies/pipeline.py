@@ -30,6 +30,7 @@ from compaction_worker.strategies.prune import PRUNE
 from compaction_worker.strategies.repair import reaches_target, repair
 from compaction_worker.strategies.summarize import SUMMARIZE
 from compaction_worker.strategies.truncate import SLIDING_WINDOW
+from compaction_worker.strategies.working_state import restore_working_state, stale
 from compaction_worker.summaries.contract import Summarizer
 
 NO_STAGE_REACHES = "no stage can reach the target (system prompt, tools and what must stay are too large)"
@@ -57,12 +58,14 @@ async def compact(
     originals: Mapping[int, Mapping[str, Any]] | None = None,
     conversation_id: str = "",
     conversation_model: str = "",
+    instructions: str | None = None,
 ) -> CompactionResult:
     """Run the pipeline over a history; the result says whether to commit and what.
 
     ``originals`` are the transcript messages of entries that an earlier compaction
     edited (pruned, de-duplicated, truncated), by ordinal: a summary covering them reads
-    what they said, not their placeholders (see :func:`edited_ordinals`).
+    what they said, not their placeholders (see :func:`edited_ordinals`). ``instructions``
+    say what the summaries and ledgers keep first (``summaries.instructions``).
     """
     settings = settings or PipelineSettings()
     # What this run's editing stages change is still verbatim in ``history``; what earlier runs
@@ -77,16 +80,17 @@ async def compact(
         originals={**verbatim, **(originals or {})},
         conversation_id=conversation_id,
         conversation_model=conversation_model,
+        instructions=instructions,
     )
     # The sync parts (counting, editing, repair) run in threads: on a large history each takes
     # long enough to stall every other conversation's turns on the event loop.
     run = await off_loop(_Run, history, ctx)
     if run.tokens_before <= limits.target and not limits.force:
         return await off_loop(run.result, Outcome.NOOP, run.start, ["already under the target"])
-    if (instructions := instruction_tokens(history, limits)) >= limits.target:
+    if (fixed := instruction_tokens(history, limits)) >= limits.target:
         # Nothing may cut the instructions, and nothing else can make room for them.
         reason = (
-            f"the system prompt and tool schemas alone ({instructions} tokens) leave no room under "
+            f"the system prompt and tool schemas alone ({fixed} tokens) leave no room under "
             f"the target ({limits.target} tokens); they are never cut"
         )
         return await off_loop(run.result, Outcome.NOOP, run.start, [reason])
@@ -155,7 +159,15 @@ class _Run:
         return bool(self.applied) and reaches_target(draft, self.ctx)
 
     def commit(self, draft: Draft, errors: Sequence[str] | None = None) -> CompactionResult:
-        """The compacted result: ``draft`` repaired (repair runs last on every committed draft)."""
+        """The compacted result: ``draft`` repaired (repair runs last on every committed draft).
+
+        A draft with a new summary first gets the working state its span held back
+        (:mod:`compaction_worker.strategies.working_state`), within what the target leaves.
+        """
+        if self.ctx.settings.working_state_max_tokens and (draft.chunks != self.start.chunks or stale(draft)):
+            restored = restore_working_state(self.start.entries, draft, self.ctx)
+            self.record(restored)
+            draft = restored.draft
         repaired = repair(draft, self.ctx)
         if repaired.report is not None:
             self.applied.append(repaired)

@@ -92,7 +92,9 @@ class _Span:
         # room and of what the chunk replaces: the summary always keeps the larger share.
         allowance = self.fold_allowance if folded else self.allowance
         cap = max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
-        ledger_budget, ledger = plan_ledger(messages, folded, allowance=allowance, cap=cap, count=count)
+        ledger_budget, ledger = plan_ledger(
+            messages, folded, allowance=allowance, cap=cap, count=count, terms=ctx.terms
+        )
         heading, ledger_tokens = chunk_frame(entries, folded, ledger, count)
         if min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
             return f"no room for a summary: {space} tokens left under the target"
@@ -106,6 +108,7 @@ class _Span:
             replaced_tokens=max(1, replaced - ledger_tokens - heading),
             conversation_model=self.conversation_model,
             ledger=ledger,
+            instructions=ctx.instructions,
         )
         return _Piece(start, stop, folded, request, ledger_budget, heading + ledger_tokens, replaced)
 
@@ -133,6 +136,7 @@ class _Span:
             piece.folded,
             budget=budget,
             count=count,
+            terms=self.ctx.terms,
             fits=lambda items: (
                 make_chunk(
                     summary.text, entries, piece.folded, model="", stages=(), count=count, artifacts=items
@@ -248,6 +252,7 @@ def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> 
         # The largest reply a piece may ask for: the limit found holds for any piece.
         max_summary_tokens=span.ctx.limits.max_summary_tokens,
         conversation_model=span.conversation_model,
+        instructions=span.ctx.instructions,  # they take room in the prompt too
     )
     limit = transcript_limit(summarizer, probe)
     if cap is not None:

@@ -23,6 +23,7 @@ from compaction_worker.strategies.draft import (
 from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import partition
+from compaction_worker.summaries.instructions import Terms
 from compaction_worker.summaries.prompts import render_content
 
 STAGE = "truncate"
@@ -125,7 +126,9 @@ class Retained:
     """Distinct ledger items that did not fit."""
 
 
-def retain_summaries(chunks: Sequence[SummaryChunk], budget: int, count: CountText) -> Retained:
+def retain_summaries(
+    chunks: Sequence[SummaryChunk], budget: int, count: CountText, *, terms: Terms = frozenset()
+) -> Retained:
     """Keep what fits of every chunk's summary within ``budget`` tokens (a third for their ledgers).
 
     Every summary gets an equal share and a short one passes what it does not need to the
@@ -134,10 +137,15 @@ def retain_summaries(chunks: Sequence[SummaryChunk], budget: int, count: CountTe
     reason reference 004 keeps the first exchange); not proportional to size: that would
     cut a short summary as hard as a long one. When shares would be too small to say
     anything, the first summary and the newest ones stay and those between go, as the
-    window itself keeps the start and the recent turns.
+    window itself keeps the start and the recent turns. Ledger items sharing ``terms`` (the
+    compaction instructions') are kept first.
     """
     items = list(dict.fromkeys(item for c in chunks for item in c.artifacts))
-    ledger = merge_ledgers([c.artifacts for c in reversed(chunks)], budget // 3, count) if items else ()
+    ledger = (
+        merge_ledgers([c.artifacts for c in reversed(chunks)], budget // 3, count, terms=terms)
+        if items
+        else ()
+    )
     room = budget - (count("\n".join(ledger)) + 8 if ledger else 0)
     candidates = list(chunks)
     while len(candidates) > 1 and room // len(candidates) < MIN_KEPT_TOKENS:
@@ -173,6 +181,7 @@ def truncation_chunk(
     kept: Sequence[Entry] = (),
     quote_tokens: int = QUOTE_TOKENS,
     summary_tokens: int | None = None,
+    terms: Terms = frozenset(),
 ) -> SummaryChunk:
     """The marker that stands for what the window dropped: what it keeps, then a notice.
 
@@ -183,7 +192,7 @@ def truncation_chunk(
     which earlier summaries were shortened or left out.
     """
     budget = 2 * quote_tokens if summary_tokens is None else summary_tokens
-    retained = retain_summaries(folded, budget, count) if folded else None
+    retained = retain_summaries(folded, budget, count, terms=terms) if folded else None
     if retained is not None:
         opening = f"{_RETAINED}\n\n{retained.text}" if retained.text else ""
         removed = len(covered)
@@ -260,7 +269,7 @@ def _window(draft: Draft, ctx: StageContext, quote_tokens: int, summary_tokens: 
     # With chunks, the conversation's start is in the first of them, not among the entries.
     start = () if draft.chunks else first_exchange(draft.entries)
     if draft.chunks:
-        retained = retain_summaries(draft.chunks, summary_tokens, ctx.count)
+        retained = retain_summaries(draft.chunks, summary_tokens, ctx.count, terms=ctx.terms)
         opening = f"{_RETAINED}\n{retained.text}\n" + "\n".join(f"- {item}" for item in retained.ledger)
     else:
         opening = _quotes(start, quote_tokens, ctx.count)
@@ -285,6 +294,7 @@ def _window(draft: Draft, ctx: StageContext, quote_tokens: int, summary_tokens: 
         kept=pinned,
         quote_tokens=quote_tokens,
         summary_tokens=summary_tokens,
+        terms=ctx.terms,
     )
     out = Draft((marker,), (*pinned, *tail))
     replaced = len(head) + sum(_covered_count(c) for c in draft.chunks)

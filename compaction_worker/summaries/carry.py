@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from compaction_worker.summaries.instructions import matches
+
 __all__ = ["Carried", "carry", "distinctive_terms", "is_distinctive", "line_terms"]
 
 # A word: what lies between spaces, less the punctuation that only surrounds it.
@@ -192,15 +194,28 @@ class Carried:
     dropped: tuple[str, ...]
 
 
-def carry(text: str, budget: int, count: Callable[[str], int], *, skip: Iterable[str] = ()) -> Carried:
+def carry(
+    text: str,
+    budget: int,
+    count: Callable[[str], int],
+    *,
+    skip: Iterable[str] = (),
+    prefer: frozenset[str] = frozenset(),
+) -> Carried:
     """The distinctive terms of ``text`` with ``CONTEXT_WORDS`` words around each, within ``budget`` tokens.
 
     Terms already in ``skip`` (said elsewhere, verbatim) are not repeated. A phrase that
     covers several terms carries them all; phrases go in order of appearance until the
-    budget is spent, and every term left is in ``dropped``.
+    budget is spent, those holding any of ``prefer`` (the compaction instructions' terms,
+    ``summaries.instructions``) first, and every term left is in ``dropped``.
     """
     said = set(skip)
     terms = [t for t in distinctive_terms(text) if t not in said]
+    if prefer:
+        words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+        ends = [end for _, end in words]
+        asked = {t: matches(_phrase(text, words, ends, t), prefer) for t in terms}
+        terms.sort(key=lambda t: -asked[t])  # stable: in order of appearance otherwise
     words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
     ends = [end for _, end in words]
     phrases: list[str] = []

@@ -70,6 +70,8 @@ class SummaryRequest:
     A summary need not spend its budget repeating them; the LLM prompt does not show them
     (its instructions still ask for exact identifiers), the extractive summary skips them.
     """
+    instructions: str | None = None
+    """What the runtime asked this summary to keep first (``summaries.instructions``); None: nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.toolpairs import pair_results
 from compaction_worker.summaries.artifacts import extract_artifacts
 from compaction_worker.summaries.contract import CountTokens, SummarizerError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.instructions import Terms, instruction_terms, matches
 from compaction_worker.summaries.prompts import SECTIONS, render_content
 from compaction_worker.summaries.validation import validate_summary
 
@@ -69,6 +70,8 @@ class _Line:
     """Lower is kept first when the budget is tight."""
     order: int
     """Position within its section."""
+    hits: int = 0
+    """How many of the instructions' terms it holds: the more, the earlier it is kept."""
 
 
 class ExtractiveSummarizer:
@@ -78,7 +81,8 @@ class ExtractiveSummarizer:
     (those the chunk's own ledger does not already keep), tool results, errors, the
     assistant's last state and the user's last request. When the budget is tight, the
     least important lines go first: earlier summaries, tool facts, decisions, artifacts,
-    then older goals; the latest request stays longest.
+    then older goals; the latest request stays longest. With instructions, lines of the span
+    that share their terms join in, and the lines sharing the most are kept first.
     """
 
     name = "extractive"
@@ -101,7 +105,11 @@ class ExtractiveSummarizer:
         budget = request.max_summary_tokens
         if request.replaced_tokens > 0:
             budget = min(budget, request.replaced_tokens - 1)
+        terms = instruction_terms(request.instructions)
         lines = list(self._lines(request, budget))
+        if terms:
+            lines += _asked_lines(request.messages, terms)
+            lines = [replace(ln, hits=matches(ln.text, terms)) for ln in lines]
         if not lines:
             raise SummarizerError("nothing to summarize: the span has no text")
         return self._fit(lines, budget)
@@ -145,7 +153,7 @@ class ExtractiveSummarizer:
         if self._count(_compose(headings, [min(lines, key=_rank)])) > budget:
             headings = ("Summary",)
             ranked = sorted(lines, key=_rank)
-            lines = [_Line("Summary", ln.text, ln.priority, i) for i, ln in enumerate(ranked)]
+            lines = [_Line("Summary", ln.text, ln.priority, i, ln.hits) for i, ln in enumerate(ranked)]
         chosen: list[_Line] = []
         used = self._count(_compose(headings, []))
         for line in sorted(lines, key=_rank):
@@ -166,19 +174,44 @@ class ExtractiveSummarizer:
         low, high = 0, len(words)  # words[:low] fits; words[:high + 1] does not
         while low < high:
             mid = (low + high + 1) // 2
-            candidate = _Line(line.section, " ".join(words[:mid]) + " ...", line.priority, line.order)
+            candidate = replace(line, text=" ".join(words[:mid]) + " ...")
             if self._count(_compose(headings, [candidate])) <= budget:
                 low = mid
             else:
                 high = mid - 1
         if low < 2:
             raise SummarizerError(f"a budget of {budget} tokens fits no summary")
-        return _Line(line.section, " ".join(words[:low]) + " ...", line.priority, line.order)
+        return replace(line, text=" ".join(words[:low]) + " ...")
 
 
-def _rank(line: _Line) -> tuple[int, int]:
-    # Within a priority, later lines first: the most recent goals, errors and facts matter most.
-    return line.priority, -line.order
+def _rank(line: _Line) -> tuple[int, int, int]:
+    # What the instructions name first; within a priority, later lines first: the most
+    # recent goals, errors and facts matter most.
+    return -line.hits, line.priority, -line.order
+
+
+_ASKED_SECTIONS: Final = {
+    "user": ("Goals and constraints", "User"),
+    "assistant": ("Decisions and reasons", "Assistant"),
+    "tool": ("Facts learned from tools", "Tool"),
+}
+_ASKED_ORDER: Final = 1_000_000
+"""Lines found for the instructions follow a section's own lines (ordered by position)."""
+
+
+def _asked_lines(messages: Sequence[Mapping[str, Any]], terms: Terms) -> Iterator[_Line]:
+    """Each line of the span that shares a term with the instructions, once, under its speaker's section."""
+    seen: set[str] = set()
+    for index, message in enumerate(messages):
+        placed = _ASKED_SECTIONS.get(str(message.get("role")))
+        if placed is None:
+            continue
+        section, who = placed
+        for j, raw in enumerate(_text(message)[:_MAX_SCAN_CHARS].splitlines()):
+            line = _words(raw.strip(), 30)
+            if line and line not in seen and matches(line, terms):
+                seen.add(line)
+                yield _Line(section, f"- {who}: {line}", 2, _ASKED_ORDER + index * 10_000 + j)
 
 
 def _compose(headings: Sequence[str], lines: Sequence[_Line]) -> str:

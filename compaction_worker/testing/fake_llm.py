@@ -33,8 +33,9 @@ from compaction_worker.testing.replies import default_summary, provider_overflow
 
 __all__ = ["FakeLLMServer", "Responder"]
 
-Responder = Callable[[dict[str, Any]], str]
-"""Makes the reply text from a request body (see :meth:`FakeLLMServer.set_responder`)."""
+Responder = Callable[[dict[str, Any]], str | dict[str, Any]]
+"""Makes the reply from a request body (see :meth:`FakeLLMServer.set_responder`): its text, or an
+assistant message (``content`` and ``tool_calls``, OpenAI's shape) for a reply that calls tools."""
 
 
 def _error_body(message: str, type_: str, param: str | None = None) -> dict[str, Any]:
@@ -264,8 +265,11 @@ class FakeLLMServer:
                 ),
                 status=400,
             )
+        message: dict[str, Any] | None = None
         if responder is not None:
-            text = responder(body)
+            answer = responder(body)
+            message = answer if isinstance(answer, dict) else None
+            text = answer if isinstance(answer, str) else str(answer.get("content") or "")
         elif reply is not None:
             text = reply
         else:
@@ -281,8 +285,8 @@ class FakeLLMServer:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text, **(message or {})},
+                        "finish_reason": "tool_calls" if message and message.get("tool_calls") else "stop",
                         "logprobs": None,
                     }
                 ],

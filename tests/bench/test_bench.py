@@ -34,7 +34,8 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
     assert head["value"] > 0
     assert (head["target"], head["target_on_value"]) == (100.0, True)
     sent = rows["Redis commands sent per stored turn"]
-    assert sent["value"] >= 1  # a stored turn takes at least one command
+    # A backlog is stored in runs: one script call for a conversation's consecutive turns in a batch.
+    assert 0 < sent["value"] <= 1.5
     assert (sent["target"], sent["baseline"]) == (1.5, None)  # no --baseline-source
     assert rows["Redis commands inside scripts per stored turn"]["target"] == 12
     assert rows["Redis command time per stored turn"]["value"] > 0

@@ -14,7 +14,11 @@ def test_help_names_every_scenario_in_order() -> None:
 
 
 def test_every_cost_scenario_is_a_bench_scenario() -> None:
-    assert len(SCENARIOS) == 2 + len(costs.ROWS)
+    assert len(SCENARIOS) == 2 + len(costs.ROWS) + 1  # throughput, head_of_line; recall
+
+
+def test_recall_is_a_scenario_of_its_own() -> None:
+    assert select(["recall"]) == ["recall"]
 
 
 def test_only_picks_by_name_or_part_of_one_in_table_order() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,8 @@ pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LONG_REPLY = " ".join(f"I looked at part{i} of the parser." for i in range(60))
 """~600 tokens a reply, so a few turns give a history worth compacting."""
+FLAKY = "The flaky test is test_tokenizer_unicode_7; it fails one run in five."
+"""A fact the first reply ends with: compacted away by step 4, recalled at step 6."""
 
 
 @dataclass
@@ -81,17 +85,23 @@ async def _completed(running: Running, cid: str) -> list[CompactionCompleted]:
     return [e for e in events if e.conversation_id == cid]
 
 
-async def test_agent_loop_recovers_from_a_provider_overflow(
+async def test_agent_loop_recovers_from_a_provider_overflow_and_recalls(
     running: Running, fake_llm: FakeLLMServer
 ) -> None:
-    """The 30-line loop: the provider rejects its 4th call as too long; a reactive compaction lands and the retry succeeds."""
+    """The 30-line loop: the 4th call overflows and a reactive compaction lands; later the model calls
+    recall for a fact compaction took out, and complete() answers it from the transcript."""
     calls = 0
 
-    def reply(body: object) -> str:
+    def reply(body: dict[str, Any]) -> str | dict[str, Any]:
         nonlocal calls
         calls += 1
+        if calls == 1:
+            return f"{LONG_REPLY} {FLAKY}"
         if calls == 3:  # the next request is the one the provider turns down
             fake_llm.overflow_next(1, "openai", actual=2600, maximum=2000)
+        if calls == 6:  # step 6, after the compaction: look back for the fact
+            query = json.dumps({"query": "which test is flaky?"})
+            return {"content": None, "tool_calls": [_recall_call("r1", query)]}
         return LONG_REPLY
 
     fake_llm.set_responder(reply)
@@ -103,7 +113,7 @@ async def test_agent_loop_recovers_from_a_provider_overflow(
     assert [int(s) for s, _, _ in steps] == list(range(1, 11)), out
 
     requests = fake_llm.requests
-    assert len(requests) == 11  # ten steps, one of them twice
+    assert len(requests) == 12  # ten steps, one of them twice, one with a recall round
     rejected, retry = requests[3], requests[4]
     # The retry sends the same new message on the compacted history, much shorter.
     assert retry["messages"][-1] == rejected["messages"][-1]
@@ -112,8 +122,22 @@ async def test_agent_loop_recovers_from_a_provider_overflow(
     reactive = [e for e in await _completed(running, cid) if e.trigger is Trigger.REACTIVE]
     assert [e.outcome for e in reactive] == [Outcome.COMPACTED]
     assert reactive[0].tokens_after < reactive[0].tokens_before
-    # Every step's turn is stored: the transcript has both messages of each.
-    assert len(await running.client.transcript(cid)) == 20
+    assert reactive[0].instructions is not None
+    assert "failing test" in reactive[0].instructions  # the standing instructions the example set
+    # The recall: every call offers the tool; the call after the model's answers it from turn 1.
+    assert all(any(t["function"]["name"] == "recall" for t in r["tools"]) for r in requests)
+    answer = requests[7]["messages"][-1]
+    assert answer["role"] == "tool"
+    assert answer["tool_call_id"] == "r1"
+    hits = json.loads(answer["content"])["results"]
+    assert hits[0]["turn_seq"] == 1
+    assert FLAKY in hits[0]["text"]
+    # Every step's turn is stored: two messages each, and the recall step's call and answer.
+    assert len(await running.client.transcript(cid)) == 22
+
+
+def _recall_call(call_id: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "recall", "arguments": arguments}}
 
 
 async def test_chat_ui_shows_compacting_and_the_sizes(running: Running) -> None:

@@ -112,12 +112,14 @@ class TestAnthropic:
         assert NATIVE not in messages[4]  # a plain text reply needs nothing kept
 
     def test_an_edited_message_is_mapped_from_its_new_content(self) -> None:
-        """A stored message changed after conversion (a compaction's cut) is not overwritten by the kept one."""
+        """A stored message changed after conversion (a compaction's cut) is not overwritten by the kept one;
+        its signed thinking still leads it, unchanged (the API wants it back in a tool loop)."""
         messages = stored(anthropic.to_openai(CONVERSATION))
         messages[1]["content"] = [{"type": "text", "text": "[cut]"}]
         back = anthropic.from_openai(messages).messages
-        assert back[1]["content"][0] == {"type": "text", "text": "[cut]"}
-        assert [b["type"] for b in back[1]["content"]] == ["text", "tool_use", "tool_use"]
+        assert back[1]["content"][1] == {"type": "text", "text": "[cut]"}
+        assert back[1]["content"][0] == CONVERSATION[1]["content"][0]
+        assert [b["type"] for b in back[1]["content"]] == ["thinking", "text", "tool_use", "tool_use"]
 
     def test_plain_openai_history_becomes_valid_anthropic(self) -> None:
         """Stored messages from another source: systems hoisted, tool results grouped after the calls."""

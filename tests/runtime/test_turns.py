@@ -22,7 +22,8 @@ from compaction_worker.contracts.events import (
 from compaction_worker.observability.logs import ContextFilter
 from compaction_worker.runtime import plan
 from compaction_worker.runtime import turns as turns_module
-from compaction_worker.runtime.turns import TurnStatus, turn_fingerprint
+from compaction_worker.runtime.prepare import turn_fingerprint
+from compaction_worker.runtime.turns import TurnStatus
 from compaction_worker.settings import Settings
 from compaction_worker.state.connection import is_cluster
 from compaction_worker.state.meta import Meta

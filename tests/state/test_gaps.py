@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import DeadLetter, TurnEvent
-from compaction_worker.runtime.turns import TurnHandler, TurnStatus, turn_fingerprint
+from compaction_worker.runtime.prepare import turn_fingerprint
+from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import Settings
 from compaction_worker.state.gaps import (
     CLAIM_LEASE_SECONDS,

@@ -367,7 +367,8 @@ def coverage_problems(
     Each transcript ordinal must be either one entry (verbatim, or edited by a cheap stage
     keeping its role and tool pairing) or covered by one chunk; pinned messages must be
     verbatim entries (one over ``task_max_tokens`` may be cut to it, unless it is a system
-    message); entries that stand for no ordinal must be marked synthetic.
+    message); entries that stand for no ordinal must be marked synthetic (or restored: the
+    working state, see strategies.working_state).
     """
     sizes = {e.n: e.tokens for e in conversation.entries}
     cut_before = {e.n for e in conversation.entries if e.edit == "truncated"}
@@ -379,8 +380,8 @@ def coverage_problems(
                 where.setdefault(n, []).append(f"chunk {chunk.id}")
     for entry in entries:
         if entry.n == 0:
-            if entry.edit != "synthetic":
-                problems.append(f"entry with ordinal 0 not marked synthetic: {entry.message}")
+            if entry.edit not in ("synthetic", "restored"):
+                problems.append(f"entry with ordinal 0 not marked synthetic or restored: {entry.message}")
             continue
         where.setdefault(entry.n, []).append("entry")
         original = conversation.transcript.get(entry.n)

@@ -53,7 +53,8 @@ async def test_additive_summaries_with_ledgers_keep_planted_artifacts() -> None:
             assert cycle.chunks == (previous.chunks if previous else 0) + 1  # additive: one more chunk
     assert max(c.chunks for c in additive.cycles) >= 5
     for cycle in recursive.cycles[1:]:
-        assert cycle.stages == ("summarize", "fold")
+        # The working state restored after the summary (strategies.working_state) may follow.
+        assert cycle.stages[:2] == ("summarize", "fold")
         assert cycle.chunks == 1
     assert additive.cycles[-1].planted >= 500
     assert additive.final >= 0.95

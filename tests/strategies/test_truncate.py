@@ -367,5 +367,5 @@ async def test_the_window_notes_a_tail_inside_the_latest_turn() -> None:
     history = EffectiveHistory((), c.draft().entries)
     ctx = context(window=10_000, target=500)
     result = await compact(history, ctx.limits, [Scripted(fail=True)], COUNTER)
-    assert result.stages == ("truncate",)
+    assert result.stages[0] == "truncate"  # the files read in what it dropped may come back after it
     assert any(note.startswith("the latest turn alone") for note in result.notes), result.notes

@@ -5,7 +5,8 @@
 -- KEYS: meta, chunks, entries, compactions, lock, fence, outbox. Every write bumps the meta's
 --   revision (`rev`), which the per-turn script's caller computed from.
 -- Header: {fence, lock_token, expected_version, consumed, tokens, recount, status, now};
---   lists: chunks, entries, record (the log record), outbox (field and event, or empty).
+--   lists: chunks, entries, record (the log record: a JSON object), outbox (field and
+--   event, or empty; the event is outbox.pack's: topic, newline, JSON).
 --   Without `recount`, `tokens` is the change in history tokens (a compaction knows exactly
 --   what it replaced); with it, the tokens of the new chunks and entries, and the total is
 --   recomputed from them and the suffix (a rewind repairs any drift).
@@ -34,7 +35,18 @@ end
 redis.call('HSET', meta, 'version', version + 1, 'context_status', h.status,
   'updated_at', h.now, 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
 redis.call('HINCRBY', meta, 'rev', 1)
-push(log, h.record)
+-- The log record gains what only this script knows (docs/design.md, "Commit and rewind"): the
+-- last seq stored and the history's total once committed (the inspector's sawtooth drops
+-- there), and a commit's completion event (its model, LLM usage, cost, duration). Spliced in
+-- as text: the record is a JSON object and the event is JSON, so neither is decoded here.
+local record = h.record[1]
+local extra = ',"last_seq":"' .. (redis.call('HGET', meta, 'last_seq') or '0')
+  .. '","history_tokens":"' .. string.format('%d', history) .. '"'
+if h.outbox[1] then
+  local event = h.outbox[2]
+  extra = extra .. ',"completed":' .. string.sub(event, string.find(event, '\n', 1, true) + 1)
+end
+redis.call('RPUSH', log, string.sub(record, 1, -2) .. extra .. '}')
 if h.outbox[1] then redis.call('HSET', outbox, h.outbox[1], h.outbox[2]) end
 -- Written anew or perhaps for the first time: each takes the conversation's deadline.
 local deadline = deadline_of(meta)

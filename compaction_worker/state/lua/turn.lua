@@ -1,8 +1,10 @@
--- The per-turn script (appends.py): decides and stores one turn in one call.
+-- Library (appends.py): decides and stores one turn; turn_one.lua calls it once, turn_run.lua for
+-- several consecutive turns of one conversation in one call.
 -- KEYS: meta, transcript, entries, pending, fingerprints, job, then the conversation's other
 --   keys that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq):
 --   their expiry moves with the rest (expiry.lua).
--- ARGV, by position (it runs for every turn: a JSON header to decode was a fifth of its time):
+-- A turn's arguments, by position from ARGV[at + 1] (it runs for every turn: a JSON header to
+--   decode was a fifth of its time):
 --   seq, next (seq + 1), stamp ('<rev>/<msg_count>/<version>' of the meta the caller computed
 --   its fields from; rev -1: none; all three must still be the stored ones, so that a writer that
 --   does not bump the revision, such as an older release's in a rolling upgrade, is caught too),
@@ -15,70 +17,79 @@
 --   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
 --   {'stale', last_seq, meta hash}: the caller's revision is not the stored one; nothing written
 --   {'appended', seq, rev, next_held, job_recorded}
+-- With `run` set, only a plain append is made: a turn that would get any other reply (or
+-- that a held turn with its seq waits for) is left alone and nil returned, for the caller to
+-- send it again on its own.
 -- A turn stored or held before fingerprints were kept has none: a redelivery of it is accepted
 -- as a duplicate. A turn held behind a gap arrived first: a different turn with its seq is refused.
-local meta, transcript, entries, pending, fingerprints, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local seq_text, fingerprint = ARGV[1], ARGV[6]
-if fingerprint == '' then fingerprint = nil end
-local fields_at, fields_n = 10, tonumber(ARGV[9])
-local n = tonumber(ARGV[fields_at + fields_n])
-local records_at = fields_at + fields_n + 1
-local held_form = ARGV[records_at + 2 * n]
-local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'msg_count', 'version')
-local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
-local seq = tonumber(seq_text)
-if seq <= last then
-  local stored = redis.call('HGET', fingerprints, seq_text)
-  if fingerprint and stored and stored ~= fingerprint then
-    return {'conflicting_duplicate', last, stored}
+local function turn(at, run)
+  local meta, transcript, entries, pending, fingerprints, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+  local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
+  if fingerprint == '' then fingerprint = nil end
+  local fields_at, fields_n = at + 10, tonumber(ARGV[at + 9])
+  local n = tonumber(ARGV[fields_at + fields_n])
+  local records_at = fields_at + fields_n + 1
+  local held_form = nil
+  if not run then held_form = ARGV[records_at + 2 * n] end
+  local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'msg_count', 'version')
+  local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
+  local seq = tonumber(seq_text)
+  if run and seq ~= last + 1 then return nil end
+  if seq <= last then
+    local stored = redis.call('HGET', fingerprints, seq_text)
+    if fingerprint and stored and stored ~= fingerprint then
+      return {'conflicting_duplicate', last, stored}
+    end
+    local following = redis.call('HEXISTS', pending, string.format('%d', last + 1))
+    return {'duplicate', last, redis.call('EXISTS', job), following}
   end
-  local following = redis.call('HEXISTS', pending, string.format('%d', last + 1))
-  return {'duplicate', last, redis.call('EXISTS', job), following}
-end
-if seq > last + 1 then
-  local held = redis.call('HGET', pending, seq_text)
-  if held then
-    local held_fp = held_fingerprint(held)
-    if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+  if seq > last + 1 then
+    local held = redis.call('HGET', pending, seq_text)
+    if held then
+      local held_fp = held_fingerprint(held)
+      if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+      return {'held', last}
+    end
+    if not held_form then return {'need_held', last} end
+    redis.call('HSET', pending, seq_text, held_form)
+    expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])))
     return {'held', last}
   end
-  if not held_form then return {'need_held', last} end
-  redis.call('HSET', pending, seq_text, held_form)
-  expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[4]), tonumber(ARGV[5])))
-  return {'held', last}
+  local known_rev, known_count, known_version = string.match(ARGV[at + 3], '^(-?%d+)/(%d+)/(%d+)$')
+  if tonumber(known_rev) ~= rev or tonumber(known_count) ~= tonumber(state[4] or '0')
+      or tonumber(known_version) ~= tonumber(state[5] or '0') then
+    if run then return nil end
+    return {'stale', last, redis.call('HGETALL', meta)}
+  end
+  local waiting = redis.call('HMGET', pending, seq_text, ARGV[at + 2])
+  if waiting[1] then
+    if run then return nil end
+    local held_fp = held_fingerprint(waiting[1])
+    if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+    redis.call('HDEL', pending, seq_text)
+  end
+  push_range(transcript, records_at, records_at + n - 1)
+  push_range(entries, records_at + n, records_at + 2 * n - 1)
+  rev = rev + 1
+  if fields_n > 0 then
+    redis.call('HSET', meta, 'rev', string.format('%d', rev), unpack(ARGV, fields_at, fields_at + fields_n - 1))
+  else
+    redis.call('HSET', meta, 'rev', string.format('%d', rev))
+  end
+  if fingerprint then redis.call('HSET', fingerprints, seq_text, fingerprint) end
+  local recorded = 0
+  if ARGV[at + 8] ~= '' then
+    recorded = set_job(job, cjson.decode(ARGV[at + 8]))
+    if recorded == 1 then expire_with(job, deadline) end
+  end
+  if ARGV[at + 7] == '1' then
+    expire_with(meta, deadline)
+    expire_with(transcript, deadline)
+    expire_with(entries, deadline)
+    expire_with(fingerprints, deadline)
+  end
+  keep_alive(KEYS, deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+  local next_held = 0
+  if waiting[2] then next_held = 1 end
+  return {'appended', seq, rev, next_held, recorded}
 end
-local known_rev, known_count, known_version = string.match(ARGV[3], '^(-?%d+)/(%d+)/(%d+)$')
-if tonumber(known_rev) ~= rev or tonumber(known_count) ~= tonumber(state[4] or '0')
-    or tonumber(known_version) ~= tonumber(state[5] or '0') then
-  return {'stale', last, redis.call('HGETALL', meta)}
-end
-local waiting = redis.call('HMGET', pending, seq_text, ARGV[2])
-if waiting[1] then
-  local held_fp = held_fingerprint(waiting[1])
-  if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
-  redis.call('HDEL', pending, seq_text)
-end
-push_range(transcript, records_at, records_at + n - 1)
-push_range(entries, records_at + n, records_at + 2 * n - 1)
-rev = rev + 1
-if fields_n > 0 then
-  redis.call('HSET', meta, 'rev', string.format('%d', rev), unpack(ARGV, fields_at, fields_at + fields_n - 1))
-else
-  redis.call('HSET', meta, 'rev', string.format('%d', rev))
-end
-if fingerprint then redis.call('HSET', fingerprints, seq_text, fingerprint) end
-local recorded = 0
-if ARGV[8] ~= '' then
-  recorded = set_job(job, cjson.decode(ARGV[8]))
-  if recorded == 1 then expire_with(job, deadline) end
-end
-if ARGV[7] == '1' then
-  expire_with(meta, deadline)
-  expire_with(transcript, deadline)
-  expire_with(entries, deadline)
-  expire_with(fingerprints, deadline)
-end
-keep_alive(KEYS, deadline, tonumber(ARGV[4]), tonumber(ARGV[5]))
-local next_held = 0
-if waiting[2] then next_held = 1 end
-return {'appended', seq, rev, next_held, recorded}

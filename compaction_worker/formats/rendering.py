@@ -1,0 +1,59 @@
+"""The effective history rendered in a runtime's own format, reasoning kept.
+
+A runtime that publishes Anthropic messages or Responses items gets them back, not their
+chat form: the verbatim tail's ``thinking``/``redacted_thinking`` blocks (with their
+signatures), ``reasoning`` items (with ``encrypted_content``) and Gemini thought signatures
+come back exactly as stored, from the private ``native`` field the adapters keep. The
+summary and its acknowledgment are plain text messages made by
+:func:`~compaction_worker.contracts.history.render`: they carry no reasoning, and the
+summarizers never read any (they read content and tool calls only), so a summary never
+claims to hold a signed block it could not reproduce.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeAlias, get_args, overload
+
+from compaction_worker.contracts.history import EffectiveHistory, SummaryPlacement, render
+from compaction_worker.formats import anthropic, gemini, openai_chat, responses
+from compaction_worker.formats._common import FormatError
+from compaction_worker.formats.anthropic import AnthropicMessages
+from compaction_worker.formats.gemini import GeminiContents
+
+HistoryFormat = Literal["openai", "anthropic", "responses", "gemini"]
+"""The formats :func:`rendered` renders: OpenAI chat messages (the stored form), Anthropic
+``system``/``messages``, Responses input items, Gemini ``system_instruction``/``contents``."""
+
+FORMATS: tuple[str, ...] = get_args(HistoryFormat)
+
+Rendered: TypeAlias = list[dict[str, Any]] | AnthropicMessages | GeminiContents
+
+
+@overload
+def rendered(
+    history: EffectiveHistory,
+    fmt: Literal["openai", "responses"] = "openai",
+    placement: SummaryPlacement = "separate",
+) -> list[dict[str, Any]]: ...
+@overload
+def rendered(
+    history: EffectiveHistory, fmt: Literal["anthropic"], placement: SummaryPlacement = "separate"
+) -> AnthropicMessages: ...
+@overload
+def rendered(
+    history: EffectiveHistory, fmt: Literal["gemini"], placement: SummaryPlacement = "separate"
+) -> GeminiContents: ...
+def rendered(
+    history: EffectiveHistory, fmt: HistoryFormat = "openai", placement: SummaryPlacement = "separate"
+) -> Rendered:
+    """``history`` as ``fmt`` takes it (see the module docstring); :class:`FormatError` for another name."""
+    messages = render(history, placement, private=True)
+    if fmt == "openai":
+        return openai_chat.from_openai(messages)
+    if fmt == "anthropic":
+        return anthropic.from_openai(messages)
+    if fmt == "responses":
+        return responses.from_openai(messages)
+    if fmt == "gemini":
+        return gemini.from_openai(messages)
+    raise FormatError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")

@@ -1,0 +1,204 @@
+"""What the inspector's pages show, read from Redis through the client's and the store's readers.
+
+Read-only: nothing here writes. The conversations list walks the meta keys with ``SCAN``
+(there is no index of all conversations, and the per-turn path should not pay for one); it
+reads at most ``inspector.scan_limit`` of them and says when it stopped short.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from compaction_worker.budget.threshold import scale_of
+from compaction_worker.client.client import Artifact, Client, ContextStats, context_stats
+from compaction_worker.contracts.history import SummaryChunk, render
+from compaction_worker.settings import Settings
+from compaction_worker.state.jobs import Job
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Snapshot
+from compaction_worker.summaries.artifacts import item_kind
+
+LIST_FIELDS = (
+    "last_seq",
+    "msg_count",
+    "model",
+    "history_tokens",
+    "system_tokens",
+    "tools_tokens",
+    "overhead_tokens",
+    "version",
+    "context_status",
+    "calibration",
+    "window",
+    "threshold",
+    "max_output_tokens",
+    "context_window",
+    "observed_window",
+    "updated_at",
+)
+"""The meta fields a list row needs (not the system prompt or the tool schemas)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One conversation in a list."""
+
+    conversation_id: str
+    meta: Meta
+    stats: ContextStats
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    recent: list[Row]
+    largest: list[Row]
+    matched: int
+    """Conversations read (those matching the search, if any)."""
+    complete: bool
+    """False when the scan stopped at ``inspector.scan_limit``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptItem:
+    """A transcript message, or a run of them that one chunk summarized (shown collapsed)."""
+
+    records: list[Mapping[str, Any]]
+    chunk: int | None = None
+    """The index of the chunk that covers them (1-based, as the page numbers chunks); None: verbatim."""
+    edits: Mapping[int, str] = field(default_factory=dict)
+    """The non-LLM edits of verbatim messages, by ordinal (pruned, de-duplicated, truncated)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationView:
+    conversation_id: str
+    meta: Meta
+    stats: ContextStats
+    snapshot: Snapshot
+    messages: list[dict[str, Any]]
+    """The effective history as the model receives it (rendered as the client renders it)."""
+    records: list[dict[str, Any]]
+    """The transcript records (``Store.transcript``)."""
+    transcript: list[TranscriptItem]
+    chunks: list[tuple[SummaryChunk, dict[str, list[str]]]]
+    """Each chunk with its ledger by kind (``term`` items are those carried by shape)."""
+    log: list[dict[str, Any]]
+    artifacts: list[Artifact]
+    job: Job | None
+    rewinds: list[tuple[int, str, str]]
+    """(version, trigger, the command that rewinds it), newest first."""
+
+    @property
+    def fixed_tokens(self) -> int:
+        return self.meta.fixed_tokens
+
+    @property
+    def scale(self) -> float:
+        return scale_of(self.meta)
+
+
+async def listing(client: Client, settings: Settings, search: str | None) -> Listing:
+    """The most recently updated and the largest conversations (those whose id contains ``search``)."""
+    prefix = client.store.prefix
+    pattern = f"{_glob(prefix)}:{{*{_glob(search or '')}*}}:meta" if search else f"{_glob(prefix)}:{{*}}:meta"
+    redis = client.store.redis
+    limit = settings.inspector.scan_limit
+    keys: list[str] = []
+    complete = True
+    async for key in redis.scan_iter(match=pattern, count=1000):
+        text = key.decode() if isinstance(key, bytes) else key
+        if text.endswith("}:meta") and text.startswith(f"{prefix}:{{"):
+            keys.append(text)
+        if len(keys) >= limit:
+            complete = False
+            break
+    rows: list[Row] = []
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hmget(key, list(LIST_FIELDS))
+        values = await pipe.execute() if keys else []
+    for key, raw in zip(keys, values, strict=True):
+        meta = Meta.from_hash({f: v for f, v in zip(LIST_FIELDS, raw, strict=True) if v is not None})
+        if meta.last_seq == 0:
+            continue  # expired between the scan and the read, or a sequence handed out and never used
+        cid = key[len(prefix) + 2 : -len("}:meta")]
+        rows.append(Row(cid, meta, context_stats(cid, meta, settings)))
+    shown = settings.inspector.list_limit
+    return Listing(
+        recent=sorted(rows, key=lambda r: r.meta.updated_at, reverse=True)[:shown],
+        largest=sorted(rows, key=lambda r: r.stats.tokens, reverse=True)[:shown],
+        matched=len(rows),
+        complete=complete,
+    )
+
+
+async def conversation(client: Client, settings: Settings, conversation_id: str) -> ConversationView | None:
+    """Everything the conversation page shows; None when Redis holds no such conversation."""
+    snapshot = await client.snapshot(conversation_id)
+    meta = snapshot.meta
+    if meta.last_seq == 0:
+        return None
+    records = await client.transcript(conversation_id)
+    log = await client.compactions(conversation_id)
+    chunks = snapshot.history.chunks
+    return ConversationView(
+        conversation_id=conversation_id,
+        meta=meta,
+        stats=context_stats(conversation_id, meta, settings),
+        snapshot=snapshot,
+        messages=render(snapshot.history, settings.pipeline.summary_placement),
+        records=records,
+        transcript=transcript_items(
+            records, chunks, {e.n: e.edit for e in snapshot.history.entries if e.edit}
+        ),
+        chunks=[(c, ledger_by_kind(c.artifacts)) for c in chunks],
+        log=log,
+        artifacts=await client.artifacts(conversation_id),
+        job=await client.job(conversation_id),
+        rewinds=rewind_commands(conversation_id, log),
+    )
+
+
+def transcript_items(
+    records: Sequence[Mapping[str, Any]], chunks: Sequence[SummaryChunk], edits: Mapping[int, str]
+) -> list[TranscriptItem]:
+    """The transcript in order, each run of messages one chunk covers grouped behind that chunk (pure)."""
+    items: list[TranscriptItem] = []
+    for r in records:
+        n = int(r["n"])
+        chunk = next((i for i, c in enumerate(chunks, 1) if c.covers(n)), None)
+        if chunk is not None and items and items[-1].chunk == chunk:
+            items[-1].records.append(r)
+        elif chunk is not None:
+            items.append(TranscriptItem([r], chunk))
+        else:
+            items.append(TranscriptItem([r], None, {n: edits[n]} if n in edits else {}))
+    return items
+
+
+def ledger_by_kind(items: Sequence[str]) -> dict[str, list[str]]:
+    """A chunk's verbatim ledger grouped by kind, in the ledger's order."""
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for item in items:
+        grouped[item_kind(item)].append(item.partition(": ")[2] or item)
+    return dict(grouped)
+
+
+def rewind_commands(conversation_id: str, log: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, str]]:
+    """Each committed compaction of the log with the CLI command that undoes it (never run from here)."""
+    found = []
+    for rec in log:
+        if "version" in rec and rec.get("trigger") != "rewind":
+            version = int(rec["version"])
+            command = f"compaction-worker rewind {shlex.quote(conversation_id)} --version {version}"
+            found.append((version, str(rec.get("trigger", "?")), command))
+    return found[::-1]
+
+
+def _glob(text: str) -> str:
+    """``text`` matched literally inside a Redis glob pattern."""
+    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)

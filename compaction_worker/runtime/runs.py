@@ -1,0 +1,157 @@
+"""Runs: consecutive turns of one conversation from one fetched batch, appended by one script call.
+
+A partition's batch often holds several turns of a conversation in a row (a backlog, a fast
+agent loop). The per-turn path (turns.py) costs each a script call and a round trip. A run
+computes each turn's fields from the meta the turn before it leaves (plan.py, no I/O), and the
+run script (state/appends.py) appends them in order, each only if it is the next turn and the
+stored meta is the one its fields were computed from; it stops at the first turn that would be
+anything but a plain append, writing nothing for it. Whatever a run did not append goes through
+the per-turn path, which decides everything else (duplicates, gaps, conflicts, a meta changed
+by another writer, failures and the DLQ). So a run changes what turns cost, never what is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from compaction_worker.contracts.events import BadEventError, TurnEvent
+from compaction_worker.observability import metrics, tracing
+from compaction_worker.observability.logs import bound
+from compaction_worker.runtime.outages import is_outage
+from compaction_worker.runtime.plan import AppendPlan
+from compaction_worker.runtime.prepare import counted, request_of, turn_fingerprint
+from compaction_worker.state.appends import TurnWrite
+from compaction_worker.state.meta import Meta
+
+if TYPE_CHECKING:
+    from compaction_worker.runtime.turns import TurnHandler, TurnOutcome
+
+log = logging.getLogger(__name__)
+
+RUN_MAX = 32
+"""The most turns one run script call appends (a bound on how long it holds Redis)."""
+RUN_MAX_BYTES = 1 << 20
+"""The most event bytes one run takes (a turn over it alone goes the per-turn way): a bound on a
+call's size, whatever ``kafka.max_event_bytes`` allows one turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    event: TurnEvent
+    plan: AppendPlan
+    write: TurnWrite
+
+
+async def append_run(
+    handler: TurnHandler, records: Sequence[tuple[bytes, bytes | None]]
+) -> list[TurnOutcome]:
+    """Append the leading records (one conversation's ``(value, key)``, in offset order) as a run.
+
+    Returns the outcomes of the turns appended, in order: the caller handles the next record
+    on its own. None are appended (an empty list) when fewer than two lead the records as a
+    run, while tracing is on (each turn keeps its own span), or when the first turn is not a
+    plain append of the meta the handler knows. A turn whose planning fails ends the run
+    before it, as its first try. An outage propagates; any other failure is logged and an
+    empty list returned, so that the per-turn path, with its bounded tries and its DLQ,
+    handles the turns (those the run stored are then duplicates).
+    """
+    if len(records) < 2 or tracing.enabled():
+        return []
+    try:
+        events = _leading_run(handler, records)
+        if len(events) < 2:
+            return []
+        cid = events[0][0].conversation_id
+        with bound(conversation_id=cid):
+            planned = _planned(handler, events, handler.known(cid) or Meta())
+            return await _append(handler, cid, planned) if planned else []
+    except Exception as error:
+        if is_outage(error):
+            raise
+        log.warning(
+            "a run of %d turns failed (%s: %s); its turns go one by one",
+            len(records),
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        return []
+
+
+def _leading_run(
+    handler: TurnHandler, records: Sequence[tuple[bytes, bytes | None]]
+) -> list[tuple[TurnEvent, bytes]]:
+    """The valid events leading ``records`` whose seqs follow the known meta's and each other
+    (at most RUN_MAX of them, RUN_MAX_BYTES in all)."""
+    events: list[tuple[TurnEvent, bytes]] = []
+    size = 0
+    for raw, key in records[:RUN_MAX]:
+        size += len(raw)
+        if size > RUN_MAX_BYTES:
+            break
+        try:
+            event = handler.parse(raw, key)
+        except BadEventError:
+            break
+        if not events:
+            # The next turn of the meta it knows (none: a new conversation's first), or no run.
+            meta = handler.known(event.conversation_id)
+            if event.turn_seq != (meta.last_seq if meta is not None else 0) + 1:
+                break
+        elif (
+            event.conversation_id != events[0][0].conversation_id
+            or event.turn_seq != events[-1][0].turn_seq + 1
+        ):
+            break
+        events.append((event, raw))
+    return events
+
+
+def _planned(handler: TurnHandler, events: Sequence[tuple[TurnEvent, bytes]], meta: Meta) -> list[_Planned]:
+    """Each turn's write, computed from the meta the turn before it leaves once appended.
+
+    A turn whose counting or planning fails ends the run before it: that was its first try,
+    and the per-turn path makes the others (``TurnHandler.failed_in_run``).
+    """
+    planned = []
+    for event, raw in events:
+        try:
+            counter, new = counted(event, handler.settings.budget)
+            plan = handler.plan(event, meta, new, request_of(event), counter)
+        except Exception as error:
+            log.warning("turn %s failed in a run (%s: %s)", event.turn_seq, type(error).__name__, error)
+            if len(handler.failed_in_run) >= RUN_MAX * 64:  # a bound: records never handled again
+                handler.failed_in_run.clear()
+            handler.failed_in_run[raw] = 1
+            break
+        write = TurnWrite(
+            seq=event.turn_seq,
+            messages=new,
+            first_n=meta.msg_count + 1,
+            fields=plan.fields,
+            rev=meta.rev,
+            version=meta.version,
+            now=plan.after.updated_at,
+            fingerprint=turn_fingerprint(event),
+            job=plan.job,
+            first=meta.last_seq == 0,
+        )
+        planned.append(_Planned(event, plan, write))
+        meta = plan.after
+    return planned
+
+
+async def _append(handler: TurnHandler, cid: str, planned: Sequence[_Planned]) -> list[TurnOutcome]:
+    replies = await handler.store.write_run(cid, [p.write for p in planned])
+    outcomes = []
+    for done, reply in zip(planned, replies, strict=False):
+        with bound(turn_seq=done.event.turn_seq):
+            handler.remember(cid, done.plan.after)
+            outcomes.append(await handler.appended(cid, done.plan, reply))
+            metrics.record_turn("appended")
+    if replies and replies[-1].next_held:  # the run stopped after it: the held turn applies now
+        await handler.drain_pending(cid, replies[-1].last_seq)
+    return outcomes

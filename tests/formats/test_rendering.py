@@ -1,0 +1,133 @@
+"""The effective history rendered in a runtime's own format: reasoning kept, the summary plain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render
+from compaction_worker.formats import FormatError, anthropic, gemini, responses
+from compaction_worker.formats.rendering import rendered
+from tests.formats.helpers import stored
+from tests.formats.provider_rules import anthropic_problems, responses_problems
+
+THINKING = {"type": "thinking", "thinking": "Check the lockfile first.", "signature": "EqQBCgIYAhIM"}
+LOOP: list[dict[str, Any]] = [
+    {"role": "user", "content": "Why does CI fail?"},
+    {
+        "role": "assistant",
+        "content": [
+            THINKING,
+            {"type": "text", "text": "Reading the lockfile."},
+            {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "uv.lock"}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "version = 1"}],
+    },
+]
+CHUNK = SummaryChunk("c1", "Earlier: set up the repo.", 1, 1, 1, 2, 10, "2026-11-25T00:00:00Z", "extractive")
+
+
+def history(messages: list[dict[str, Any]], chunks: tuple[SummaryChunk, ...] = (CHUNK,)) -> EffectiveHistory:
+    """``messages`` as the entries after a summary of two earlier transcript messages."""
+    entries = [Entry(n=i + 3, seq=2, message=m, tokens=5) for i, m in enumerate(stored(messages))]
+    return EffectiveHistory(chunks, tuple(entries))
+
+
+class TestRendered:
+    def test_openai_is_the_provider_view(self) -> None:
+        """The default format is what :func:`render` gives: no private field."""
+        h = history(anthropic.to_openai(LOOP))
+        assert rendered(h) == render(h)
+        assert "native" not in str(rendered(h))
+
+    def test_anthropic_keeps_thinking_and_the_summary_is_plain(self) -> None:
+        """Thinking comes back signed and first; the summary is a text user message without any."""
+        system, messages = rendered(history(anthropic.to_openai(LOOP)), "anthropic")
+        assert system is None
+        assert messages[2:] == LOOP  # after the summary and its acknowledgment
+        assert [m["role"] for m in messages[:2]] == ["user", "assistant"]
+        assert all(isinstance(m["content"], str) for m in messages[:2])
+        assert anthropic_problems(messages, LOOP) == []
+
+    def test_anthropic_merge_placement(self) -> None:
+        """Merged into the first user message, the summary leaves the assistant's thinking alone."""
+        _, messages = rendered(history(anthropic.to_openai(LOOP)), "anthropic", "merge")
+        assert messages[1:] == LOOP[1:]
+        assert anthropic_problems(messages, LOOP) == []
+
+    def test_an_edited_assistant_message_keeps_its_thinking(self) -> None:
+        """A compaction that cut the visible text still sends the signed thinking back, first."""
+        messages = anthropic.to_openai(LOOP)
+        messages[1] = {**messages[1], "content": [{"type": "text", "text": "Reading [cut]"}]}
+        _, out = rendered(history(messages), "anthropic")
+        assert out[3]["content"][0] == THINKING
+        assert out[3]["content"][1] == {"type": "text", "text": "Reading [cut]"}
+        assert anthropic_problems(out, LOOP) == []
+
+    def test_responses_keep_reasoning_items(self) -> None:
+        items: list[dict[str, Any]] = [
+            {"role": "user", "content": "Why does CI fail?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB"},
+            {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "version = 1"},
+        ]
+        out = rendered(history(responses.to_openai(items)), "responses")
+        assert isinstance(out, list)
+        assert out[-4:] == items
+        assert responses_problems(out, items) == []
+
+    def test_an_edited_responses_message_keeps_its_reasoning(self) -> None:
+        items: list[dict[str, Any]] = [
+            {"role": "user", "content": "Why?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "long"}]},
+        ]
+        messages = responses.to_openai(items)
+        messages[1] = {**messages[1], "content": "[cut]"}
+        out = rendered(history(messages), "responses")
+        assert isinstance(out, list)
+        assert out[-2] == items[1]
+        assert out[-1]["content"] == "[cut]"
+        assert responses_problems(out, items) == []
+
+    def test_gemini_keeps_thought_signatures(self) -> None:
+        contents: list[dict[str, Any]] = [
+            {"role": "user", "parts": [{"text": "Weather in Paris?"}]},
+            {
+                "role": "model",
+                "parts": [
+                    {"text": "Look it up.", "thought": True},
+                    {
+                        "function_call": {"name": "get_weather", "args": {"city": "Paris"}},
+                        "thought_signature": "CiQBcsjafQ0bDKqV",
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "parts": [{"function_response": {"name": "get_weather", "response": {"t": 18}}}],
+            },
+        ]
+        out = rendered(history(gemini.to_openai(contents)), "gemini")
+        assert out.contents[-3:] == contents
+        assert out.system_instruction is None
+
+    def test_chat_form_reasoning_fields_pass_through(self) -> None:
+        """A LiteLLM chat message's ``thinking_blocks`` is the provider's field: the openai format keeps it."""
+        message = {
+            "role": "assistant",
+            "content": "Done.",
+            "thinking_blocks": [THINKING],
+            "reasoning_content": "Check the lockfile first.",
+        }
+        out = rendered(history([{"role": "user", "content": "hi"}, message]))
+        assert isinstance(out, list)
+        assert out[-1] == message
+
+    def test_unknown_format(self) -> None:
+        with pytest.raises(FormatError, match="unknown format"):
+            rendered(history([]), "bedrock")  # type: ignore[call-overload]  # the wrong name on purpose

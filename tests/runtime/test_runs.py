@@ -1,0 +1,263 @@
+"""Runs (runtime/runs.py): consecutive turns of one conversation stored by one script call.
+
+A run must store exactly what the per-turn path stores, cost one script call, and leave to the
+per-turn path every turn that is not a plain append of the meta the handler knows (a
+redelivery, a gap, a meta another writer changed), writing nothing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import redis.asyncio
+import redis.exceptions
+from aiokafka import ConsumerRecord, TopicPartition
+from faststream.kafka import TestKafkaBroker
+
+from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.runtime import plan, runs
+from compaction_worker.runtime import turns as turns_module
+from compaction_worker.runtime.consumer import handle_batch
+from compaction_worker.runtime.runs import append_run
+from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
+from compaction_worker.runtime.worker import build_worker
+from compaction_worker.state.store import Store
+from compaction_worker.testing import turn_bytes
+from tests.orchestration import Parts, assistant, make_parts, make_settings, user
+
+pytestmark = pytest.mark.integration
+
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+
+def turn(cid: str, seq: int) -> bytes:
+    """A turn with what the plan reads: a system prompt and tools on the first, usage on the even ones."""
+    fields: dict[str, Any] = {"system_prompt": "Be brief.", "tools": TOOLS} if seq == 1 else {}
+    if seq % 2 == 0:
+        fields["usage"] = {"prompt_tokens": 40 * seq, "completion_tokens": 5}
+    return turn_bytes(cid, seq, [user(f"question {seq} " * 5), assistant(f"answer {seq}")], **fields)
+
+
+def items(cid: str, seqs: Sequence[int]) -> list[tuple[bytes, bytes | None]]:
+    return [(turn(cid, seq), cid.encode()) for seq in seqs]
+
+
+def script_calls(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[str]:
+    """Counts the per-turn (``_turn``) and run (``_run``) script calls ``store`` makes."""
+    calls: Counter[str] = Counter()
+    for name in ("_turn", "_run"):
+        script = getattr(store, name)
+
+        async def counted(keys: Any, args: Any, _script: Any = script, _name: str = name) -> Any:
+            calls[_name] += 1
+            return await _script(keys, args)
+
+        monkeypatch.setattr(store, name, counted)
+    return calls
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def stored(redis_client: redis.asyncio.Redis, store: Store, cid: str) -> dict[str, Any]:
+    """What is stored for a conversation, less what differs by conversation id or by clock."""
+    keys = store.keys(cid)
+    meta = {_text(k): _text(v) for k, v in (await redis_client.hgetall(keys.meta)).items()}
+    clock = {"updated_at", "created_at", "expires_at"}
+    records = [json.loads(r) for r in await redis_client.lrange(keys.transcript, 0, -1)]
+    for record in records:
+        del record["at"]
+    return {
+        "meta": {k: v for k, v in meta.items() if k not in clock},
+        "transcript": records,
+        "entries": await redis_client.lrange(keys.entries, 0, -1),
+        "fingerprints": sorted((await redis_client.hgetall(keys.fingerprints)).keys()),
+    }
+
+
+class TestRuns:
+    async def test_a_run_stores_what_the_turns_one_by_one_store(
+        self, parts: Parts, redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Meta, transcript, entries and fingerprints alike; five turns in one script call."""
+        for raw, key in items("c", range(1, 6)):
+            assert (await parts.turns.handle(raw, key)).status is TurnStatus.APPENDED
+        calls = script_calls(monkeypatch, parts.store)
+
+        outcomes = await append_run(parts.turns, items("d", range(1, 6)))
+
+        assert [(o.status, o.last_seq) for o in outcomes] == [(TurnStatus.APPENDED, s) for s in range(1, 6)]
+        assert calls == {"_run": 1}
+        assert await stored(redis_client, parts.store, "d") == await stored(redis_client, parts.store, "c")
+        assert (await parts.store.meta("d")).rev == 5
+
+    async def test_a_run_continues_the_meta_the_handler_knows(
+        self, parts: Parts, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """After turns stored one by one, a run appends the next ones on top, as they would be."""
+        for raw, key in items("c", range(1, 7)):
+            await parts.turns.handle(raw, key)
+        for raw, key in items("d", range(1, 3)):
+            await parts.turns.handle(raw, key)
+
+        outcomes = await append_run(parts.turns, items("d", range(3, 7)))
+
+        assert [o.last_seq for o in outcomes] == [3, 4, 5, 6]
+        assert await stored(redis_client, parts.store, "d") == await stored(redis_client, parts.store, "c")
+
+    async def test_a_turn_that_is_not_the_next_is_left_to_the_per_turn_path(
+        self, parts: Parts, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A redelivery or a turn ahead of a gap: no run is sent; a gap inside the records ends the run before it."""
+        for raw, key in items("c", range(1, 3)):
+            await parts.turns.handle(raw, key)
+        calls = script_calls(monkeypatch, parts.store)
+
+        assert await append_run(parts.turns, items("c", [2, 3])) == []  # 2 is stored: a duplicate
+        assert await append_run(parts.turns, items("c", [4, 5])) == []  # 3 is missing: a gap
+        assert calls == {}
+        outcomes = await append_run(parts.turns, items("c", [3, 4, 6]))
+        assert [o.last_seq for o in outcomes] == [3, 4]
+        assert (await parts.store.meta("c")).last_seq == 4
+
+    async def test_a_run_is_bounded_in_turns_and_bytes(
+        self, parts: Parts, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """RUN_MAX turns at most; a turn that would take a run over RUN_MAX_BYTES starts the next."""
+        monkeypatch.setattr(runs, "RUN_MAX", 3)
+        assert [o.last_seq for o in await append_run(parts.turns, items("c", range(1, 6)))] == [1, 2, 3]
+        records = items("c", range(4, 8))
+        monkeypatch.setattr(runs, "RUN_MAX_BYTES", len(records[0][0]) + len(records[1][0]))
+        assert [o.last_seq for o in await append_run(parts.turns, records)] == [4, 5]
+
+    async def test_a_meta_changed_by_another_writer_gets_no_write(
+        self, parts: Parts, settings: Any, published: Any, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """Another worker stored the next turn, or changed the meta: the run writes nothing; the
+        per-turn path then reads the meta and stores (or recognises) each turn."""
+        for raw, key in items("c", range(1, 3)):
+            await parts.turns.handle(raw, key)
+        other = make_parts(redis_client, settings, published)
+        await other.turns.handle(*items("c", [3])[0])
+
+        assert await append_run(parts.turns, items("c", [3, 4])) == []
+        assert (await parts.store.meta("c")).last_seq == 3
+
+        for raw, key in items("c", [3, 4, 5]):
+            await parts.turns.handle(raw, key)
+        meta = await parts.store.meta("c")
+        assert (meta.last_seq, meta.msg_count) == (5, 10)
+
+        for raw, key in items("d", [1, 2]):
+            await parts.turns.handle(raw, key)
+        await redis_client.hincrby(parts.store.keys("d").meta, "rev", 1)  # a writer that changes the meta
+        assert await append_run(parts.turns, items("d", [3, 4])) == []
+        assert (await parts.store.meta("d")).last_seq == 2
+        outcomes = [await parts.turns.handle(raw, key) for raw, key in items("d", [3, 4])]
+        assert [o.status for o in outcomes] == [TurnStatus.APPENDED] * 2
+        assert await append_run(parts.turns, items("d", [5, 6])) != []  # the meta read meanwhile is known
+
+    async def test_a_run_stops_after_a_turn_whose_next_is_held(self, parts: Parts) -> None:
+        """Turn 3 arrived first and is held: the run appends 1 and 2, stops, and the held turn applies then."""
+        held = await parts.turns.handle(*items("c", [3])[0])
+        assert held.status is TurnStatus.BUFFERED
+
+        outcomes = await append_run(parts.turns, items("c", [1, 2, 3, 4]))
+
+        assert [(o.last_seq, o.next_held) for o in outcomes] == [(1, False), (2, True)]
+        assert (await parts.store.meta("c")).last_seq == 3
+        assert await parts.gaps.held_turns("c") == []
+        assert await parts.gaps.held_count() == 0
+
+    async def test_a_failing_run_is_left_to_the_per_turn_path_and_an_outage_propagates(
+        self, parts: Parts, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bug in a run costs its turns the per-turn path (bounded tries, the DLQ), never a lost turn."""
+
+        async def broken(*_: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(parts.store, "write_run", broken)
+        assert await append_run(parts.turns, items("c", [1, 2])) == []
+
+        async def down(*_: object) -> None:
+            raise redis.exceptions.ConnectionError("Redis is away")
+
+        monkeypatch.setattr(parts.store, "write_run", down)
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await append_run(parts.turns, items("c", [1, 2]))
+        assert (await parts.store.meta("c")).last_seq == 0
+
+    async def test_a_turn_whose_planning_fails_ends_the_run_as_its_first_try(
+        self, redis_client: redis.asyncio.Redis, published: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The turns before it are stored; the per-turn path makes its other tries, then dead-letters it."""
+        settings = make_settings(retry={"base_seconds": 0.01, "cap_seconds": 0.02, "turn_attempts": 3})
+        parts = make_parts(redis_client, settings, published)
+        tries = 0
+        real = plan.plan_append
+
+        def failing(event: TurnEvent, *args: Any, **kwargs: Any) -> Any:
+            nonlocal tries
+            if event.turn_seq == 3:
+                tries += 1
+                raise ZeroDivisionError("a bug turn 3 triggers")
+            return real(event, *args, **kwargs)
+
+        monkeypatch.setattr(turns_module, "plan_append", failing)
+        records = items("c", [1, 2, 3, 4])
+
+        assert [o.last_seq for o in await append_run(parts.turns, records)] == [1, 2]
+        assert tries == 1
+        poisoned = await parts.turns.handle(*records[2])
+        assert (poisoned.status, poisoned.reason, tries) == (TurnStatus.DEAD_LETTERED, "processing_failed", 3)
+        assert parts.turns.failed_in_run == {}
+        assert (await parts.store.meta("c")).last_seq == 2
+
+
+class TestWorkerRuns:
+    """The worker hands each conversation's records of a batch to runs, the rest to the per-turn path."""
+
+    async def test_a_batch_mixing_runs_duplicates_gaps_and_bad_input(
+        self, redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        settings = make_settings(kafka={"bootstrap_servers": "in-process:9092"})
+        outcomes: list[TurnOutcome] = []
+        worker = build_worker(settings, redis_client=redis_client, on_turn=outcomes.append)
+        calls = script_calls(monkeypatch, worker.store)
+        seqs = [1, 2, 3, 3, 4, 6, 7, 5, 8]
+        values = [turn("c", s) for s in seqs]
+        values.insert(5, b"{not json")
+        topic = settings.topics.turns
+        tp = TopicPartition(topic, 0)
+        batch = {
+            tp: [
+                ConsumerRecord(topic, 0, offset, 0, 0, b"c", value, None, 1, len(value), [])
+                for offset, value in enumerate(values)
+            ]
+        }
+        async with TestKafkaBroker(worker.broker):
+            result = await handle_batch(
+                batch, worker.consumer.handle, asyncio.Semaphore(4), worker.consumer.handle_run
+            )
+
+        assert (result.commits, result.rewinds, result.handled) == ({tp: len(values)}, {}, len(values))
+        assert [o.status.value for o in outcomes] == [
+            *["appended"] * 3,  # one run
+            "duplicate",
+            "appended",
+            "dead_lettered",
+            *["buffered"] * 2,  # 6 and 7 wait for 5
+            "appended",  # 5, then 6 and 7 drained
+            "appended",  # 8
+        ]
+        assert worker.handled == len(values)
+        meta = await worker.store.meta("c")
+        assert (meta.last_seq, meta.msg_count) == (8, 16)
+        assert calls["_run"] == 1
