@@ -22,7 +22,7 @@ from compaction_worker.state.jobs import JobQueue
 from compaction_worker.strategies import summary_overhead
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.testing import turn_bytes
+from compaction_worker.testing import FakeLLMServer, turn_bytes
 
 
 class Published:
@@ -72,6 +72,11 @@ def make_parts(
 def compactor_with(parts: Parts, published: Publisher, summarizers: Summarizers) -> Compactor:
     """A compactor wired as ``parts``' is (same Redis, same settings) with other summarizers."""
     return make_parts(parts.store.redis, parts.settings, published, summarizers).compactor
+
+
+def fake_summarizer(server: FakeLLMServer) -> dict[str, str]:
+    """The summarizer section that points a worker at a test's fake LLM server."""
+    return {"model": "openai/fake-summarizer", "api_base": server.url, "api_key": "fake-key-0123456789"}
 
 
 def make_settings(

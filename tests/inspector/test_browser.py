@@ -21,7 +21,7 @@ from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer
 from tests.inspector.browser import NO_CHROMIUM, chromium_path
 from tests.integration.helpers import compaction_events, read_topic, settle
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, make_settings
 
 CHROMIUM = chromium_path()
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)]
@@ -64,11 +64,7 @@ async def inspected(
         kafka_bootstrap,
         redis_url,
         topics,
-        summarizer={
-            "model": "openai/fake-summarizer",
-            "api_base": fake_llm.url,
-            "api_key": "fake-key-0123456789",
-        },
+        summarizer=fake_summarizer(fake_llm),
         inspector={"port": 0},
     )
     events = synthetic_turns(CID, TURNS, context_window=WINDOW, seed=7)
@@ -85,7 +81,10 @@ async def inspected(
     worker = build_worker(settings)
     async with worker.running(), Client.connect(settings) as client:
         for event in events:
+            # One at a time, each compaction landed before the next turn: the conversation
+            # crosses its threshold again and again, however fast the worker stores turns.
             await client.publish_turn(event)
+            await client.wait_for(CID)
         await settle([worker], len(events))
     _, completed = compaction_events(
         await read_topic(settings, settings.topics.started),

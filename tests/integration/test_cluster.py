@@ -15,7 +15,7 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, make_settings
 
 from .helpers import compaction_events, coverage_problems, read_topic, settle_store
 
@@ -39,11 +39,7 @@ async def test_a_primary_restart_loses_nothing(
         kafka_bootstrap,
         redis_cluster.url,
         topics,
-        summarizer={
-            "model": "openai/fake-summarizer",
-            "api_base": fake_llm.url,
-            "api_key": "fake-key-0123456789",
-        },
+        summarizer=fake_summarizer(fake_llm),
         worker={"sweep_interval_seconds": 0.2},
         retry={"base_seconds": 0.2, "cap_seconds": 0.2},
     )

@@ -10,7 +10,7 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, make_settings
 
 from .helpers import compaction_events, coverage_problems, read_topic, settle
 
@@ -30,11 +30,7 @@ async def test_turns_twice_over_the_real_broker(
         kafka_bootstrap,
         redis_url,
         topics,
-        summarizer={
-            "model": "openai/fake-summarizer",
-            "api_base": fake_llm.url,
-            "api_key": "fake-key-0123456789",
-        },
+        summarizer=fake_summarizer(fake_llm),
     )
     await ensure_topics(settings)
     streams = {

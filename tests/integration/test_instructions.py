@@ -17,7 +17,7 @@ from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, make_settings
 
 from .helpers import read_topic
 
@@ -61,11 +61,7 @@ async def running(
         kafka_bootstrap,
         redis_url,
         topics,
-        summarizer={
-            "model": "openai/fake-summarizer",
-            "api_base": fake_llm_server.url,
-            "api_key": "fake-0123",
-        },
+        summarizer=fake_summarizer(fake_llm_server),
     )
     await ensure_topics(settings)
     worker = build_worker(settings)
