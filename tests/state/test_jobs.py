@@ -183,6 +183,40 @@ async def test_weaker_request_does_not_replace_stronger(queue: JobQueue) -> None
     assert (job.trigger, job.error) == (Trigger.REACTIVE, "x")
 
 
+async def test_a_pending_job_keeps_every_requests_instructions(queue: JobQueue) -> None:
+    """Whichever request's job stays pending, it carries the other requests' instructions after its own."""
+    store = Store(queue.redis, "t", None)
+
+    async def request(seq: int, trigger: Trigger, instructions: str | None) -> None:
+        turn = [NewMessage({"role": "user", "content": f"turn {seq}"}, 1)]
+        asked = JobRequest(
+            trigger, "too long" if trigger is Trigger.REACTIVE else None, instructions=instructions
+        )
+        await store.append_turn("c", seq, turn, {}, request=asked)
+
+    async def pending() -> str | None:
+        job = await queue.job("c")
+        assert job is not None
+        return job.instructions
+
+    await request(1, Trigger.MANUAL, "keep the migration plan")
+    await request(2, Trigger.MANUAL, "keep every failing test name")  # equal priority: the first stays
+    assert await pending() == "keep the migration plan\n\nkeep every failing test name"
+    await request(3, Trigger.MANUAL, "keep every failing test name")  # already there: not repeated
+    await request(4, Trigger.THRESHOLD, None)  # weaker, none of its own: nothing changes
+    assert await pending() == "keep the migration plan\n\nkeep every failing test name"
+    await request(5, Trigger.REACTIVE, "keep the stack trace")  # stronger: its own first
+    job = await queue.job("c")
+    assert job is not None
+    assert (job.trigger, job.instructions) == (
+        Trigger.REACTIVE,
+        "keep the stack trace\n\nkeep the migration plan\n\nkeep every failing test name",
+    )
+    await request(6, Trigger.MANUAL, "x" * 4000)  # past 8,000 characters together: the newest alone
+    await request(7, Trigger.MANUAL, "y" * 4000)
+    assert await pending() == "y" * 4000
+
+
 async def test_request_is_recorded_with_the_turn(queue: JobQueue) -> None:
     """A compaction request rides in the append script, so it cannot be lost alone; the caller indexes it."""
     store = Store(queue.redis, "t", None)
