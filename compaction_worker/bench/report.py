@@ -49,7 +49,8 @@ def target_text(row: Row) -> str:
         return ""
     sign = ">=" if row.at_least else "<="
     unit = f" {row.unit}" if row.target_on_value or row.baseline is None else "x"
-    return f"{sign} {row.target:.3g}{unit}: {'met' if row.met else 'MISSED'}"
+    target = f"{row.target:,.0f}" if abs(row.target) >= 100 else f"{row.target:.3g}"
+    return f"{sign} {target}{unit}: {'met' if row.met else 'MISSED'}"
 
 
 def _figure(value: float, unit: str) -> str:
