@@ -350,6 +350,7 @@ class InspectorSettings(_Section):
     token: SecretStr | None = Field(default=None, description="Bearer token (header; ?token= sets a cookie).")
     list_limit: int = Field(default=50, ge=1, description="Conversations in each list of the index page.")
     scan_limit: int = Field(default=10_000, ge=1, description="Meta keys the index page reads (SCAN).")
+    page_messages: int = Field(default=300, ge=1, description="Transcript messages per conversation page.")
 
 
 class Settings(BaseSettings):

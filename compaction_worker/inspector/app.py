@@ -36,6 +36,7 @@ from compaction_worker.client.client import Client
 from compaction_worker.contracts.history import text_of
 from compaction_worker.errors import ConfigError
 from compaction_worker.inspector import sawtooth, views
+from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import InspectorSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def _secured(response: Response) -> Response:
 def build_app(settings: Settings, client: Client) -> Starlette:
     """The app over ``client``'s Redis: ``/`` (conversations), ``/c/<id>`` (one conversation)."""
     env = environment()
+    counts = TranscriptCounts(client.store)
 
     def page(name: str, status: int = 200, **values: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(**values), status_code=status)
@@ -148,10 +150,10 @@ def build_app(settings: Settings, client: Client) -> Starlette:
 
     async def conversation(request: Request) -> Response:
         cid = request.path_params["cid"]
-        view = await views.conversation(client, settings, cid)
+        view = await views.conversation(client, settings, cid, counts, request.query_params.get("at"))
         if view is None:
             return page("missing.html", 404, conversation_id=cid)
-        drawn = sawtooth.series(view.records, view.log, fixed=view.fixed_tokens, scale=view.scale)
+        drawn = sawtooth.series(view.counts, view.log, fixed=view.fixed_tokens, scale=view.scale)
         chart, chart_error = None, None
         try:
             # Drawing is CPU: in a thread, so other requests are served meanwhile.

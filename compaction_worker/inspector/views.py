@@ -12,10 +12,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from compaction_worker.budget.threshold import scale_of
 from compaction_worker.client.client import Artifact, Client, ContextStats, context_stats
 from compaction_worker.contracts.history import SummaryChunk, render
+from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
 from compaction_worker.state.meta import Meta
@@ -41,6 +43,8 @@ LIST_FIELDS = (
     "updated_at",
 )
 """The meta fields a list row needs (not the system prompt or the tool schemas)."""
+ARTIFACTS_SHOWN = 500
+"""Archived artifacts a conversation page lists, newest first seen (the archive is unbounded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,53 @@ class TranscriptItem:
 
 
 @dataclass(frozen=True, slots=True)
+class Page:
+    """Which transcript messages one page shows: ``first``..``last`` of ``total`` (ordinals).
+
+    A page is ``size`` messages from ``?at=N``; without it, the newest ``size``. A link to a
+    message elsewhere goes to the page that starts at a multiple of ``size`` (plus one) and holds
+    it, so such links to one message all lead to the same page.
+    """
+
+    path: str
+    """The conversation page's path, escaped for a URL."""
+    first: int
+    last: int
+    total: int
+    size: int
+    newest: bool
+
+    @classmethod
+    def of(cls, path: str, total: int, size: int, at: str | None) -> Page:
+        start = int(at) if at is not None and at.isascii() and at.isdigit() and len(at) < 19 else None
+        if start is None or start + size > total:
+            return cls(path, max(1, total - size + 1), total, total, size, newest=True)
+        start = max(1, start)
+        return cls(path, start, start + size - 1, total, size, newest=False)
+
+    def at(self, first: int) -> str:
+        return f"{self.path}?at={first}"
+
+    def href(self, n: int) -> str:
+        """A link to transcript message ``n``: on this page, or on the page that holds it."""
+        if self.first <= n <= self.last:
+            return f"#msg-{n}"
+        if n > self.total - self.size:
+            return f"{self.path}#msg-{n}"
+        return f"{self.at((n - 1) // self.size * self.size + 1)}#msg-{n}"
+
+    @property
+    def older(self) -> str | None:
+        return self.at(max(1, self.first - self.size)) if self.first > 1 else None
+
+    @property
+    def newer(self) -> str | None:
+        if self.newest:
+            return None
+        return self.path if self.last + self.size >= self.total else self.at(self.last + 1)
+
+
+@dataclass(frozen=True, slots=True)
 class ConversationView:
     conversation_id: str
     meta: Meta
@@ -81,9 +132,11 @@ class ConversationView:
     snapshot: Snapshot
     messages: list[dict[str, Any]]
     """The effective history as the model receives it (rendered as the client renders it)."""
-    records: list[dict[str, Any]]
-    """The transcript records (``Store.transcript``)."""
+    page: Page
+    counts: list[dict[str, Any]]
+    """Every transcript record's ``seq``, ``t`` and ``at``, for the sawtooth (``counts.TranscriptCounts``)."""
     transcript: list[TranscriptItem]
+    """The page's transcript records, grouped."""
     chunks: list[tuple[SummaryChunk, dict[str, list[str]]]]
     """Each chunk with its ledger by kind (``term`` items are those carried by shape)."""
     log: list[dict[str, Any]]
@@ -91,6 +144,11 @@ class ConversationView:
     job: Job | None
     rewinds: list[tuple[int, str, str]]
     """(version, trigger, the command that rewinds it), newest first."""
+
+    @property
+    def shown_artifacts(self) -> list[Artifact]:
+        """The newest ``ARTIFACTS_SHOWN`` of the archive (it grows with the conversation)."""
+        return self.artifacts[-ARTIFACTS_SHOWN:]
 
     @property
     def fixed_tokens(self) -> int:
@@ -136,13 +194,22 @@ async def listing(client: Client, settings: Settings, search: str | None) -> Lis
     )
 
 
-async def conversation(client: Client, settings: Settings, conversation_id: str) -> ConversationView | None:
-    """Everything the conversation page shows; None when Redis holds no such conversation."""
+async def conversation(
+    client: Client, settings: Settings, conversation_id: str, counts: TranscriptCounts, at: str | None = None
+) -> ConversationView | None:
+    """What the conversation page shows, one page of its transcript; None when Redis holds no such conversation.
+
+    Bounded whatever the conversation's length: the effective history (bounded by the context
+    window), one page of the transcript (``at``: the first message's ordinal; the newest page
+    without it) and, for the sawtooth, each record's counts without its message.
+    """
     snapshot = await client.snapshot(conversation_id)
     meta = snapshot.meta
     if meta.last_seq == 0:
         return None
-    records = await client.transcript(conversation_id)
+    path = f"/c/{quote(conversation_id, safe='')}"
+    page = Page.of(path, meta.msg_count, settings.inspector.page_messages, at)
+    records = await client.store.transcript(conversation_id, page.first - 1, page.last - 1)
     log = await client.compactions(conversation_id)
     chunks = snapshot.history.chunks
     return ConversationView(
@@ -151,7 +218,8 @@ async def conversation(client: Client, settings: Settings, conversation_id: str)
         stats=context_stats(conversation_id, meta, settings),
         snapshot=snapshot,
         messages=render(snapshot.history, settings.pipeline.summary_placement),
-        records=records,
+        page=page,
+        counts=await counts.read(conversation_id),
         transcript=transcript_items(
             records, chunks, {e.n: e.edit for e in snapshot.history.entries if e.edit}
         ),

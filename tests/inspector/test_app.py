@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -11,10 +13,12 @@ from pydantic import SecretStr
 from compaction_worker.client.client import Client, context_stats
 from compaction_worker.errors import ConfigError
 from compaction_worker.inspector.app import build_app, check_exposure, serving
+from compaction_worker.inspector.counts import TranscriptCounts, light
+from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.settings import InspectorSettings, Settings
 from compaction_worker.testing import turn_bytes
 from tests.inspector.test_record import hand_until_scheduled
-from tests.orchestration import Parts, compact_now, conversation, user
+from tests.orchestration import Parts, all_keys, compact_now, conversation, user
 
 pytestmark = pytest.mark.integration
 
@@ -144,3 +148,124 @@ async def test_serving_refuses_before_listening(parts: Parts) -> None:
 def test_the_settings_default_to_loopback() -> None:
     assert Settings().inspector.host == "127.0.0.1"
     assert Settings().inspector.token is None
+
+
+# --- a long conversation: one page of its transcript ---------------------------------------
+
+LONG = 1200
+"""Turns of the long conversation: 2,400 messages, ~860 KB of transcript records."""
+PAGE_BOUND = 600_000
+"""Bytes a conversation page stays under with 300 messages a page, whatever the transcript's length."""
+
+
+@pytest.fixture
+async def long(parts: Parts) -> Parts:
+    """Conversation ``long`` of ``LONG`` turns with tool calls, compacted each time it crossed its threshold."""
+    for event in synthetic_turns("long", LONG, context_window=32000, seed=3, tool_output_words=(20, 60)):
+        handled = await parts.turns.handle(event.model_dump_json(exclude_none=True).encode(), b"long")
+        if handled.scheduled is not None:
+            await compact_now(parts.jobs, parts.compactor, "long")
+    assert len((await parts.store.snapshot("long")).history.chunks) >= 1
+    return parts
+
+
+def app_for(parts: Parts, **inspector: object) -> httpx.AsyncClient:
+    client = client_for(parts, **inspector)
+    transport = httpx.ASGITransport(app=build_app(client.settings, client))
+    return httpx.AsyncClient(transport=transport, base_url="http://inspector")
+
+
+def messages_on(page: str) -> list[int]:
+    return [int(n) for n in re.findall(r'id="msg-(\d+)"', page)]
+
+
+async def test_a_long_conversations_page_is_bounded(long: Parts) -> None:
+    meta = await long.store.meta("long")
+    whole = sum(len(json.dumps(r)) for r in await long.store.transcript("long"))
+    async with app_for(long) as http:
+        page = await http.get("/c/long")
+    assert page.status_code == 200
+    assert len(page.content) < PAGE_BOUND < whole  # the transcript alone would not fit
+    assert messages_on(page.text) == list(range(meta.msg_count - 299, meta.msg_count + 1))
+    assert f"{meta.msg_count} messages in the transcript" in page.text
+    # The sawtooth still has every turn: a marker per committed compaction.
+    assert page.text.count('class="marker"') == meta.version
+
+
+async def test_paging_links_lead_through_the_transcript(long: Parts) -> None:
+    total = (await long.store.meta("long")).msg_count
+    async with app_for(long, page_messages=100) as http:
+        newest = (await http.get("/c/long")).text
+        assert messages_on(newest) == list(range(total - 99, total + 1))
+        assert 'class="newer"' not in newest
+        older = (await http.get(link(newest, "older"))).text
+        assert messages_on(older) == list(range(total - 199, total - 99))
+        assert link(older, "newer") == "/c/long"
+        oldest = (await http.get(link(newest, "oldest"))).text
+        assert messages_on(oldest) == list(range(1, 101))
+        assert 'class="older"' not in oldest
+        second = (await http.get(link(oldest, "newer"))).text
+        assert messages_on(second) == list(range(101, 201))
+        for nonsense in ("nonsense", "²", "-5", "9" * 5000):
+            assert messages_on((await http.get("/c/long", params={"at": nonsense})).text) == messages_on(
+                newest
+            )
+
+
+async def test_a_span_across_a_page_edge_stays_collapsed(long: Parts) -> None:
+    chunk = (await long.store.snapshot("long")).history.chunks[0]
+    at = chunk.first_n + 5
+    assert all(chunk.covers(n) for n in range(at - 1, at + 11))
+    async with app_for(long, page_messages=10) as http:
+        page = (await http.get("/c/long", params={"at": at})).text
+    assert messages_on(page) == list(range(at, at + 10))
+    (span,) = re.findall(r'<details class="span" id="span-1-(\d+)">(.*?)</details>', page, re.S)
+    assert int(span[0]) == at
+    assert messages_on(span[1]) == list(range(at, at + 10))  # every message of the page, behind the link
+    assert 'href="#chunk-1">chunk 1</a>' in span[1]
+    assert (
+        f'class="span-older" href="/c/long?at={(chunk.first_n - 1) // 10 * 10 + 1}#msg-{chunk.first_n}"'
+        in span[1]
+    )
+    assert f'class="span-newer" href="/c/long?at={at + 10}#msg-{at + 10}"' in span[1]
+
+
+async def test_a_chunks_link_to_a_turn_on_an_older_page_leads_there(long: Parts) -> None:
+    chunk = (await long.store.snapshot("long")).history.chunks[0]
+    async with app_for(long, page_messages=100) as http:
+        newest = (await http.get("/c/long")).text
+        assert f'id="msg-{chunk.first_n}"' not in newest
+        found = re.search(rf'href="([^"]*#msg-{chunk.first_n})">#{chunk.first_n}</a>', newest)
+        assert found is not None
+        target, anchor = found.group(1).split("#")
+        assert target.startswith("/c/long?at=")
+        there = (await http.get(target)).text
+    assert f'id="{anchor}"' in there
+    held = re.search(
+        rf'<details class="span" id="span-1-\d+">((?:(?!</details>).)*id="{anchor}")', there, re.S
+    )
+    assert held is not None  # inside its collapsed span, which the page's script opens for the anchor
+
+
+def link(page: str, name: str) -> str:
+    found = re.search(rf'<a class="{name}" href="([^"]+)"', page)
+    assert found is not None, name
+    return found.group(1).replace("&amp;", "&")
+
+
+async def test_the_sawtooths_counts_are_read_once_then_extended(parts: Parts) -> None:
+    """The cached counts equal a full read after the transcript grew, and after it began again."""
+    counts = TranscriptCounts(parts.store)
+    events = conversation(30)
+    for event in events[:10]:
+        await parts.turns.handle(event, b"c")
+    assert await counts.read("c") == [light(r) for r in await parts.store.transcript("c")]
+    for event in events[10:]:
+        await parts.turns.handle(event, b"c")
+    assert len(await counts.read("c")) == 30
+    assert await counts.read("c") == [light(r) for r in await parts.store.transcript("c")]
+    await parts.store.redis.delete(*await all_keys(parts.store.redis, "*"))  # expired, then begun again
+    for event in events[:12]:
+        await parts.turns.handle(event.replace(b"question", b"query"), b"c")
+    assert await counts.read("c") == [light(r) for r in await parts.store.transcript("c")]
+    assert len(await counts.read("c")) == 12

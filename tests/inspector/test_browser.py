@@ -40,14 +40,16 @@ IMAGE = '<img src=x onerror="window.pwned = 2">'
 @dataclass
 class Inspected:
     url: str
+    paged: str
+    """The same conversation served with ten transcript messages a page."""
     compactions: int
     """How many ``compaction.completed`` events of the conversation reported ``compacted``."""
     browser: Any
 
-    async def page(self) -> Any:
+    async def page(self, url: str | None = None) -> Any:
         """A fresh tab on the conversation's page (each check starts from the page as served)."""
         page = await self.browser.new_page(viewport={"width": 1280, "height": 900})
-        response = await page.goto(f"{self.url}/c/{CID}")
+        response = await page.goto(f"{url or self.url}/c/{CID}")
         assert response is not None
         assert response.status == 200
         return page
@@ -93,23 +95,28 @@ async def inspected(
     compacted = [c for c in completed[CID] if c.outcome is Outcome.COMPACTED]
     assert len(compacted) >= 2, [(c.outcome, c.error) for c in completed[CID]]
     assert fake_llm.requests, "the LLM summarizer was never called"
+    paged = settings.model_copy(
+        update={"inspector": settings.inspector.model_copy(update={"page_messages": 10})}
+    )
     async with (
         Client.connect(settings, kafka=False) as reader,
         serving(settings, reader) as url,
+        serving(paged, reader) as paged_url,
         playwright_api.async_playwright() as playwright,
     ):
         browser = await playwright.chromium.launch(executable_path=CHROMIUM)
         try:
-            yield Inspected(url, len(compacted), browser)
+            yield Inspected(url, paged_url, len(compacted), browser)
         finally:
             await browser.close()
 
 
 async def test_the_inspector_in_chromium(inspected: Inspected) -> None:
-    """One worker run (the costly part) for the four checks; each check opens its own tab."""
+    """One worker run (the costly part) for the five checks; each check opens its own tab."""
     await page_loads_with_its_sections(inspected)
     await sawtooth_has_a_marker_per_reported_compaction(inspected)
     await summarized_turns_link_opens_its_chunk(inspected)
+    await a_chunks_link_to_an_older_page_opens_the_span_there(inspected)
     await script_in_the_transcript_is_shown_as_text_and_never_runs(inspected)
 
 
@@ -151,6 +158,20 @@ async def summarized_turns_link_opens_its_chunk(inspected: Inspected) -> None:
     assert not await message.is_visible()
     await first.click()
     assert await message.is_visible()
+
+
+async def a_chunks_link_to_an_older_page_opens_the_span_there(inspected: Inspected) -> None:
+    page = await inspected.page(inspected.paged)
+    link = page.locator(f'details.chunk summary a[href^="/c/{CID}?at="]').first
+    href = await link.get_attribute("href") or ""
+    anchor = href.partition("#")[2]
+    assert anchor.startswith("msg-")
+    assert await page.locator(f"#{anchor}").count() == 0  # not on the newest page
+    await link.click()
+    await page.wait_for_url(f"**{href}")
+    message = page.locator(f"#{anchor}")
+    assert await message.is_visible()  # its collapsed span opened on load
+    assert await message.evaluate("e => e.closest('details.span').open") is True
 
 
 async def script_in_the_transcript_is_shown_as_text_and_never_runs(inspected: Inspected) -> None:
