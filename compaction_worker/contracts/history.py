@@ -172,6 +172,16 @@ def text_of(message: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def text_with_calls(message: Mapping[str, Any], mark: str = "") -> str:
+    """A message's text, then each tool call it issues as ``name(arguments)`` (after ``mark``), one a line."""
+    parts = [text_of(message)]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            parts.append(f"{mark}{function.get('name') or ''}({function.get('arguments') or ''})")
+    return "\n".join(p for p in parts if p)
+
+
 def summary_message_text(chunks: Sequence[SummaryChunk]) -> str:
     """The text of the single user message that carries every summary chunk."""
     body = "\n\n".join(chunk.render_text() for chunk in chunks)

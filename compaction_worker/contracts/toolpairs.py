@@ -46,6 +46,15 @@ def issued_calls(message: Mapping[str, Any], owner: int) -> tuple[ToolCall, ...]
     return tuple(out)
 
 
+def arguments_object(raw: str) -> dict[str, Any]:
+    """A call's ``arguments`` text as the JSON object it encodes; empty when it encodes none."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
 def result_id(message: Mapping[str, Any]) -> str:
     """The call id a tool result names."""
     return str(message.get("tool_call_id"))

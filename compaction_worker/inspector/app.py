@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from compaction_worker.client.client import Client
-from compaction_worker.contracts.history import text_of
+from compaction_worker.contracts.history import text_with_calls
 from compaction_worker.errors import ConfigError
 from compaction_worker.inspector import sawtooth, views
 from compaction_worker.inspector.counts import TranscriptCounts
@@ -86,10 +86,7 @@ def environment() -> jinja2.Environment:
 
 def message_text(message: Mapping[str, Any]) -> str:
     """A message's text, its tool calls written out (escaped by the template like any text)."""
-    text = text_of(message)
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {})
-        text += f"\n→ {function.get('name')}({function.get('arguments', '')})"
+    text = text_with_calls(message, mark="→ ")
     if isinstance(message.get("content"), list) and any(p.get("type") != "text" for p in message["content"]):
         text += "\n[+non-text parts]"
     return text

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import bm25s
 
-from compaction_worker.contracts.history import text_of
+from compaction_worker.contracts.history import text_with_calls
 
 __all__ = [
     "PASSAGE_CHARS",
@@ -89,12 +89,7 @@ def tokens(text: str) -> list[str]:
 
 def message_text(message: Mapping[str, Any]) -> str:
     """What recall searches in a message: its text, then each tool call as ``name(arguments)``."""
-    parts = [text_of(message)]
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            parts.append(f"{function.get('name', '')}({function.get('arguments') or ''})")
-    return "\n".join(p for p in parts if p)
+    return text_with_calls(message)
 
 
 def _pieces(text: str, size: int) -> Iterator[tuple[int, str]]:

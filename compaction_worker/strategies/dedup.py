@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Mapping
-from typing import Any
 
 from compaction_worker.contracts.history import Entry, text_of
-from compaction_worker.contracts.toolpairs import ToolCall
+from compaction_worker.contracts.toolpairs import ToolCall, arguments_object
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, plural
 from compaction_worker.strategies.edits import (
     PLACEHOLDER_EDITS,
@@ -90,7 +88,7 @@ DEDUPLICATE = EditStage(STAGE, deduplicate)
 
 def file_read(call: ToolCall | None, entry: Entry, tool: str) -> ReadKey | None:
     """Which read a tool result is, or None when its call does not read a file."""
-    arguments = _arguments(call.arguments) if call is not None else {}
+    arguments = arguments_object(call.arguments) if call is not None else {}
     verb_key = next((k for k in VERB_KEYS if _is_word(arguments.get(k))), None)
     verb = str(arguments[verb_key]) if verb_key else tool
     if MUTATION.search(verb):
@@ -113,14 +111,6 @@ def file_read(call: ToolCall | None, entry: Entry, tool: str) -> ReadKey | None:
             exact = call.arguments if call is not None else text
             return tool, _normalize(match[1]), f"call:{exact}"
     return None
-
-
-def _arguments(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return dict(value) if isinstance(value, Mapping) else {}
 
 
 def _is_word(value: object) -> bool:

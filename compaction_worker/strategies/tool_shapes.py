@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from compaction_worker.contracts.toolpairs import arguments_object
+
 FileOp = Literal["read", "write", "edit"]
 
 
@@ -100,11 +102,7 @@ _CAT = re.compile(r"^\s*cat\s+(?P<path>[^\s|;&<>]+)\s*$")
 
 def _arguments(raw: str) -> dict[str, Any]:
     """The call's arguments by normalised key (empty when they are not a JSON object)."""
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return {_norm(str(k)): v for k, v in value.items()} if isinstance(value, dict) else {}
+    return {_norm(str(k)): v for k, v in arguments_object(raw).items()}
 
 
 def _text(args: Mapping[str, Any], keys: Iterable[str]) -> str | None:
