@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from compaction_worker.bench.cpu import CpuFigures, CpuMeter, cores
 from compaction_worker.bench.environment import BenchEnv, Workers, WorkerSource
 from compaction_worker.bench.load import (
     MODELS,
@@ -56,10 +57,16 @@ class _Kind:
     """Measure the Redis rows on it once its rate is measured (redis_cost.py)."""
 
 
-async def _one_run(
-    env: BenchEnv, data: Input, kind: _Kind, progress: Progress
-) -> tuple[float, TurnCost | None]:
-    """Turns/s of ``kind``'s processes, a fresh group consuming ``data`` on a fresh topic; then its Redis figures.
+@dataclass(frozen=True, slots=True)
+class _Run:
+    rate: float
+    cpu: CpuFigures | None
+    cost: TurnCost | None
+
+
+async def _one_run(env: BenchEnv, data: Input, kind: _Kind, progress: Progress) -> _Run:
+    """Turns/s of ``kind``'s processes, a fresh group consuming ``data`` on a fresh topic, and
+    their CPU per stored turn (cpu.py); then its Redis figures.
 
     The input is sent only once the group is stable (every process holding its partitions) and
     a warm-up turn of each model on each partition is stored, as record batches built
@@ -78,13 +85,16 @@ async def _one_run(
                 await batches.send(topic, warm_built)
                 warm_counter = StoredCounter(env, prefix, warm.conversations)
                 await stored_rate(warm_counter, warm.total, alive=workers.check_alive, within=120)
+                meter = CpuMeter([p.process.pid for p in workers.processes if p.process is not None])
+                meter.start()
                 await batches.send(topic, built)
                 timeout = 60 + data.total / 50  # a floor of 50 turns/s: slower is a failure, not a figure
                 rate = await stored_rate(counter, data.total, alive=workers.check_alive, within=timeout)
+                cpu = meter.stop(data.total)
                 if not kind.redis:
-                    return rate, None
+                    return _Run(rate, cpu, None)
                 attached = Attached(topic, group, prefix, batches, workers.check_alive)
-                return rate, await redis_phases(env, attached, idle_seconds(env.scale), progress)
+                return _Run(rate, cpu, await redis_phases(env, attached, idle_seconds(env.scale), progress))
     finally:
         await delete_prefix(env, prefix)
         await drop_topic(env, topic)
@@ -110,15 +120,18 @@ async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
             _Kind("base-two", 2, source=env.baseline),
         ]
     rates: dict[str, list[float]] = {kind.name: [] for kind in kinds}
+    cpus: dict[str, list[CpuFigures]] = {kind.name: [] for kind in kinds}
     costs: dict[str, list[TurnCost]] = {kind.name: [] for kind in kinds if kind.redis}
     for repeat in range(env.repeat):
         for kind in kinds:
             progress(f"throughput: {kind.name} ({kind.processes} process), run {repeat + 1}/{env.repeat}")
-            rate, cost = await _one_run(env, data, kind, progress)
-            rates[kind.name].append(rate)
-            if cost is not None:
-                costs[kind.name].append(cost)
-    rows = _rate_rows(env, rates, f"{conversations} conversations x {turns} turns")
+            run = await _one_run(env, data, kind, progress)
+            rates[kind.name].append(run.rate)
+            if run.cpu is not None:
+                cpus[kind.name].append(run.cpu)
+            if run.cost is not None:
+                costs[kind.name].append(run.cost)
+    rows = _rate_rows(env, rates, f"{conversations} conversations x {turns} turns") + _cpu_rows(cpus)
     base = median_cost(costs["base-one"]) if env.baseline is not None else None
     return rows + cost_rows(
         median_cost(costs["one"]), base, env.baseline, env.repeat, idle_seconds(env.scale)
@@ -174,6 +187,28 @@ def _rate_rows(env: BenchEnv, rates: dict[str, list[float]], input_shape: str) -
             Row("two workers, this checkout", median["two"], "turns/s", median["base-two"], f"two, {label}"),
         ]
     return rows
+
+
+def _cpu_rows(cpus: dict[str, list[CpuFigures]]) -> list[Row]:
+    """CPU per stored turn: one worker beside the bare loop, two beside one, and what the whole
+    machine spent with two; none where /proc does not tell (not Linux)."""
+    if not all(cpus[name] for name in ("bare", "one", "two")):
+        return []
+    own = {name: statistics.median(c.process_us for c in cpus[name]) for name in ("bare", "one", "two")}
+    machine = statistics.median(c.machine_us for c in cpus["two"])
+    busy = statistics.median(c.busy for c in cpus["two"])
+    return [
+        Row("worker CPU per stored turn", own["one"], "µs", own["bare"], "bare loop's CPU per turn"),
+        Row("two workers' CPU per stored turn", own["two"], "µs", own["one"], "one worker's"),
+        Row(
+            "machine CPU per stored turn, two workers",
+            machine,
+            "µs",
+            note=f"every core's busy time (workers, Redis, broker, bench) from publishing to the last "
+            f"turn stored: {busy:.0%} of {cores()} cores busy; two workers cannot beat "
+            f"{cores()} cores / this, however fast each is",
+        ),
+    ]
 
 
 def _ratios(values: list[float], baselines: list[float]) -> str:

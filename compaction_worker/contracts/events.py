@@ -131,6 +131,10 @@ class ChatMessage(BaseModel):
         """The message as plain JSON-ready data, without unset optional fields."""
         return self.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
 
+    def to_json(self) -> str:
+        """:meth:`to_dict` as compact JSON text, non-ASCII kept as is (what the stores keep)."""
+        return self.model_dump_json(exclude_none=True)
+
 
 # --- conversation.turn ----------------------------------------------------------------
 

@@ -183,9 +183,9 @@ for _gauge in (JOBS_PENDING, JOBS_OLDEST, HELD_TURNS, OUTBOX_BACKLOG):
     _meter.create_observable_gauge(_gauge.name, [_gauge_of(_gauge.name)], _gauge.unit, _gauge.description)
 
 
-def record_turn(status: str, reason: str | None = None) -> None:
-    """Count one consumed turn: appended, duplicate, held or dead_lettered (with its reason)."""
-    _turns.add(1, {"status": status} if reason is None else {"status": status, "reason": reason})
+def record_turn(status: str, reason: str | None = None, *, count: int = 1) -> None:
+    """Count consumed turns (one by default): appended, duplicate, held or dead_lettered (with its reason)."""
+    _turns.add(count, {"status": status} if reason is None else {"status": status, "reason": reason})
 
 
 def record_lag(topic: str, partition: int, lag: int) -> None:

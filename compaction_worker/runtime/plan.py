@@ -143,5 +143,6 @@ def _threshold_job(trigger: Trigger | None, traceparent: str | None) -> JobReque
 
 def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:
     """Tokens of this turn's messages that were input to the call its usage reports."""
-    last_assistant = max((i for i, m in enumerate(event.messages) if m.role == "assistant"), default=len(new))
-    return sum(m.tokens for m in new[:last_assistant])
+    messages = event.messages
+    end = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), len(new))
+    return sum(m.tokens for m in new[:end])

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from compaction_worker.contracts.events import BadEventError, TurnEvent
+from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan
-from compaction_worker.runtime.prepare import counted, request_of, turn_fingerprint
+from compaction_worker.runtime.prepare import counted, request_of
 from compaction_worker.state.appends import TurnWrite
 from compaction_worker.state.meta import Meta
 
@@ -135,7 +136,7 @@ def _planned(handler: TurnHandler, events: Sequence[tuple[TurnEvent, bytes]], me
             rev=meta.rev,
             version=meta.version,
             now=plan.after.updated_at,
-            fingerprint=turn_fingerprint(event),
+            fingerprint=turn_fingerprint(event, [m.text or "" for m in new]),
             job=plan.job,
             first=meta.last_seq == 0,
         )
@@ -151,7 +152,7 @@ async def _append(handler: TurnHandler, cid: str, planned: Sequence[_Planned]) -
         with bound(turn_seq=done.event.turn_seq):
             handler.remember(cid, done.plan.after)
             outcomes.append(await handler.appended(cid, done.plan, reply))
-            metrics.record_turn("appended")
+    metrics.record_turn("appended", count=len(outcomes))
     if replies and replies[-1].next_held:  # the run stopped after it: the held turn applies now
         await handler.drain_pending(cid, replies[-1].last_seq)
     return outcomes

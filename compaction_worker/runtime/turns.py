@@ -27,13 +27,14 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
+from compaction_worker.contracts.fingerprints import legacy_fingerprint, turn_fingerprint
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan, plan_append
-from compaction_worker.runtime.prepare import counted, request_of, turn_fingerprint
+from compaction_worker.runtime.prepare import counted, request_of
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
@@ -249,8 +250,8 @@ class TurnHandler:
         writers changed the meta between every try.
         """
         cid, seq = event.conversation_id, event.turn_seq
-        fingerprint = turn_fingerprint(event)
         counter, new = counted(event, self.settings.budget)
+        fingerprint = turn_fingerprint(event, [m.text or "" for m in new])
         request = request_of(event)
         known = self._known.get(cid)
         send_held = known is None or seq > known.last_seq + 1
@@ -291,6 +292,9 @@ class TurnHandler:
                     log.info("turn %s of %s waits for turn %s", seq, cid, reply.last_seq + 1)
                     return TurnOutcome(TurnStatus.BUFFERED, cid, last_seq=reply.last_seq)
                 case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
+                    if reply.kept and reply.kept != fingerprint and reply.kept == legacy_fingerprint(event):
+                        fingerprint = reply.kept  # stored by an older release: the same turn
+                        continue
                     held = reply.status is AppendStatus.CONFLICTING_HELD
                     raise conflicting_duplicate(cid, seq, fingerprint, reply.kept or "", held=held)
                 case AppendStatus.NEED_HELD:

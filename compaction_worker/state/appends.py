@@ -39,6 +39,8 @@ class NewMessage:
 
     message: Mapping[str, Any]
     tokens: int
+    text: str | None = None
+    """``message`` as compact JSON, if the caller has it (``ChatMessage.to_json``): else encoded here."""
 
 
 class AppendStatus(StrEnum):
@@ -120,7 +122,7 @@ def encode_messages(
     records, entries = [], []
     stamp = json.dumps(at)
     for n, new in enumerate(messages, start=first_n):
-        head = f'{{"n":{n},"seq":{seq},"m":{encode(new.message)},'
+        head = f'{{"n":{n},"seq":{seq},"m":{new.text or encode(new.message)},'
         records.append(f'{head}"at":{stamp},"t":{new.tokens}}}')
         entries.append(f'{head}"t":{new.tokens},"e":null}}')
     return records, entries

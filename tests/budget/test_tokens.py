@@ -43,6 +43,7 @@ class Pieces:
         """Put one in ``counter`` for the test."""
         pieces = cls(counter._encoding)
         monkeypatch.setattr(counter, "_encoding", pieces)
+        monkeypatch.setattr(counter, "_fast", None)  # every text through tiktoken, and so through here
         return pieces
 
     def encode_ordinary(self, text: str) -> list[int]:

@@ -1,0 +1,49 @@
+"""A turn's fingerprint: a digest of its content, equal for every delivery of one turn.
+
+The per-turn script stores it with the turn and compares it on a redelivery: the same seq
+with another fingerprint is a conflicting duplicate. The event's identity (id, timestamp,
+schema version) is left out, so a runtime that publishes a turn again under a new id sends the
+same turn; fields at their defaults are left out too, so a field added to the schema later
+keeps stored turns' fingerprints.
+
+It hashes the messages' stored JSON (computed once per turn for the stores) after the other
+fields' JSON, in the order the event's model gives them. Turns stored by releases before
+2026-11 carry a digest of the whole event's sorted-key JSON instead (:func:`legacy_fingerprint`):
+the rare paths that compare a turn with a stored fingerprint try it before calling them
+different.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from compaction_worker.contracts.events import TurnEvent
+
+_IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
+_NOT_MESSAGES = _IDENTITY | {"messages"}
+
+
+def turn_fingerprint(event: TurnEvent, messages: Sequence[str] | None = None) -> str:
+    """32 hex digits of the turn's content; ``messages``: its messages' ``to_json`` texts, if at hand."""
+    texts = messages if messages is not None else [m.to_json() for m in event.messages]
+    digest = hashlib.blake2b(
+        event.model_dump_json(exclude=set(_NOT_MESSAGES), exclude_defaults=True).encode(), digest_size=16
+    )
+    for text in texts:
+        digest.update(b"\x1e")
+        digest.update(text.encode())
+    return digest.hexdigest()
+
+
+def legacy_fingerprint(event: TurnEvent) -> str:
+    """The fingerprint releases before 2026-11 stored: the digest of the content's sorted-key JSON."""
+    content = event.model_dump(mode="json", exclude=set(_IDENTITY), exclude_defaults=True)
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def fingerprints(event: TurnEvent) -> frozenset[str]:
+    """Every fingerprint a release may have stored for this turn."""
+    return frozenset({turn_fingerprint(event), legacy_fingerprint(event)})
