@@ -243,6 +243,7 @@ def _counter(
     )
 
 
+@lru_cache(maxsize=4096)  # every turn asks; a model without an OpenAI encoding costs tiktoken a KeyError
 def tokenizer_for(model: str) -> tuple[str, float, bool]:
     """``(encoding, multiplier, exact)`` for a LiteLLM model string."""
     parts = [p for p in model.strip().lower().split("/") if p]
