@@ -27,8 +27,8 @@ DEFAULT_OUTPUT_RESERVE = 4096
 CALIBRATION_WEIGHT = 0.3
 CALIBRATION_BOUNDS = (0.5, 2.0)
 
-# bpe-openai counts these encodings' tokens as tiktoken does, 2-3x faster (tests/budget/test_tokens.py
-# holds the counts equal on published agent trajectories); tiktoken counts the others, and
+# bpe-openai counts these encodings' tokens as tiktoken does, 2-3x faster (tests/budget/
+# test_tokens_fast.py holds the counts equal on published agent trajectories); tiktoken counts the others, and
 # everything where bpe-openai has no wheel.
 _FAST_ENCODINGS = frozenset({"cl100k_base", "o200k_base"})
 # Above this size tiktoken's pre-tokenizer gets slow (superlinear) and, for a long enough

@@ -3,11 +3,12 @@
 The per-turn script stores it with the turn and compares it on a redelivery: the same seq
 with another fingerprint is a conflicting duplicate. The event's identity (id, timestamp,
 schema version) is left out, so a runtime that publishes a turn again under a new id sends the
-same turn; fields at their defaults are left out too, so a field added to the schema later
-keeps stored turns' fingerprints.
+same turn; the event's fields at their defaults are left out too, so a field added to the event
+later keeps stored turns' fingerprints.
 
-It hashes the messages' stored JSON (computed once per turn for the stores) after the other
-fields' JSON, in the order the event's model gives them. Turns stored by releases before
+It hashes the event's other fields' JSON, in the order its model gives them, then each
+message's stored JSON (``ChatMessage.to_json``, made once per turn for the stores), so a turn
+costs no second serialization. Turns stored by releases before
 2026-11 carry a digest of the whole event's sorted-key JSON instead (:func:`legacy_fingerprint`):
 the rare paths that compare a turn with a stored fingerprint try it before calling them
 different.
