@@ -20,6 +20,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 from faststream.kafka import TestKafkaBroker
 
 from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.observability import tracing
 from compaction_worker.runtime import plan, runs
 from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.consumer import handle_batch
@@ -33,6 +34,13 @@ from tests.orchestration import Parts, assistant, make_parts, make_settings, use
 pytestmark = pytest.mark.integration
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(autouse=True)
+def untraced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing off, as it is unless configured: a test run earlier in this process may have
+    installed a tracer provider, which stays, and runs are off while tracing is on."""
+    monkeypatch.setattr(tracing, "enabled", lambda: False)
 
 
 def turn(cid: str, seq: int) -> bytes:
@@ -96,6 +104,15 @@ class TestRuns:
         assert calls == {"_run": 1}
         assert await stored(redis_client, parts.store, "d") == await stored(redis_client, parts.store, "c")
         assert (await parts.store.meta("d")).rev == 5
+
+    async def test_runs_are_off_while_tracing_is_on(
+        self, parts: Parts, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each turn keeps its own span: the per-turn path stores them."""
+        monkeypatch.setattr(tracing, "enabled", lambda: True)
+
+        assert await append_run(parts.turns, items("c", range(1, 4))) == []
+        assert await parts.store.transcript("c") == []
 
     async def test_a_run_continues_the_meta_the_handler_knows(
         self, parts: Parts, redis_client: redis.asyncio.Redis
