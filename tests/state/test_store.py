@@ -11,7 +11,7 @@ from unittest.mock import ANY
 import pytest
 import redis.asyncio
 
-from compaction_worker.contracts.events import ContextStatus
+from compaction_worker.contracts.events import ChatMessage, ContextStatus
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, encode_messages
@@ -147,6 +147,17 @@ class TestAppend:
                 "t": new.tokens,
             }
             assert entry == Entry(n=n, seq=4, message=new.message, tokens=new.tokens).to_json()
+
+    def test_a_message_text_given_is_stored_as_is(self) -> None:
+        """The turn path passes each message's ``ChatMessage.to_json``: the records carry that text,
+        which reads back as the message's data."""
+        chat = ChatMessage.model_validate({"role": "user", "content": "é 日 \u2028", "x": [1.5e-7, 10**30]})
+        new = NewMessage(chat.to_dict(), 5, chat.to_json())
+
+        (record,), (entry,) = encode_messages(2, 1, [new], 1764000000.125)
+
+        assert chat.to_json() in record
+        assert json.loads(record)["m"] == json.loads(entry)["m"] == chat.to_dict()
 
     async def test_large_numbers_are_stored_exactly(self, store: Store) -> None:
         """Numbers the script stores travel as text: a seq past 14 digits is not rounded."""
