@@ -79,6 +79,11 @@ def fake_summarizer(server: FakeLLMServer) -> dict[str, str]:
     return {"model": "openai/fake-summarizer", "api_base": server.url, "api_key": "fake-key-0123456789"}
 
 
+def fresh_topics() -> list[str]:
+    """A worker's four topics (turns, started, completed, dlq), named for this test alone."""
+    return [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
+
+
 def make_settings(
     kafka_bootstrap: str | None = None,
     redis_url: str | None = None,

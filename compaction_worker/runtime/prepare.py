@@ -1,13 +1,16 @@
 """What the turn path computes from an event before it plans the append: pure, no I/O.
 
-The compaction request an event carries, and its messages as stored with their token counts
-and JSON; the per-turn path (turns.py) and runs (runs.py) both use them.
+The compaction request an event carries, its messages as stored with their token counts and
+JSON, and its fingerprint made from that JSON; the per-turn path (turns.py) and runs (runs.py) both use them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import CompactionMode, Trigger, TurnEvent
+from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.observability import tracing
 from compaction_worker.settings import BudgetSettings
 from compaction_worker.state.appends import NewMessage
@@ -23,6 +26,11 @@ def counted(event: TurnEvent, settings: BudgetSettings) -> tuple[TokenCounter, l
         data = message.to_dict()
         new.append(NewMessage(data, counter.message(data), message.to_json()))
     return counter, new
+
+
+def fingerprint_of(event: TurnEvent, new: Sequence[NewMessage]) -> str:
+    """The turn's fingerprint, from the JSON texts :func:`counted` made (no second serialization)."""
+    return turn_fingerprint(event, [m.text or "" for m in new])
 
 
 def request_of(event: TurnEvent) -> JobRequest | None:

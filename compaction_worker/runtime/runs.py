@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from compaction_worker.contracts.events import BadEventError, TurnEvent
-from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan
-from compaction_worker.runtime.prepare import counted, request_of
+from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
 from compaction_worker.state.appends import TurnWrite
 from compaction_worker.state.meta import Meta
 
@@ -136,7 +135,7 @@ def _planned(handler: TurnHandler, events: Sequence[tuple[TurnEvent, bytes]], me
             rev=meta.rev,
             version=meta.version,
             now=plan.after.updated_at,
-            fingerprint=turn_fingerprint(event, [m.text or "" for m in new]),
+            fingerprint=fingerprint_of(event, new),
             job=plan.job,
             first=meta.last_seq == 0,
         )

@@ -27,14 +27,14 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.contracts.fingerprints import legacy_fingerprint, turn_fingerprint
+from compaction_worker.contracts.fingerprints import legacy_fingerprint
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan, plan_append
-from compaction_worker.runtime.prepare import counted, request_of
+from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
@@ -251,7 +251,7 @@ class TurnHandler:
         """
         cid, seq = event.conversation_id, event.turn_seq
         counter, new = counted(event, self.settings.budget)
-        fingerprint = turn_fingerprint(event, [m.text or "" for m in new])
+        fingerprint = fingerprint_of(event, new)
         request = request_of(event)
         known = self._known.get(cid)
         send_held = known is None or seq > known.last_seq + 1

@@ -23,7 +23,7 @@ from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
 from tests.integration.helpers import read_topic
-from tests.orchestration import make_settings
+from tests.orchestration import fresh_topics, make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ class Running:
 @pytest.fixture(scope="module")
 async def running(kafka_bootstrap: str, redis_url: str) -> AsyncIterator[Running]:
     """One worker for the module, with extractive summaries: the fake LLM sees only the agent's calls."""
-    topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
+    topics = fresh_topics()
     settings = make_settings(kafka_bootstrap, redis_url, topics)
     await ensure_topics(settings)
     worker = build_worker(settings)

@@ -17,7 +17,7 @@ from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
-from tests.orchestration import fake_summarizer, make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings
 
 from .helpers import read_topic
 
@@ -56,7 +56,7 @@ async def running(
     kafka_bootstrap: str, redis_url: str, fake_llm_server: FakeLLMServer
 ) -> AsyncIterator[Running]:
     """One worker for the module, its summarizer the fake LLM server."""
-    topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
+    topics = fresh_topics()
     settings = make_settings(
         kafka_bootstrap,
         redis_url,

@@ -30,7 +30,7 @@ from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings
 
 from .helpers import (
     compaction_events,
@@ -149,10 +149,6 @@ async def _assert_stored_exactly_once(client: Client, streams: Streams) -> None:
         assert coverage_problems(snapshot.history, len(expected)) == [], cid
 
 
-def _summarizer(fake_llm: FakeLLMServer) -> dict[str, str]:
-    return {"model": "openai/fake-summarizer", "api_base": fake_llm.url, "api_key": "fake-key-0123456789"}
-
-
 def _compacted(done: Sequence[CompactionCompleted]) -> list[CompactionCompleted]:
     return [c for c in done if c.outcome is Outcome.COMPACTED]
 
@@ -205,7 +201,12 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     streams = _streams(turns)
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=PARTITIONS)
     settings = make_settings(
-        kafka_bootstrap, own_redis.url, topics, worker=WORKER, retry=RETRY, summarizer=_summarizer(fake_llm)
+        kafka_bootstrap,
+        own_redis.url,
+        topics,
+        worker=WORKER,
+        retry=RETRY,
+        summarizer=fake_summarizer(fake_llm),
     )
     handled = _Handled()
     worker = build_worker(settings, on_turn=handled)
@@ -319,14 +320,14 @@ async def test_broker_restart_mid_run_resumes_without_loss(
     caplog.set_level(logging.INFO, logger="compaction_worker.runtime.consumer")
     turns, last_cut = 70, 25
     streams = _streams(turns)
-    topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
+    topics = fresh_topics()
     settings = make_settings(
         own_kafka.bootstrap_servers,
         redis_url,
         topics,
         worker=WORKER,
         retry=RETRY,
-        summarizer=_summarizer(fake_llm),
+        summarizer=fake_summarizer(fake_llm),
     )
     await create_topics(own_kafka.bootstrap_servers, topics, PARTITIONS)
     handled = _Handled()

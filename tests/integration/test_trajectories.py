@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.strategies import provider_problems
 from compaction_worker.summaries.carry import distinctive_terms
 from compaction_worker.testing import FakeLLMServer
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings
 from tests.trajectories import Trajectory, load_trajectories, system_prompt, task
 
 from .helpers import compaction_events, coverage_problems, read_topic, settle
@@ -85,13 +84,13 @@ async def replay_all(
 ) -> dict[str, Replayed]:
     """``runs`` replayed at once through one worker, each on its window; what each left, by name."""
     llm.reset()
-    topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
+    topics = fresh_topics()
     await create_topics(kafka_bootstrap, topics, 2)
     settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,
-        summarizer={"model": "openai/fake-summarizer", "api_base": llm.url, "api_key": "fake-key-0123456789"},
+        summarizer=fake_summarizer(llm),
     )
     await ensure_topics(settings)
     worker = build_worker(settings)

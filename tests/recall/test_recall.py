@@ -14,7 +14,7 @@ from compaction_worker.contracts.history import text_of
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer, turn_event
-from tests.orchestration import make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +43,12 @@ def _message(seq: int) -> dict[str, Any]:
 @pytest.fixture
 async def client(kafka_bootstrap: str, redis_url: str, fake_llm: FakeLLMServer) -> AsyncIterator[Client]:
     """A worker summarizing with the fake LLM and no ledger (the archive alone keeps artifacts), and a client."""
-    topics = [f"{base}.{uuid.uuid4().hex[:12]}" for base in ("turn", "started", "completed", "dlq")]
+    topics = fresh_topics()
     settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,
-        summarizer={"model": "openai/fake-summarizer", "api_base": fake_llm.url, "api_key": "fake"},
+        summarizer=fake_summarizer(fake_llm),
         pipeline={"artifact_budget_tokens": 0, "artifact_budget_fraction": 0},
     )
     await ensure_topics(settings)
