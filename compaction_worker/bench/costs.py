@@ -29,7 +29,7 @@ from compaction_worker.contracts.events import CompactionCompleted, Outcome, Tri
 from compaction_worker.local.embedded import EmbeddedRedis
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.pool import run_job
-from compaction_worker.runtime.worker import freeze_startup_objects
+from compaction_worker.runtime.worker import tune_gc
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import NewMessage
 from compaction_worker.testing import FakeLLMServer, turn_payload
@@ -50,9 +50,9 @@ class CostEnv:
 
     redis: Redis
     llm: FakeLLMServer
-    freeze_gc: bool = True
-    """Freeze what the process holds before timing compactions, as a worker does when it starts
-    (``freeze_startup_objects``); off in tests, which must not freeze the test process."""
+    tune_gc: bool = True
+    """Tune garbage collection before timing compactions, as a worker does when it starts
+    (``runtime.worker.tune_gc``); off in tests, which must not change the test process's."""
     scale: float = 1.0
     """Below 1: smaller histories and fewer repeats, for tests and a first look (the rows' labels say the sizes)."""
 
@@ -239,8 +239,8 @@ async def compaction_rows(env: CostEnv, progress: Progress) -> list[Row]:
     """
     sizes = (env.size(50_000, 8_000), env.size(500_000, 16_000))
     repeats = env.repeats(20)
-    if env.freeze_gc:
-        freeze_startup_objects()
+    if env.tune_gc:
+        tune_gc()
     parts, clock = _fake_llm_parts(env, f"bc{uuid.uuid4().hex[:6]}"), LLMClock()
     counter = counter_for(COMPACT_MODEL, parts.settings.budget)
     overhead: dict[int, list[float]] = {s: [] for s in sizes}

@@ -42,7 +42,7 @@ _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 # Message fields that are not prompt text: the role is in the per-message overhead, and
 # cache_control is a provider directive.
 _NOT_COUNTED = frozenset({"role", "cache_control", *PRIVATE_FIELDS})
-_COUNTED_SEPARATELY = frozenset({"content", "tool_calls", "function_call"})
+_CALL_FIELDS = frozenset({"tool_calls", "function_call"})  # the legacy function_call is one call
 
 _O200K = re.compile(r"^(gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|chatgpt-4o|gpt-oss|codex|o\d(-|$))")
 _CL100K = re.compile(r"^(gpt-4|gpt-3\.5|gpt-35|text-embedding-)")
@@ -135,34 +135,57 @@ class TokenCounter:
         """Tokens of one OpenAI-style message, including the per-message overhead."""
         raw = 0
         fixed = self.message_overhead
-        content = message.get("content")
-        if isinstance(content, str):
-            raw += self._raw(content)
-        elif isinstance(content, list | tuple):
-            for part in content:
-                kind = part.get("type") if isinstance(part, Mapping) else None
-                kind = kind if isinstance(kind, str) else None  # a list would not hash
-                if isinstance(part, str):
-                    raw += self._raw(part)
-                elif kind in _IMAGE_TYPES:
-                    fixed += self.image_tokens
-                elif kind in _TEXT_TYPES:
-                    raw += self._raw(_as_text(part.get("text")))
+        for key, value in message.items():
+            if key in _NOT_COUNTED or value is None:
+                continue
+            if key == "content":
+                if isinstance(value, str):
+                    raw += self._raw(value) if len(value) > _CHUNK else self._count(value)
                 else:
-                    raw += self._raw(_json(part))
-        elif content is not None:
-            raw += self._raw(_json(content))
-        for call in _tool_calls(message):
+                    parts, more = self._content(value)
+                    raw += parts
+                    fixed += more
+            elif key in _CALL_FIELDS:
+                calls, more = self._calls(value if key == "tool_calls" else [value])
+                raw += calls
+                fixed += more
+            else:
+                raw += self._raw_short(_as_text(value))  # tool_call_id, name: they recur
+        return self._scaled(raw) + fixed
+
+    def _content(self, content: object) -> tuple[int, int]:
+        """A non-text content's raw tokens, and its fixed ones (images)."""
+        if not isinstance(content, list | tuple):
+            return self._raw(_json(content)), 0
+        raw = fixed = 0
+        for part in content:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            kind = kind if isinstance(kind, str) else None  # a list would not hash
+            if isinstance(part, str):
+                raw += self._raw(part)
+            elif kind in _IMAGE_TYPES:
+                fixed += self.image_tokens
+            elif kind in _TEXT_TYPES:
+                raw += self._raw(_as_text(part.get("text")))
+            else:
+                raw += self._raw(_json(part))
+        return raw, fixed
+
+    def _calls(self, calls: object) -> tuple[int, int]:
+        """Tool calls' raw tokens (name, arguments, id), and their fixed structure."""
+        if not isinstance(calls, list | tuple):
+            return 0, 0
+        raw = fixed = 0
+        for call in calls:
+            if not isinstance(call, Mapping):
+                continue
             fixed += _TOOL_CALL_STRUCTURE
             function = call.get("function")
             function = function if isinstance(function, Mapping) else call
             raw += self._raw_short(_as_text(function.get("name")))
             raw += self._raw(_as_text(function.get("arguments")))
             raw += self._raw_short(_as_text(call.get("id")))
-        for key, value in message.items():
-            if key not in _NOT_COUNTED and key not in _COUNTED_SEPARATELY and value is not None:
-                raw += self._raw_short(_as_text(value))  # tool_call_id, name: they recur
-        return self._scaled(raw) + fixed
+        return raw, fixed
 
     def messages(self, messages: Iterable[Mapping[str, Any]]) -> int:
         """Tokens of a list of messages: exactly the sum of :meth:`message` over them."""
@@ -279,15 +302,6 @@ def _multiplier(base: str, providers: Sequence[str]) -> float:
     return 1.0
 
 
-def _tool_calls(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    calls = message.get("tool_calls")
-    found = [c for c in calls if isinstance(c, Mapping)] if isinstance(calls, list | tuple) else []
-    legacy = message.get("function_call")
-    if isinstance(legacy, Mapping):
-        found.append(legacy)
-    return found
-
-
 def _as_text(value: object) -> str:
     if value is None:
         return ""
@@ -298,7 +312,7 @@ def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Budget:
     """Token thresholds for one conversation's model; every field is a whole number of tokens.
 

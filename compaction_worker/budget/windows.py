@@ -59,7 +59,7 @@ _CHAT_MODES = frozenset({"chat", "completion", "responses", None})
 _DYNAMIC_PROVIDERS = frozenset({"ollama", "ollama_chat", "huggingface", "lemonade"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WindowInfo:
     """A model's context window (max input tokens) and the source it was resolved from."""
 

@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from compaction_worker.contracts.events import TurnEvent
 
 _IDENTITY = frozenset({"event_id", "timestamp", "schema_version"})
-_NOT_MESSAGES = _IDENTITY | {"messages"}
+_NOT_MESSAGES = set(_IDENTITY | {"messages"})  # a set, as pydantic's exclude takes it: built once
 
 
 def turn_fingerprint(event: TurnEvent, messages: Sequence[str] | None = None) -> str:
     """32 hex digits of the turn's content; ``messages``: its messages' ``to_json`` texts, if at hand."""
     texts = messages if messages is not None else [m.to_json() for m in event.messages]
     digest = hashlib.blake2b(
-        event.model_dump_json(exclude=set(_NOT_MESSAGES), exclude_defaults=True).encode(), digest_size=16
+        event.model_dump_json(exclude=_NOT_MESSAGES, exclude_defaults=True).encode(), digest_size=16
     )
     for text in texts:
         digest.update(b"\x1e")

@@ -23,7 +23,7 @@ from compaction_worker.state.meta import Meta, stored_text
 _EVERY_APPEND = frozenset({"last_seq", "updated_at"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendPlan:
     """The meta fields an append writes (as stored text), the meta after it, and its job, if any."""
 

@@ -38,7 +38,7 @@ RUN_MAX_BYTES = 1 << 20
 call's size, whatever ``kafka.max_event_bytes`` allows one turn."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Planned:
     event: TurnEvent
     plan: AppendPlan

@@ -63,7 +63,7 @@ KNOWN_CONVERSATIONS = 4096
 """How many conversations' meta a handler remembers (the least recently served are forgotten)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnOutcome:
     """The result of handling one input event."""
 

@@ -15,7 +15,6 @@ order while each is a plain append, and stops, writing nothing more, at the firs
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,7 +32,7 @@ UNKNOWN_REV = -1
 """The revision to send when the caller knows no meta: an append is then ``stale``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewMessage:
     """A message to append, with its token count (computed once, by the caller)."""
 
@@ -61,7 +60,7 @@ class AppendStatus(StrEnum):
     """The caller's meta revision is not the stored one: nothing was written."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnWrite:
     """One turn as the script takes it: what to store, and what the caller computed from which revision."""
 
@@ -86,7 +85,7 @@ class TurnWrite:
     """Whether this is the conversation's first append (its keys are created now)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendReply:
     """The script's answer."""
 
@@ -120,7 +119,9 @@ def encode_messages(
     is the text ``Entry.to_json`` gives (a test holds them equal).
     """
     records, entries = [], []
-    stamp = json.dumps(at)
+    stamp = repr(
+        float(at)
+    )  # a clock's time is finite: its repr is the JSON number, without json.dumps's ~1 us
     for n, new in enumerate(messages, start=first_n):
         head = f'{{"n":{n},"seq":{seq},"m":{new.text or encode(new.message)},'
         records.append(f'{head}"at":{stamp},"t":{new.tokens}}}')

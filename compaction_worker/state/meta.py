@@ -13,9 +13,13 @@ from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.scripts import as_text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Meta:
-    """Per-conversation metadata, as stored.
+    """Per-conversation metadata, as stored; treated as a value (a change is a ``replace``).
+
+    Not frozen: the per-turn path makes one from another on every turn, and a frozen
+    dataclass's constructor sets each of its fields through ``object.__setattr__``
+    (~3 us of a turn; docs/performance.md).
 
     The append and replace scripts (store.py) write the sequence, counts, totals and
     version; ``Store.set_meta`` writes the fields no script owns (budget, calibration,

@@ -64,7 +64,7 @@ async def test_the_llm_clock_leaves_out_the_wait_keeps_the_clients_cpu_and_puts_
 async def test_every_row_runs_small(redis_client: redis.asyncio.Redis, fake_llm: FakeLLMServer) -> None:
     """All rows at a tiny scale: each reports its figure beside its baseline, and the long
     conversation compacts, with summaries, on its way."""
-    env = CostEnv(redis_client, fake_llm, scale=0.002, freeze_gc=False)
+    env = CostEnv(redis_client, fake_llm, scale=0.002, tune_gc=False)
     seen: list[str] = []
     rows: list[Row] = []
     for scenario in costs.ROWS:

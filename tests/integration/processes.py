@@ -71,7 +71,7 @@ class WorkerProcess:
         )
         log.close()
 
-    def wait_consuming(self, within: float = 30) -> None:
+    def wait_consuming(self, within: float = 60) -> None:
         """Wait until the worker says it consumes (its consumer group join follows)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:

@@ -27,7 +27,7 @@ from compaction_worker.local.embedded import free_port
 from compaction_worker.runtime.consumer import BatchResult, Record, handle_batch
 from compaction_worker.runtime.pool import CompactionPool
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
-from compaction_worker.runtime.worker import Worker, build_worker, freeze_startup_objects
+from compaction_worker.runtime.worker import YOUNG_GC_THRESHOLD, Worker, build_worker, tune_gc
 from compaction_worker.settings import Settings
 from compaction_worker.summaries.contract import CountTokens, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
@@ -237,10 +237,14 @@ class TestAcknowledgement:
         assert (worker.handled, letters) == (0, [])
 
 
-def test_a_serving_worker_freezes_what_it_loaded_at_start() -> None:
-    """LiteLLM's objects live as long as the process: frozen, full collections stop walking them."""
+def test_a_serving_worker_freezes_what_it_loaded_at_start_and_collects_the_young_less_often() -> None:
+    """LiteLLM's objects live as long as the process: frozen, full collections stop walking them;
+    a young collection waits for YOUNG_GC_THRESHOLD allocations, not CPython's 700."""
+    before = gc.get_threshold()
     try:
-        freeze_startup_objects()
+        tune_gc()
         assert gc.get_freeze_count() > 100_000  # LiteLLM alone is a few hundred thousand objects
+        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, *before[1:])
     finally:
         gc.unfreeze()
+        gc.set_threshold(*before)
