@@ -93,8 +93,9 @@ def plan_append(
     if event.max_output_tokens is not None:
         changes["max_output_tokens"] = event.max_output_tokens
     changes |= _standing_instructions(event)
-    # Our estimate of the prompt of the call this turn reports on (its usage or its error).
-    estimate = meta.total_tokens + _input_part(new, event)
+    # Our estimate of the prompt of the call this turn reports on (its usage or its error); a turn
+    # with neither, the common one, needs none.
+    estimate = meta.total_tokens + _input_part(new, event) if event.usage is not None or reactive else 0
     calibration = meta.calibration
     if event.usage is not None:
         calibration = calibrate(calibration, estimate, event.usage.prompt_tokens)
@@ -112,7 +113,7 @@ def plan_append(
         "updated_at": now,
     }
     changes = {k: v for k, v in changes.items() if k in _EVERY_APPEND or getattr(meta, k) != v}
-    after = replace(meta, **changes, rev=meta.rev + 1)  # the revision the append gives it
+    after = meta.changed(changes, rev=meta.rev + 1)  # the revision the append gives it
     fields = {k: stored_text(v) for k, v in changes.items()}
     if meta.last_seq == 0:
         fields |= first_fields(now)
