@@ -188,9 +188,9 @@ def tune_gc() -> None:
 
     A turn allocates ~100 objects that refcounting frees (its models, dicts, records), and a
     batch in flight holds thousands: at CPython's default a young collection ran every few
-    turns and walked the batch's live objects each time, ~11 us of a stored turn's ~143
-    (docs/performance.md); at ``YOUNG_GC_THRESHOLD`` it is as cheap as no collection at all.
-    Cyclic garbage waits at most that many allocations.
+    turns and walked the batch's live objects each time, ~10% of a stored turn's CPU (178
+    against 197 us with this, docs/performance.md). Cyclic garbage waits at most
+    ``YOUNG_GC_THRESHOLD`` allocations.
     """
     _litellm.load()
     gc.collect()

@@ -119,9 +119,8 @@ def encode_messages(
     is the text ``Entry.to_json`` gives (a test holds them equal).
     """
     records, entries = [], []
-    stamp = repr(
-        float(at)
-    )  # a clock's time is finite: its repr is the JSON number, without json.dumps's ~1 us
+    # A clock's time is finite: its repr is the JSON number (json.dumps took ~1 us a turn).
+    stamp = repr(float(at))
     for n, new in enumerate(messages, start=first_n):
         head = f'{{"n":{n},"seq":{seq},"m":{new.text or encode(new.message)},'
         records.append(f'{head}"at":{stamp},"t":{new.tokens}}}')

@@ -16,7 +16,7 @@ from compaction_worker.state.scripts import as_text
 
 @dataclass(slots=True)
 class Meta:
-    """Per-conversation metadata, as stored; treated as a value (a change is a ``replace``).
+    """Per-conversation metadata, as stored; treated as a value (a change makes a new one: :meth:`changed`).
 
     Not frozen: the per-turn path makes one from another on every turn, and a frozen
     dataclass's constructor sets each of its fields through ``object.__setattr__``
