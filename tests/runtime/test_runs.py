@@ -29,7 +29,7 @@ from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
-from tests.orchestration import Parts, assistant, make_parts, make_settings, user
+from tests.orchestration import Parts, Published, assistant, make_parts, make_settings, user
 
 pytestmark = pytest.mark.integration
 
@@ -104,6 +104,40 @@ class TestRuns:
         assert calls == {"_run": 1}
         assert await stored(redis_client, parts.store, "d") == await stored(redis_client, parts.store, "c")
         assert (await parts.store.meta("d")).rev == 5
+
+    async def test_a_run_gives_every_key_the_deadline_its_meta_keeps(
+        self, redis_client: redis.asyncio.Redis, published: Published
+    ) -> None:
+        """A new conversation's run creates its keys and gives each the one deadline (lua/expiry.lua),
+        as turns stored one by one do: an expiry set before a key exists would be lost."""
+        parts = make_parts(redis_client, make_settings(redis={"retention_seconds": 3600}), published)
+        for raw, key in items("c", range(1, 4)):
+            await parts.turns.handle(raw, key)
+        await append_run(parts.turns, items("d", range(1, 4)))
+
+        for cid in ("c", "d"):
+            keys = parts.store.keys(cid)
+            deadline = int(await redis_client.hget(keys.meta, "expires_at") or 0)
+            assert deadline > 0
+            for name in (keys.meta, keys.transcript, keys.entries, keys.fingerprints):
+                assert await redis_client.pexpiretime(name) == deadline, (cid, name)
+
+    async def test_a_run_writes_each_list_and_hash_once(
+        self, parts: Parts, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """Five turns of a known conversation in one call: one RPUSH per list, one HSET of the meta
+        and one of the fingerprints, the meta read once; only the held-turn check is per turn."""
+        await parts.turns.handle(*items("c", [1])[0])
+        await redis_client.config_resetstat()
+
+        outcomes = await append_run(parts.turns, items("c", range(2, 7)))
+
+        assert [o.last_seq for o in outcomes] == [2, 3, 4, 5, 6]
+        stats = await redis_client.info("commandstats")
+        calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
+        inside = {name: calls.get(name, 0) for name in ("rpush", "hset", "hmget", "pexpireat", "hget")}
+        # hmget: the meta once, then each turn's held-turn check (its seq and the next).
+        assert inside == {"rpush": 2, "hset": 2, "hmget": 1 + 5, "pexpireat": 0, "hget": 0}
 
     async def test_runs_are_off_while_tracing_is_on(
         self, parts: Parts, monkeypatch: pytest.MonkeyPatch

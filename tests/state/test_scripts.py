@@ -29,7 +29,7 @@ def test_every_lua_file_is_loaded_by_a_state_module() -> None:
 def test_a_script_is_its_files_in_order() -> None:
     """Libraries come first, so the body can call what they define."""
     text = scripts.source("push.lua", "turn.lua")
-    assert text.index("local function push_range") < text.index("push_range(transcript")
+    assert text.index("local function push(") < text.index("push(transcript")
 
 
 class Inline(Script):

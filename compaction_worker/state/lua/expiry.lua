@@ -13,12 +13,23 @@ local function expire_with(key, deadline)
   if deadline > 0 then redis.call('PEXPIREAT', key, string.format('%d', deadline)) end
 end
 
--- Move the deadline to now + retention when less than half of it is left, and apply it to
--- every key in `keys` (the meta hash first); returns the deadline in force.
-local function keep_alive(keys, deadline, now_ms, retention_ms)
+-- The deadline in force at now_ms: moved to now + retention when less than half of it is left.
+local function renewed(deadline, now_ms, retention_ms)
   if retention_ms <= 0 or deadline - now_ms >= retention_ms / 2 then return deadline end
-  deadline = now_ms + retention_ms
-  redis.call('HSET', keys[1], 'expires_at', string.format('%d', deadline))
+  return now_ms + retention_ms
+end
+
+-- Give every key in `keys` (the meta hash first) a deadline.
+local function expire_all(keys, deadline)
   for i = 1, #keys do redis.call('PEXPIREAT', keys[i], string.format('%d', deadline)) end
-  return deadline
+end
+
+-- Move the deadline as `renewed` says, and if it moved, store it and apply it to every key in
+-- `keys` (the meta hash first); returns the deadline in force.
+local function keep_alive(keys, deadline, now_ms, retention_ms)
+  local kept = renewed(deadline, now_ms, retention_ms)
+  if kept == deadline then return deadline end
+  redis.call('HSET', keys[1], 'expires_at', string.format('%d', kept))
+  expire_all(keys, kept)
+  return kept
 end

@@ -14,8 +14,3 @@ end
 local function push(key, items)
   push_slice(key, items, 1, #items)
 end
-
--- Pushes the arguments ARGV[first..last].
-local function push_range(key, first, last)
-  push_slice(key, ARGV, first, last)
-end

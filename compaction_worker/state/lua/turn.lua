@@ -20,10 +20,41 @@
 -- With `run` set, only a plain append is made: a turn that would get any other reply (or
 -- that a held turn with its seq waits for) is left alone and nil returned, for the caller to
 -- send it again on its own.
+-- An append's writes to the conversation's lists and hashes are gathered in `w` (writes())
+-- and made once per call by flush(): a run's turns cost one RPUSH per list and one HSET per
+-- hash, not one each, and each turn after the first is decided on the meta the one before it
+-- leaves, kept in `w`, not read again. A script is atomic: nobody sees the state between.
 -- A turn stored or held before fingerprints were kept has none: a redelivery of it is accepted
 -- as a duplicate. A turn held behind a gap arrived first: a different turn with its seq is refused.
-local function turn(at, run)
-  local meta, transcript, entries, pending, fingerprints, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- A call's gathered writes: records and entries to push, the meta's fields (the last value
+-- of each), the fingerprints, the deadlines the keys get, and the meta once appended (`state`,
+-- as the HMGET below reads it).
+local function writes()
+  return {records = {}, entries = {}, fields = {}, names = {}, fingerprints = {}}
+end
+
+-- Makes a call's gathered writes: the lists, the meta, the fingerprints, then the deadlines
+-- (after the keys exist: an expiry on a missing key is lost).
+local function flush(w)
+  if not w.rev then return end
+  local meta, transcript, entries, fingerprints = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
+  push(transcript, w.records)
+  push(entries, w.entries)
+  local fields = {'rev', string.format('%d', w.rev)}
+  for _, name in ipairs(w.names) do
+    fields[#fields + 1] = name
+    fields[#fields + 1] = w.fields[name]
+  end
+  redis.call('HSET', meta, unpack(fields))
+  if #w.fingerprints > 0 then redis.call('HSET', fingerprints, unpack(w.fingerprints)) end
+  if w.first then
+    for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.first) end
+  end
+  if w.renewed then expire_all(KEYS, w.renewed) end
+end
+
+local function turn(at, run, w)
+  local meta, pending, fingerprints, job = KEYS[1], KEYS[4], KEYS[5], KEYS[6]
   local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
   if fingerprint == '' then fingerprint = nil end
   local fields_at, fields_n = at + 10, tonumber(ARGV[at + 9])
@@ -31,7 +62,7 @@ local function turn(at, run)
   local records_at = fields_at + fields_n + 1
   local held_form = nil
   if not run then held_form = ARGV[records_at + 2 * n] end
-  local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'msg_count', 'version')
+  local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'msg_count', 'version')
   local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
   local seq = tonumber(seq_text)
   if run and seq ~= last + 1 then return nil end
@@ -68,27 +99,34 @@ local function turn(at, run)
     if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
     redis.call('HDEL', pending, seq_text)
   end
-  push_range(transcript, records_at, records_at + n - 1)
-  push_range(entries, records_at + n, records_at + 2 * n - 1)
+  for i = records_at, records_at + n - 1 do w.records[#w.records + 1] = ARGV[i] end
+  for i = records_at + n, records_at + 2 * n - 1 do w.entries[#w.entries + 1] = ARGV[i] end
   rev = rev + 1
-  if fields_n > 0 then
-    redis.call('HSET', meta, 'rev', string.format('%d', rev), unpack(ARGV, fields_at, fields_at + fields_n - 1))
-  else
-    redis.call('HSET', meta, 'rev', string.format('%d', rev))
+  w.rev = rev
+  local count, version = state[4], state[5]
+  for i = fields_at, fields_at + fields_n - 1, 2 do
+    local name, value = ARGV[i], ARGV[i + 1]
+    if w.fields[name] == nil then w.names[#w.names + 1] = name end
+    w.fields[name] = value
+    if name == 'msg_count' then count = value elseif name == 'version' then version = value end
   end
-  if fingerprint then redis.call('HSET', fingerprints, seq_text, fingerprint) end
+  if fingerprint then
+    w.fingerprints[#w.fingerprints + 1] = seq_text
+    w.fingerprints[#w.fingerprints + 1] = fingerprint
+  end
   local recorded = 0
   if ARGV[at + 8] ~= '' then
     recorded = set_job(job, cjson.decode(ARGV[at + 8]))
     if recorded == 1 then expire_with(job, deadline) end
   end
-  if ARGV[at + 7] == '1' then
-    expire_with(meta, deadline)
-    expire_with(transcript, deadline)
-    expire_with(entries, deadline)
-    expire_with(fingerprints, deadline)
+  if ARGV[at + 7] == '1' then w.first = deadline end
+  local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+  if kept ~= deadline then
+    if w.fields.expires_at == nil then w.names[#w.names + 1] = 'expires_at' end
+    w.fields.expires_at = string.format('%d', kept)
+    w.renewed, deadline = kept, kept
   end
-  keep_alive(KEYS, deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+  w.state = {rev, seq, deadline, count, version}
   local next_held = 0
   if waiting[2] then next_held = 1 end
   return {'appended', seq, rev, next_held, recorded}

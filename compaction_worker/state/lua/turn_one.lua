@@ -1,2 +1,5 @@
 -- The per-turn script (appends.py): one turn, its arguments from ARGV[1] (turn.lua names them).
-return turn(0, false)
+local w = writes()
+local reply = turn(0, false, w)
+flush(w)
+return reply
