@@ -140,7 +140,7 @@ class TokenCounter:
                 continue
             if key == "content":
                 if isinstance(value, str):
-                    raw += self._raw(value) if len(value) > _CHUNK else self._count(value)
+                    raw += self._raw(value)
                 else:
                     parts, more = self._content(value)
                     raw += parts

@@ -26,21 +26,27 @@
 -- leaves, kept in `w`, not read again. A script is atomic: nobody sees the state between.
 -- A turn stored or held before fingerprints were kept has none: a redelivery of it is accepted
 -- as a duplicate. A turn held behind a gap arrived first: a different turn with its seq is refused.
--- A call's gathered writes: records and entries to push, the meta's fields (the last value
--- of each), the fingerprints, the deadlines the keys get, and the meta once appended (`state`,
--- as the HMGET below reads it).
+-- A call's gathered writes: records and entries to push, the meta's fields (each with its last
+-- value, in first-written order), the fingerprints, the deadlines the keys get, and the meta
+-- once appended (`state`, as turn() reads it with HMGET; nil until a turn is appended).
 local function writes()
   return {records = {}, entries = {}, fields = {}, names = {}, fingerprints = {}}
+end
+
+-- Sets a meta field to write (a later value replaces an earlier one).
+local function set_field(w, name, value)
+  if w.fields[name] == nil then w.names[#w.names + 1] = name end
+  w.fields[name] = value
 end
 
 -- Makes a call's gathered writes: the lists, the meta, the fingerprints, then the deadlines
 -- (after the keys exist: an expiry on a missing key is lost).
 local function flush(w)
-  if not w.rev then return end
+  if not w.state then return end
   local meta, transcript, entries, fingerprints = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
   push(transcript, w.records)
   push(entries, w.entries)
-  local fields = {'rev', string.format('%d', w.rev)}
+  local fields = {'rev', string.format('%d', w.state[1])}
   for _, name in ipairs(w.names) do
     fields[#fields + 1] = name
     fields[#fields + 1] = w.fields[name]
@@ -102,12 +108,10 @@ local function turn(at, run, w)
   for i = records_at, records_at + n - 1 do w.records[#w.records + 1] = ARGV[i] end
   for i = records_at + n, records_at + 2 * n - 1 do w.entries[#w.entries + 1] = ARGV[i] end
   rev = rev + 1
-  w.rev = rev
   local count, version = state[4], state[5]
   for i = fields_at, fields_at + fields_n - 1, 2 do
     local name, value = ARGV[i], ARGV[i + 1]
-    if w.fields[name] == nil then w.names[#w.names + 1] = name end
-    w.fields[name] = value
+    set_field(w, name, value)
     if name == 'msg_count' then count = value elseif name == 'version' then version = value end
   end
   if fingerprint then
@@ -122,8 +126,7 @@ local function turn(at, run, w)
   if ARGV[at + 7] == '1' then w.first = deadline end
   local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
   if kept ~= deadline then
-    if w.fields.expires_at == nil then w.names[#w.names + 1] = 'expires_at' end
-    w.fields.expires_at = string.format('%d', kept)
+    set_field(w, 'expires_at', string.format('%d', kept))
     w.renewed, deadline = kept, kept
   end
   w.state = {rev, seq, deadline, count, version}
