@@ -8,7 +8,6 @@ they, Redis and the broker share have time to spare.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def cores() -> int:
-    """The cores :func:`machine_busy_seconds` sums over: the ``cpuN`` lines of /proc/stat, else
+    """The cores :func:`machine_ticks` sums over: the ``cpuN`` lines of /proc/stat, else
     what the OS counts."""
     try:
         with open("/proc/stat", encoding="ascii") as stat:
@@ -36,15 +35,17 @@ def process_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def machine_busy_seconds() -> float | None:
-    """CPU seconds every core of the machine spent busy (user, nice, system, irq, softirq)."""
+def machine_ticks() -> tuple[int, int] | None:
+    """Clock ticks every core of the machine spent busy (user, nice, system, irq, softirq), and
+    in all (busy, idle, waiting and stolen): the busy share is one over the other, on one clock."""
     try:
         with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:8]]
+            fields = [int(x) for x in stat.readline().split()[1:9]]
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq = fields
-    return (user + nice + system + irq + softirq) / _TICK
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait + steal
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,26 +65,25 @@ class CpuMeter:
 
     def __init__(self, pids: Sequence[int]) -> None:
         self.pids = list(pids)
-        self._start: tuple[float, float | None, list[float | None]] | None = None
+        self._start: tuple[tuple[int, int] | None, list[float | None]] | None = None
 
     def start(self) -> None:
-        self._start = (time.monotonic(), machine_busy_seconds(), [process_seconds(p) for p in self.pids])
+        self._start = (machine_ticks(), [process_seconds(p) for p in self.pids])
 
     def stop(self, turns: int) -> CpuFigures | None:
         """The figures per stored turn, or None where /proc does not tell them."""
         if self._start is None or turns <= 0:
             return None
-        began, machine, processes = self._start
-        wall, machine_now = time.monotonic() - began, machine_busy_seconds()
+        machine, processes = self._start
+        machine_now = machine_ticks()
         spent = [
             (now - before) if now is not None and before is not None else None
             for before, now in zip(processes, (process_seconds(p) for p in self.pids), strict=True)
         ]
-        if machine is None or machine_now is None or None in spent or wall <= 0:
+        if machine is None or machine_now is None or None in spent:
             return None
-        busy = machine_now - machine
+        busy, total = machine_now[0] - machine[0], machine_now[1] - machine[1]
+        if total <= 0:  # a phase within one clock tick
+            return None
         own = sum(s for s in spent if s is not None)
-        # /proc counts whole clock ticks per core while the wall clock does not, so a phase that
-        # kept every core busy can read a tick or two over its wall time: that is all of it.
-        share = min(busy / (wall * cores()), 1.0)
-        return CpuFigures(own / turns * 1e6, busy / turns * 1e6, share)
+        return CpuFigures(own / turns * 1e6, busy / _TICK / turns * 1e6, busy / total)
