@@ -152,6 +152,10 @@ def worker_environment(env: BenchEnv, overrides: Mapping[str, str]) -> dict[str,
     return child
 
 
+START_CEILING = 180.0
+"""Seconds a worker process may take to say it consumes: a ceiling for a loaded machine, not a target
+(a cold start takes a few seconds; the startup rows measure it)."""
+
 RUN = ("-m", "compaction_worker.cli", "run")
 """``compaction-worker run``, as the child's arguments to the Python interpreter."""
 
@@ -199,13 +203,15 @@ class WorkerProcess:
         if self.process is not None and self.process.poll() is not None:
             raise BenchError(f"worker {self.name} exited ({self.process.returncode}):\n{self.log()[-2000:]}")
 
-    def wait_consuming(self, within: float = 60.0) -> None:
-        """Wait until the worker says it consumes."""
+    def wait_consuming(self, within: float = START_CEILING) -> None:
+        """Wait until the worker says it consumes (its consumers hold their partitions)."""
         deadline = time.monotonic() + within
         while "worker consuming" not in self.log():
             self.check_alive()
             if time.monotonic() > deadline:
-                raise BenchError(f"worker {self.name} did not start:\n{self.log()[-2000:]}")
+                raise BenchError(
+                    f"worker {self.name} did not say it consumes within {within:.0f} s:\n{self.log()[-2000:]}"
+                )
             time.sleep(0.05)
 
     def stop(self, within: float = 20.0) -> None:

@@ -10,6 +10,7 @@ from compaction_worker.bench import costs
 from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.recall import recall_rows
 from compaction_worker.bench.report import Progress, Row
+from compaction_worker.bench.startup import startup_rows
 from compaction_worker.bench.throughput import head_of_line_rows, throughput_rows
 
 Scenario = Callable[[BenchEnv, Progress], Awaitable[Sequence[Row]]]
@@ -33,6 +34,7 @@ def cost_scenario(scenario: CostScenario) -> Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {
+    "startup": startup_rows,
     "throughput": throughput_rows,
     "head_of_line": head_of_line_rows,
     **{scenario.__name__.removesuffix("_rows"): cost_scenario(scenario) for scenario in costs.ROWS},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,7 +12,9 @@ from compaction_worker.cli import operate, tools
 from compaction_worker.cli.common import embedded_infra, settings_of
 from compaction_worker.cli.inspect import inspect, serve_inspector
 from compaction_worker.observability.logs import configure_logging
-from compaction_worker.settings import Settings
+
+if TYPE_CHECKING:
+    from compaction_worker.settings import Settings
 
 
 @click.group()
@@ -48,16 +51,19 @@ async def _run(settings: Settings) -> None:
         if created:
             click.echo(f"created topics: {', '.join(created)} ({settings.topics.partitions} partitions)")
     worker = build_worker(settings)
-    click.echo(
-        f"worker consuming {settings.topics.turns} as group {settings.kafka.group_id}; summarizer: "
-        f"{settings.summarizer.model or 'extractive (no LLM configured)'}"
-    )
+
+    def consuming() -> None:
+        click.echo(
+            f"worker consuming {settings.topics.turns} as group {settings.kafka.group_id}; summarizer: "
+            f"{settings.summarizer.model or 'extractive (no LLM configured)'}"
+        )
+
     if settings.health.enabled:
         health = settings.health
         click.echo(f"health endpoints on http://{health.host}:{health.port} (/livez /readyz /metrics)")
     telemetry = configure(settings)  # from the OTEL_* variables; nothing when none is set
     try:
-        await worker.serve()
+        await worker.serve(consuming)
     finally:
         telemetry.shutdown()
 

@@ -7,14 +7,16 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import BaseModel
 
 from compaction_worker.errors import CompactionWorkerError
-from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
-from compaction_worker.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from compaction_worker.settings import Settings
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 
@@ -29,6 +31,8 @@ FILE = click.Path(path_type=Path, dir_okay=False)
 
 def settings_of(ctx: click.Context) -> Settings:
     """The settings, read once from the group's ``--config`` and the environment."""
+    from compaction_worker.settings import load_settings
+
     try:
         return load_settings(ctx.obj)
     except (CompactionWorkerError, ValueError) as e:
@@ -38,6 +42,8 @@ def settings_of(ctx: click.Context) -> Settings:
 @contextlib.contextmanager
 def embedded_infra(settings: Settings, say: Any = click.echo) -> Iterator[Settings]:
     """Start an embedded broker and Redis for whatever the settings leave unconfigured."""
+    from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
+
     with contextlib.ExitStack() as stack:
         kafka = settings.kafka
         redis = settings.redis

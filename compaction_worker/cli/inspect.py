@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import click
 
 from compaction_worker.cli.common import run_async, settings_of
-from compaction_worker.settings import Settings
+
+if TYPE_CHECKING:
+    from compaction_worker.settings import Settings
 
 
 @click.command()

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from compaction_worker.cli.common import json_output, run_async, settings_of
-from compaction_worker.client.client import Client, context_stats
-from compaction_worker.contracts import cli_output
-from compaction_worker.contracts.events import Trigger
-from compaction_worker.contracts.history import render, text_of
-from compaction_worker.settings import SummarizerSettings
-from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
-from compaction_worker.state.meta import Meta
+
+if TYPE_CHECKING:
+    from compaction_worker.client.client import Client
+    from compaction_worker.settings import SummarizerSettings
+    from compaction_worker.state.breaker import BreakerState
+    from compaction_worker.state.meta import Meta
+
+# Each command imports the client, Redis and the models it needs when it runs: `--help` and the
+# other commands start without them (docs/performance.md: start-up).
 
 
 @click.command()
@@ -28,6 +30,10 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
     settings = settings_of(ctx)
 
     async def go() -> None:
+        from compaction_worker.client.client import Client
+        from compaction_worker.contracts import cli_output
+        from compaction_worker.contracts.history import render
+
         async with Client.connect(settings, kafka=False) as client:
             meta = await _stored_meta(client, conversation_id)
             if full:
@@ -79,6 +85,9 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
     settings = settings_of(ctx)
 
     async def go() -> None:
+        from compaction_worker.client.client import Client, context_stats
+        from compaction_worker.contracts import cli_output
+
         async with Client.connect(settings, kafka=False) as client:
             meta = await _stored_meta(client, conversation_id)
             job = await client.job(conversation_id)
@@ -124,6 +133,9 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
     settings = settings_of(ctx)
 
     async def go() -> None:
+        from compaction_worker.client.client import Client
+        from compaction_worker.contracts import cli_output
+
         async with Client.connect(settings, kafka=False) as client:
             await _stored_meta(client, conversation_id)
             found = await client.artifacts(conversation_id)
@@ -157,6 +169,8 @@ def compact(ctx: click.Context, conversation_id: str) -> None:
     settings = settings_of(ctx)
 
     async def go() -> None:
+        from compaction_worker.client.client import Client
+        from compaction_worker.contracts.events import Trigger
         from compaction_worker.runtime.components import build_components
 
         async with Client.connect(settings, kafka=False) as client:
@@ -184,6 +198,8 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
     settings = settings_of(ctx)
 
     async def go() -> None:
+        from compaction_worker.client.client import Client
+        from compaction_worker.contracts import cli_output
         from compaction_worker.runtime.components import build_components
 
         # Kafka too: consumers learn of the new version from compaction.completed.
@@ -236,6 +252,8 @@ async def _stored_meta(client: Client, conversation_id: str) -> Meta:
 
 async def _breaker(client: Client, settings: SummarizerSettings, conversation_model: str) -> BreakerState:
     """The breaker of the model that summarizes this conversation (shared with every conversation on it)."""
+    from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
+
     if not settings.model:
         return BreakerState()  # the extractive summary only: nothing to break
     model = breaker_model(settings.model, conversation_model)
@@ -243,6 +261,8 @@ async def _breaker(client: Client, settings: SummarizerSettings, conversation_mo
 
 
 def _line(message: Mapping[str, Any], width: int) -> str:
+    from compaction_worker.contracts.history import text_of
+
     role = message.get("role", "?")
     calls = message.get("tool_calls") or []
     if calls:

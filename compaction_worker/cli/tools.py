@@ -9,8 +9,6 @@ import click
 
 from compaction_worker.bench.options import bench_options
 from compaction_worker.cli.common import FILE, SCHEMAS_DIR, settings_of
-from compaction_worker.contracts import specification
-from compaction_worker.runtime.channels import committed_document
 
 
 @click.command()
@@ -24,6 +22,9 @@ from compaction_worker.runtime.channels import committed_document
 )
 def schemas(check: bool, directory: Path) -> None:
     """Write the JSON Schemas of the event and CLI output models, and the AsyncAPI document FastStream generates."""
+    from compaction_worker.contracts import specification
+    from compaction_worker.runtime.channels import committed_document
+
     expected = specification.render_all(committed_document())
     if check:
         drift = specification.check(directory, expected)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,9 +64,20 @@ class Worker:
     def pool(self) -> CompactionPool:
         return self.components.pool
 
-    async def serve(self) -> None:
-        """Run until SIGINT/SIGTERM, then shut down gracefully."""
-        tune_gc()
+    async def serve(self, on_consuming: Callable[[], None] | None = None) -> None:
+        """Run until SIGINT/SIGTERM, then shut down gracefully; ``on_consuming`` once the consumers run.
+
+        LiteLLM (seconds to import) loads on a thread beside the broker's start, so the worker
+        consumes within a second or two of its start; the first turn that needs it waits for it.
+        """
+        threading.Thread(target=tune_gc, name="load-litellm", daemon=True).start()
+        if on_consuming is not None:
+            callback = on_consuming
+
+            async def announce() -> None:
+                callback()
+
+            self.app.after_startup(announce)  # after build_worker's own hook, which starts the consumers
         await self.app.run()
 
     @contextlib.asynccontextmanager

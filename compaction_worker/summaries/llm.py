@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -20,7 +21,7 @@ from typing import Any, Final
 
 from opentelemetry.trace import SpanKind
 
-from compaction_worker._litellm import litellm
+from compaction_worker import _litellm
 from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.observability import metrics, tracing
@@ -49,23 +50,30 @@ log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
 
-# Status codes worth asking again: the request was fine, the service was not.
-_RETRYABLE_TYPES: Final = (
-    litellm.exceptions.Timeout,
-    litellm.exceptions.APIConnectionError,
-    litellm.exceptions.RateLimitError,
-    litellm.exceptions.InternalServerError,
-    litellm.exceptions.ServiceUnavailableError,
-    litellm.exceptions.BadGatewayError,
-)
-_FINAL_TYPES: Final = (
-    litellm.exceptions.BadRequestError,  # includes ContextWindowExceededError, ContentPolicyViolationError
-    litellm.exceptions.AuthenticationError,
-    litellm.exceptions.PermissionDeniedError,
-    litellm.exceptions.NotFoundError,
-    litellm.exceptions.UnprocessableEntityError,
-    litellm.exceptions.BudgetExceededError,
-)
+@functools.cache
+def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """LiteLLM's retryable and final error types, read when the first call fails (not at import)."""
+    errors = _litellm.load().exceptions
+    # Status codes worth asking again: the request was fine, the service was not.
+    retryable = (
+        errors.Timeout,
+        errors.APIConnectionError,
+        errors.RateLimitError,
+        errors.InternalServerError,
+        errors.ServiceUnavailableError,
+        errors.BadGatewayError,
+    )
+    final = (
+        errors.BadRequestError,  # includes ContextWindowExceededError, ContentPolicyViolationError
+        errors.AuthenticationError,
+        errors.PermissionDeniedError,
+        errors.NotFoundError,
+        errors.UnprocessableEntityError,
+        errors.BudgetExceededError,
+    )
+    return retryable, final
+
+
 _CUT_OFF: Final = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
 CUT_OFF_RETRIES: Final = 2
 """A summary cut off at the output limit is asked again this often, each time for a shorter one."""
@@ -74,9 +82,10 @@ _PER_MESSAGE_TOKENS: Final = 4
 
 def is_retryable(error: BaseException) -> bool:
     """Whether a failed call is worth repeating: timeouts, connection errors, 429 and 5xx."""
-    if isinstance(error, _FINAL_TYPES):
+    retryable, final = _error_types()
+    if isinstance(error, final):
         return False
-    if isinstance(error, _RETRYABLE_TYPES):
+    if isinstance(error, retryable):
         return True
     status = getattr(error, "status_code", None)
     if isinstance(status, int):
@@ -107,7 +116,7 @@ class _Usage:
         self.prompt += prompt
         self.completion += completion
         try:
-            cost = litellm.completion_cost(completion_response=response)
+            cost = _litellm.load().completion_cost(completion_response=response)
         except Exception:  # models without a price in LiteLLM's map raise; cost unknown
             cost = None
         if cost is not None:
@@ -309,7 +318,7 @@ class LiteLLMSummarizer:
             usage.calls += 1
             started = time.perf_counter()
             try:
-                response = await litellm.acompletion(**self._call_args(model, prompt, request))
+                response = await _litellm.load().acompletion(**self._call_args(model, prompt, request))
             except Exception as e:
                 metrics.record_llm_call(model, time.perf_counter() - started, error=type(e).__name__)
                 tracing.fail(span, e, record=False)
@@ -366,7 +375,7 @@ class LiteLLMSummarizer:
         """Prompt tokens the model accepts: the configured cap, its window minus the reply, what it said."""
         limits = [self.settings.max_input_tokens] if self.settings.max_input_tokens else []
         try:
-            window = litellm.get_model_info(model).get("max_input_tokens")
+            window = _litellm.load().get_model_info(model).get("max_input_tokens")
         except Exception:  # models unknown to LiteLLM's registry have no known window
             window = None
         if isinstance(window, int) and window > 0:

@@ -44,6 +44,10 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
     assert any(name.startswith("compaction cost incl. LiteLLM's CPU, excl. the LLM's wait") for name in rows)
     assert any(name.startswith("summarizer input tokens") for name in rows)
     assert Row(**{k: v for k, v in one.items() if k not in ("ratio", "met")}).met == one["met"]
+    assert rows["cli: --help"]["target"] == 0.5
+    cold = rows["worker: cold start (process start to consuming)"]
+    assert min(cold["value"], cold["baseline"]) > 0  # the bare consumer's join measured beside it
+    assert rows["worker: cold start beyond the group join"]["target"] == 3.0
 
 
 def test_an_unknown_scenario_is_a_usage_error() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from compaction_worker.bench.environment import START_CEILING
 from compaction_worker.settings import Settings
 
 
@@ -71,8 +72,8 @@ class WorkerProcess:
         )
         log.close()
 
-    def wait_consuming(self, within: float = 60) -> None:
-        """Wait until the worker says it consumes (its consumer group join follows)."""
+    def wait_consuming(self, within: float = START_CEILING) -> None:
+        """Wait until the worker says it consumes (its consumers hold their partitions)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if "worker consuming" in self.log():
@@ -80,7 +81,9 @@ class WorkerProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise AssertionError(f"{self.name} exited: {self.log()[-3000:]}")
             time.sleep(0.1)
-        raise AssertionError(f"{self.name} did not start: {self.log()[-3000:]}")
+        raise AssertionError(
+            f"{self.name} did not say it consumes within {within:.0f} s: {self.log()[-3000:]}"
+        )
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hook runs, locks and leases are left to expire."""

@@ -59,6 +59,8 @@ SLOTS = 4
 """Concurrent compactions per worker process."""
 LOCK_TTL = 3.0
 """Seconds; a dead worker's job lease (twice this) runs out soon after its lock."""
+STEADY_LOCK_TTL = 30.0
+"""Seconds, where no worker dies: the default lease."""
 
 
 class Spawn(Protocol):
@@ -220,7 +222,13 @@ async def test_duplicates_and_reordering_across_two_worker_processes(
             deliveries = [e for e in deliveries if e.turn_seq != HOLE]
         first_pass.append(deliveries)
 
-    workers = [spawn(f"worker-{n}") for n in range(2)]
+    # No worker dies here, so nothing waits for a lock to expire: a lease as long as a deployment's
+    # keeps a run whose renewals a loaded 2-core machine delays from being fenced out (a stale-fence
+    # refusal is the fence doing its job, test_fencing.py, but it is not what this test is about).
+    steady = settings.model_copy(
+        update={"worker": settings.worker.model_copy(update={"lock_ttl_seconds": STEADY_LOCK_TTL})}
+    )
+    workers = [spawn(f"worker-{n}", steady) for n in range(2)]
     for worker in workers:
         await asyncio.to_thread(worker.wait_consuming)
     began = time.monotonic()
