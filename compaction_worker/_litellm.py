@@ -2,11 +2,13 @@
 
 Importing this module is cheap: it fixes the environment LiteLLM and tiktoken read (the
 local model map, the bundled tokenizer files) without importing LiteLLM, which takes
-seconds. ``load()`` imports LiteLLM the first time a window lookup or an LLM call needs it.
+seconds. ``load()`` imports LiteLLM the first time a window lookup or an LLM call needs it;
+``loaded()`` does it off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import importlib.util
@@ -34,6 +36,15 @@ TIKTOKEN_CACHE_DIR = Path(os.environ["TIKTOKEN_CACHE_DIR"])
 """Where tiktoken reads its encodings from in this process."""
 
 
+async def loaded() -> Any:
+    """LiteLLM, imported on a thread: the event loop goes on meanwhile (locks renewed, turns stored).
+
+    Awaited before anything that may import it on the loop (a compaction before its claim, the
+    consumers before their first fetch): an import there would stall the loop for seconds.
+    """
+    return await asyncio.to_thread(load)
+
+
 @functools.cache
 def load() -> Any:
     """LiteLLM, imported on first use."""
@@ -50,4 +61,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TIKTOKEN_CACHE_DIR", "load"]
+__all__ = ["TIKTOKEN_CACHE_DIR", "load", "loaded"]

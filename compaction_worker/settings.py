@@ -252,6 +252,18 @@ class PipelineSettings(_Section):
     user_words_max_fraction: float = Field(
         default=0.1, gt=0, le=1, description="The same, as a share of the window; the smaller wins."
     )
+    standing_state_max_tokens: int = Field(
+        default=2_000,
+        ge=0,
+        description="The user's rules, constraints, preferences, goals, decisions and facts kept verbatim after "
+        "a summary (reserved under the target before any stage runs); 0: off.",
+    )
+    standing_state_max_fraction: float = Field(
+        default=0.15,
+        ge=0,
+        le=0.5,
+        description="The same, as a share of the room under the target; the smaller wins.",
+    )
     working_state_max_tokens: int = Field(default=8_000, ge=0, description=_WORKING_STATE)
     working_state_max_files: int = Field(default=5, ge=0, description="The most recent files restored.")
     working_state_file_max_tokens: int = Field(default=3_000, ge=0, description="Larger files: path, size.")

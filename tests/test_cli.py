@@ -292,7 +292,16 @@ def _python(script: str) -> str:
     return out.stdout
 
 
-HEAVY = ("litellm", "faststream", "redis", "aiokafka", "numpy", "bm25s", "opentelemetry.sdk", "pydantic_settings")
+HEAVY = (
+    "litellm",
+    "faststream",
+    "redis",
+    "aiokafka",
+    "numpy",
+    "bm25s",
+    "opentelemetry.sdk",
+    "pydantic_settings",
+)
 """What a command imports when it runs, never at the CLI's start (``--help`` under 0.5 s, issue 32)."""
 
 

@@ -65,7 +65,7 @@ async def startup_rows(env: BenchEnv, progress: Progress) -> Sequence[Row]:
             start,
             "s",
             baseline=join,
-            baseline_name="a bare consumer's first group join",
+            baseline_name="bare consumers' first group join",
             note=f"{runs}; the broker's join delay is in both",
         ),
         Row(
@@ -85,21 +85,26 @@ def _timed_help() -> float:
 
 
 async def _bare_join(env: BenchEnv, topic: str) -> float:
-    """Seconds a bare aiokafka consumer takes to join a fresh group on ``topic`` and get its partitions."""
+    """Seconds bare aiokafka consumers (as many as a worker runs) take to join a fresh group on ``topic``
+    together, until each holds its partitions: what the broker makes any new worker wait."""
     kafka = env.settings.kafka
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=kafka.bootstrap_servers,
-        group_id=env.unique("bare-join"),
-        session_timeout_ms=kafka.session_timeout_ms,
-        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-        **kafka_client_args(kafka),
-    )
+    group = env.unique("bare-join")
+    consumers = [
+        AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka.bootstrap_servers,
+            group_id=group,
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            **kafka_client_args(kafka),
+        )
+        for _ in range(kafka.consumers)
+    ]
     started = time.monotonic()
-    await consumer.start()
+    await asyncio.gather(*(c.start() for c in consumers))
     try:
-        while not consumer.assignment():
-            await consumer.getmany(timeout_ms=50)
+        while not all(c.assignment() for c in consumers):
+            await asyncio.gather(*(c.getmany(timeout_ms=50) for c in consumers))
         return time.monotonic() - started
     finally:
-        await consumer.stop()
+        await asyncio.gather(*(c.stop() for c in consumers))

@@ -245,6 +245,28 @@ class ContextStatus(StrEnum):
     SUMMARIZED = "summarized"
 
 
+class StandingStateReport(BaseModel):
+    """What a compaction did with the standing state: the user's rules, constraints, preferences, goals,
+    decisions and facts, by kind. Kept: the sentence is in the new effective history word for word."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_serialization_defaults_required=True,
+        json_schema_mode_override="serialization",
+    )
+
+    kept: dict[str, int] = Field(
+        default_factory=dict, description="Current items still in the history, by kind."
+    )
+    let_go: dict[str, int] = Field(
+        default_factory=dict,
+        description="Current items the history no longer says, by kind (space ran out; the transcript keeps them).",
+    )
+    superseded: int = Field(
+        default=0, ge=0, description="Items a later message changed (shown as no longer current)."
+    )
+
+
 class LlmUsage(BaseModel):
     """Tokens and cost of the summarizer's LLM calls in one compaction."""
 
@@ -319,6 +341,11 @@ class CompactionCompleted(_Event):
         description="Artifacts ever extracted from this conversation (paths, commands, errors, ids, "
         "names, stated facts) that the effective history no longer carries verbatim; all of them stay "
         "retrievable (`compaction-worker artifacts`).",
+    )
+    standing_state: StandingStateReport | None = Field(
+        default=None,
+        description="The user's standing rules, constraints, preferences, goals, decisions and facts: how many "
+        "the compacted history keeps and lets go, by kind; null when none was stated or nothing was committed.",
     )
     notes: list[str] = Field(
         default_factory=list,

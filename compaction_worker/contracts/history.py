@@ -25,7 +25,7 @@ SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and wi
 # Fields that are ours, not the provider's; stripped when rendering and not counted.
 # ``native`` holds what a format adapter (compaction_worker.formats) could not map;
 # ``working_state`` the structured state a restored-state message shows (``RESTORED``).
-PRIVATE_FIELDS = ("pinned", "native", "working_state")
+PRIVATE_FIELDS = ("pinned", "native", "working_state", "standing_state")
 
 SYNTHETIC = "synthetic"
 """The ``edit`` of an entry that repair made up (a placeholder tool call or result, a
@@ -36,6 +36,11 @@ RESTORED = "restored"
 files and plan the summarized span held (``strategies.working_state``). Like a synthetic
 entry it has ordinal 0 and covers nothing; it renders inside the summary turn."""
 RESTORED_HEADER = "[Restored working state]"
+
+STANDING = "standing"
+"""The ``edit`` of the standing state a compaction keeps: the rules, constraints, preferences, goals,
+decisions and facts the user stated, verbatim (``strategies.standing_state``). Ordinal 0, covers
+nothing, renders inside the summary turn before the restored working state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,10 +221,13 @@ def render(
     """
     system_texts = [history.system_prompt] if history.system_prompt else []
     body: list[dict[str, Any]] = []
+    standing: list[str] = []
     restored: list[str] = []
     for entry in history.entries:
         if entry.role == "system":
             system_texts.append(text_of(entry.message))
+        elif entry.edit == STANDING and history.chunks:
+            standing.append(text_of(entry.message))
         elif entry.edit == RESTORED and history.chunks:
             restored.append(text_of(entry.message))
         else:
@@ -228,7 +236,7 @@ def render(
     if system_texts:
         out.append({"role": "system", "content": "\n\n".join(system_texts)})
     if history.chunks:
-        summary = "\n\n".join([summary_message_text(history.chunks), *restored])
+        summary = "\n\n".join([summary_message_text(history.chunks), *standing, *restored])
         merged = _prepend_text(body[0], summary) if placement == "merge" and body else None
         if merged is not None:
             body[0] = merged

@@ -147,6 +147,8 @@ def tooltip(record: Mapping[str, Any], seq: int) -> str:
         ]
         if event.get("artifacts_dropped"):
             lines.append(f"artifacts no longer in the history: {event['artifacts_dropped']}")
+        if isinstance(standing := event.get("standing_state"), dict):
+            lines.append(f"standing state: {_by_kind(standing)}")
         if event.get("error"):
             lines.append(f"note: {event['error']}")
     return "\n".join(lines)
@@ -201,3 +203,14 @@ def _with_tooltips(document: str, tooltips: Mapping[str, str]) -> str:
     root.set("role", "img")
     root.set("aria-label", "context tokens per turn, with a marker per compaction")
     return ET.tostring(root, encoding="unicode")
+
+
+def _by_kind(report: dict[str, Any]) -> str:
+    """``6 kept (rule 1, constraint 2, ...), 1 let go (fact 1), 2 superseded``."""
+
+    def part(counts: Any, what: str) -> str:
+        counts = counts if isinstance(counts, dict) else {}
+        inner = ", ".join(f"{kind} {n}" for kind, n in counts.items())
+        return f"{sum(counts.values())} {what}" + (f" ({inner})" if inner else "")
+
+    return f"{part(report.get('kept'), 'kept')}, {part(report.get('let_go'), 'let go')}, {report.get('superseded', 0)} superseded"

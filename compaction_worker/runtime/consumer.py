@@ -170,12 +170,13 @@ class TurnConsumer:
         listener.consumer = consumer
         return consumer
 
-    async def start(self) -> None:
-        """Join the group with every consumer at once (so they balance) and start their loops."""
+    async def start(self, ready: Awaitable[object] | None = None) -> None:
+        """Join the group with every consumer at once (so they balance) and start their loops once
+        ``ready`` is done too (it runs beside the join)."""
         self._stopping = False
         locks = [asyncio.Lock() for _ in range(self.settings.kafka.consumers)]
         self.consumers = [self._consumer(busy) for busy in locks]
-        await asyncio.gather(*(c.start() for c in self.consumers))
+        await asyncio.gather(*(c.start() for c in self.consumers), *([ready] if ready is not None else []))
         self.tasks = [
             asyncio.create_task(self._loop(c, busy), name=f"consume-{i}")
             for i, (c, busy) in enumerate(zip(self.consumers, locks, strict=True))

@@ -30,6 +30,7 @@ def limits_for(
         user_words_max_tokens=_capped(
             pipeline.user_words_max_tokens, pipeline.user_words_max_fraction, budget.window, scale
         ),
+        ceilings=tuple(int(c / scale) for c in (budget.threshold, budget.available) if c > target),
     )
 
 

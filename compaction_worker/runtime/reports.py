@@ -88,6 +88,7 @@ class Run:
             circuit_open=self.circuit_open,
             llm_failures=llm_failures,
             artifacts_dropped=artifacts_dropped,
+            standing_state=compacted.standing if compacted else None,
             notes=list(result.notes) if result else [],
             instructions=self.instructions,
         )

@@ -8,6 +8,7 @@ declared in channels.py, and the app's AsyncAPI document is FastStream's, of tho
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -19,6 +20,7 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
 from compaction_worker import _litellm
+from compaction_worker.budget.tokens import counter_for
 from compaction_worker.observability.health import HealthServer
 from compaction_worker.observability.metrics import record_lag
 from compaction_worker.observability.tracing import consume_span, inject_dict
@@ -67,17 +69,18 @@ class Worker:
     async def serve(self, on_consuming: Callable[[], None] | None = None) -> None:
         """Run until SIGINT/SIGTERM, then shut down gracefully; ``on_consuming`` once the consumers run.
 
-        LiteLLM (seconds to import) loads on a thread beside the broker's start, so the worker
-        consumes within a second or two of its start; the first turn that needs it waits for it.
+        LiteLLM (seconds to import) loads on a thread beside the broker's start and the group join
+        (both wait on the network); the garbage collector is tuned once it has.
         """
-        threading.Thread(target=tune_gc, name="load-litellm", daemon=True).start()
-        if on_consuming is not None:
-            callback = on_consuming
+        loading = threading.Thread(target=_litellm.load, name="load-litellm", daemon=True)
+        loading.start()
 
-            async def announce() -> None:
-                callback()
+        async def started() -> None:
+            await asyncio.to_thread(tune_gc)  # after build_worker's own hook: LiteLLM is in
+            if on_consuming is not None:
+                on_consuming()
 
-            self.app.after_startup(announce)  # after build_worker's own hook, which starts the consumers
+        self.app.after_startup(started)
         await self.app.run()
 
     @contextlib.asynccontextmanager
@@ -174,8 +177,9 @@ def build_worker(
 
     @app.after_startup
     async def consume() -> None:
-        # After the broker: a turn's dead letter is published through it.
-        await consumer.start()
+        # After the broker: a turn's dead letter is published through it. LiteLLM and the tokenizers
+        # load beside the group join, off the loop: a first turn must not load them there.
+        await consumer.start(ready=asyncio.to_thread(warm_up, settings))
 
     @app.on_shutdown
     async def drain() -> None:
@@ -185,6 +189,14 @@ def build_worker(
         await pool.stop(settings.worker.shutdown_grace_seconds)
 
     return worker
+
+
+def warm_up(settings: Settings) -> None:
+    """Load what a first turn or compaction would otherwise load on the event loop, for seconds:
+    LiteLLM (window lookups, the summarizer) and the common tokenizers (o200k_base, cl100k_base)."""
+    _litellm.load()
+    for model in ("gpt-4o", "gpt-4"):
+        counter_for(model, settings.budget).text("warm up")
 
 
 YOUNG_GC_THRESHOLD = 50_000

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from compaction_worker.contracts.events import LlmUsage, Outcome
+from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport
 from compaction_worker.contracts.history import (
     SUMMARY_ACK,
     EffectiveHistory,
@@ -59,6 +59,9 @@ class Limits:
     user_words_max_tokens: int = 0
     """The user's most recent messages stay verbatim while their sizes add up to at most this,
     unless the last resort (the sliding window) needs their room; 0: none is kept."""
+    ceilings: tuple[int, ...] = ()
+    """Where a run that cannot reach ``target`` aims instead, in order (the hard threshold, then
+    what the window leaves for input): the target is a goal, the window the limit (invariant 5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +203,8 @@ class CompactionResult:
     notes: tuple[str, ...] = ()
     """What a reader of the completion event should know: the tail could not start at a
     user turn, a span was summarized in pieces, earlier summaries were shortened."""
+    standing: StandingStateReport | None = None
+    """What the committed draft keeps of the user's standing state, by kind."""
 
 
 def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:

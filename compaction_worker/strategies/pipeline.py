@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
@@ -28,12 +28,20 @@ from compaction_worker.strategies.draft import (
 from compaction_worker.strategies.oversized import TRUNCATE_OVERSIZED
 from compaction_worker.strategies.prune import PRUNE
 from compaction_worker.strategies.repair import reaches_target, repair
+from compaction_worker.strategies.standing_state import (
+    Standing,
+    read_state,
+    report,
+    restore_state,
+    without_state,
+)
 from compaction_worker.strategies.summarize import SUMMARIZE
 from compaction_worker.strategies.truncate import SLIDING_WINDOW
 from compaction_worker.strategies.working_state import restore_working_state, stale
 from compaction_worker.summaries.contract import Summarizer
 
 NO_STAGE_REACHES = "no stage can reach the target (system prompt, tools and what must stay are too large)"
+UNDER_THE_TARGET = "the history is under the target and no summary was worth writing: nothing dropped"
 
 
 def build_stages(settings: PipelineSettings) -> list[Stage]:
@@ -66,7 +74,61 @@ async def compact(
     edited (pruned, de-duplicated, truncated), by ordinal: a summary covering them reads
     what they said, not their placeholders (see :func:`edited_ordinals`). ``instructions``
     say what the summaries and ledgers keep first (``summaries.instructions``).
+
+    When what must stay (system prompt, tools, the task, pinned messages, the standing state)
+    leaves no way to the target, the run aims at each of ``limits.ceilings`` in turn and says
+    so in a note: a history brought under its window beats one left over it (invariant 5).
     """
+
+    async def attempt(aim: Limits) -> CompactionResult:
+        return await _compact(
+            history,
+            aim,
+            summarizers,
+            counter,
+            settings=settings,
+            originals=originals,
+            conversation_id=conversation_id,
+            conversation_model=conversation_model,
+            instructions=instructions,
+        )
+
+    result = await attempt(limits)
+    if result.outcome is not Outcome.NOOP or result.tokens_before <= limits.target:
+        return result
+    spent = result.usage
+    for ceiling in limits.ceilings:
+        if ceiling <= limits.target or result.tokens_before <= ceiling:
+            continue
+        relaxed = await attempt(replace(limits, target=ceiling))
+        spent = add_usage(spent, relaxed.usage)
+        if relaxed.outcome is Outcome.COMPACTED:
+            note = (
+                f"the target ({limits.target} tokens) is out of reach ({result.error}); "
+                f"compacted under {ceiling} tokens instead"
+            )
+            return replace(relaxed, usage=spent, notes=(*relaxed.notes, note))
+    why = (
+        f"{result.error}; nor can it get under {', '.join(map(str, limits.ceilings))} tokens"
+        if limits.ceilings
+        else result.error
+    )
+    return replace(result, usage=spent, error=why)
+
+
+async def _compact(
+    history: EffectiveHistory,
+    limits: Limits,
+    summarizers: Sequence[Summarizer],
+    counter: Counter,
+    *,
+    settings: PipelineSettings | None = None,
+    originals: Mapping[int, Mapping[str, Any]] | None = None,
+    conversation_id: str = "",
+    conversation_model: str = "",
+    instructions: str | None = None,
+) -> CompactionResult:
+    """One run of the pipeline towards ``limits.target`` (:func:`compact`'s arguments)."""
     settings = settings or PipelineSettings()
     # What this run's editing stages change is still verbatim in ``history``; what earlier runs
     # changed, in ``originals``.
@@ -95,9 +157,16 @@ async def compact(
         )
         return await off_loop(run.result, Outcome.NOOP, run.start, [reason])
 
-    draft = run.start
+    # The standing state is put back after whichever stage commits: the stages aim under the
+    # target by what it takes (strategies/standing_state.py).
+    draft = without_state(run.start)
+    if run.standing is not None and run.standing.reserve:
+        ctx = replace(ctx, limits=replace(limits, target=max(0, limits.target - run.standing.reserve)))
+        run.ctx = ctx
     for stage in build_stages(settings):
-        if stage.kind is StageKind.LAST_RESORT and run.settled(draft):
+        if stage.kind is StageKind.LAST_RESORT and reaches_target(draft, ctx):
+            # The last resort drops turns to reach the target: a history under it already (a
+            # forced run whose summary had nothing worth writing) keeps them (invariants 10, 11).
             break
         with tracing.span(f"{tracing.STAGE_SPAN}.{stage.name}", {"compaction.stage": stage.name}) as span:
             out = await stage(draft, ctx)
@@ -112,6 +181,8 @@ async def compact(
         # A manual compaction whose editing stages did all there was to do; what the summary
         # stage could not do is no error then.
         return await off_loop(run.commit, draft, ())
+    if reaches_target(draft, ctx):
+        return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, UNDER_THE_TARGET])
     return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
 
 
@@ -139,10 +210,16 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     tried: int = 0
     failures: int = 0
+    standing: Standing | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.start = Draft(self.history.chunks, self.history.entries)
         self.tokens_before = self.ctx.tokens(self.start)
+        self.standing = (
+            read_state(self.history.entries, self.ctx)
+            if self.ctx.settings.standing_state_max_tokens
+            else None
+        )
         self.messages_before = message_count(self.history, self.ctx.settings.summary_placement)
 
     def record(self, out: StageOutcome) -> None:
@@ -171,7 +248,11 @@ class _Run:
         repaired = repair(draft, self.ctx)
         if repaired.report is not None:
             self.applied.append(repaired)
-        return self.result(Outcome.COMPACTED, repaired.draft, self.errors if errors is None else errors)
+        final = repaired.draft
+        if self.standing is not None:
+            # After repair: the state renders inside the summary turn, outside role order.
+            final = restore_state(self.standing, final, self.ctx)
+        return self.result(Outcome.COMPACTED, final, self.errors if errors is None else errors)
 
     def result(self, outcome: Outcome, draft: Draft, errors: Sequence[str]) -> CompactionResult:
         applied = self.applied if outcome is Outcome.COMPACTED else []
@@ -192,4 +273,5 @@ class _Run:
             summarizers_tried=self.tried,
             summarizer_failures=self.failures,
             notes=tuple(note for out in applied for note in out.notes),
+            standing=report(self.standing, draft) if self.standing and outcome is Outcome.COMPACTED else None,
         )

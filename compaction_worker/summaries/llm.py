@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
 
+
 @functools.cache
 def _error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """LiteLLM's retryable and final error types, read when the first call fails (not at import)."""

@@ -62,11 +62,13 @@ def test_the_tooltip_quotes_the_completion_event() -> None:
         "summarizer_model": "openai/fake",
         "llm_usage": {"calls": 2, "prompt_tokens": 3000, "completion_tokens": 400, "cost_usd": 0.0125},
         "duration_ms": 812,
+        "standing_state": {"kept": {"rule": 2, "constraint": 1}, "let_go": {"fact": 1}, "superseded": 1},
     }
     record = {"version": 3, "trigger": "reactive", "stages": ["prune", "summarize"], "completed": event}
     text = sawtooth.tooltip(record, 41)
     for part in ("v3 (reactive) after turn 41", "prune, summarize", "5000 -> 1200", "80 -> 9",
-                 "openai/fake", "2 calls, 3000 + 400 tokens, $0.0125", "812 ms"):  # fmt: skip
+                 "openai/fake", "2 calls, 3000 + 400 tokens, $0.0125", "812 ms",
+                 "standing state: 3 kept (rule 2, constraint 1), 1 let go (fact 1), 1 superseded"):  # fmt: skip
         assert part in text
 
 

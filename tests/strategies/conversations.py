@@ -368,7 +368,7 @@ def coverage_problems(
     keeping its role and tool pairing) or covered by one chunk; pinned messages must be
     verbatim entries (one over ``task_max_tokens`` may be cut to it, unless it is a system
     message); entries that stand for no ordinal must be marked synthetic (or restored: the
-    working state, see strategies.working_state).
+    working state, see strategies.working_state; or standing: strategies.standing_state).
     """
     sizes = {e.n: e.tokens for e in conversation.entries}
     cut_before = {e.n for e in conversation.entries if e.edit == "truncated"}
@@ -380,8 +380,10 @@ def coverage_problems(
                 where.setdefault(n, []).append(f"chunk {chunk.id}")
     for entry in entries:
         if entry.n == 0:
-            if entry.edit not in ("synthetic", "restored"):
-                problems.append(f"entry with ordinal 0 not marked synthetic or restored: {entry.message}")
+            if entry.edit not in ("synthetic", "restored", "standing"):
+                problems.append(
+                    f"entry with ordinal 0 not marked synthetic, restored or standing: {entry.message}"
+                )
             continue
         where.setdefault(entry.n, []).append("entry")
         original = conversation.transcript.get(entry.n)

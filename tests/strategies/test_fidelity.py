@@ -131,16 +131,17 @@ class FactsOnce:
 
 
 async def test_facts_stated_once_survive_folds_whose_summaries_drop_them() -> None:
-    """Issue 9: after 5 compactions with 4 folds, every fact the user stated once is still verbatim.
+    """Issue 9: after 5 compactions, 3 or more of them folds, every fact the user stated once is still verbatim.
 
-    Each fold's summary drops what earlier summaries stated; the fold's ledger carries it.
+    Each fold's summary drops what earlier summaries stated; the fold's ledger (and the standing
+    state, whose room under the target moves the cycle the first fold comes at) carries it.
     """
     run = await fidelity.run_fidelity(
         "folds", cycles=5, prose=True, pipeline=PipelineSettings(), summarizer=FactsOnce()
     )
     print()
     print(fidelity.format_runs([run]))
-    assert sum("fold" in c.stages for c in run.cycles) == 4
+    assert sum("fold" in c.stages for c in run.cycles) >= 3
     facts = [p for p in run.planted if p.kind == "fact"]
     assert len(facts) >= 10
     assert run.cycles[-1].missing.get("fact", 0) == 0

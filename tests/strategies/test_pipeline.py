@@ -155,6 +155,23 @@ class TestCompact:
         assert out.error is not None
         assert "system prompt and tool schemas alone (150 tokens) leave no room" in out.error
 
+    async def test_what_must_stay_over_the_target_still_gets_the_history_under_its_ceiling(self) -> None:
+        """Issue 33, invariant 5: system prompt and tools over the target but under the threshold: the
+        run aims at the threshold instead, commits, and its note says why; with no ceiling it stays a noop."""
+        es = entries(*[(r, 40) for r in ["user", "assistant"] * 6])
+        history = EffectiveHistory((), es)
+        aim = limits(100, fixed_tokens=150, ceilings=(300, 400))
+        out = await compact(history, aim, [FakeSummarizer()], COUNTER)
+        assert out.outcome is Outcome.COMPACTED, out.error
+        assert out.tokens_before > 300 >= out.tokens_after
+        assert any("target (100 tokens) is out of reach" in n and "under 300 tokens" in n for n in out.notes)
+        over = await compact(
+            history, limits(100, fixed_tokens=500, ceilings=(300, 400)), [FakeSummarizer()], COUNTER
+        )
+        assert over.outcome is Outcome.NOOP
+        assert over.error is not None
+        assert "nor can it get under 300, 400 tokens" in over.error
+
     async def test_under_target_is_noop_unless_forced(self) -> None:
         """References 000 (/compact) and 004 (compactSession): a manual compaction summarizes even below the target."""
         es = entries(*[(r, 10) for r in ["user", "assistant"] * 6])

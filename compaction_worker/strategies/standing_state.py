@@ -1,0 +1,131 @@
+"""The standing state in the effective history: reserved before the stages run, restored after any of them.
+
+What the user set (:mod:`compaction_worker.summaries.standing`) is read from the history a
+run starts from (the user's messages as the transcript has them, and the state an earlier
+compaction carried), its size reserved under the target before any stage runs, and put back,
+verbatim, in every draft a run commits with summary chunks (an LLM summary, the extractive
+fallback, the sliding window's marker, a fold): whichever stage made room, it made room for
+this too. So a second compaction, with or without new turns, holds everything the first held.
+
+The state is one entry (``edit="standing"``, ordinal 0) rendered inside the summary turn, before
+the restored working state; its private ``standing_state`` field keeps the items as data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction_worker.contracts.events import StandingStateReport
+from compaction_worker.contracts.history import STANDING, Entry, text_of
+from compaction_worker.strategies.draft import Draft, StageContext
+from compaction_worker.summaries.standing import KINDS, Item, extract, merge, render
+
+FIELD = "standing_state"
+CARRY_MAX = 500
+"""Items a state carries as data at most (a conversation's whole life of user sentences would grow without end)."""
+FACT_SOURCE_MAX_CHARS = 3_000
+"""A longer user message is pasted material (a log, a document): its rules count, its sentences are not facts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A run's standing state: its items, and what the stages must leave for it."""
+
+    items: tuple[Item, ...]
+    budget: int
+    """The most the state may take: ``standing_state_max_tokens`` or its share of the room, the smaller."""
+    reserve: int
+    """What the state takes within the budget: the stages aim this much under the target, and the
+    state put back after them keeps to it."""
+
+
+def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
+    """The state of a history: what earlier compactions carried, and what its user messages state."""
+    carried: list[Item] = []
+    found: list[Item] = []
+    for entry in entries:
+        if entry.edit == STANDING:
+            data = entry.message.get(FIELD)
+            raw = data.get("items") if isinstance(data, Mapping) else None
+            carried += [
+                i for r in raw or () if isinstance(r, Mapping) and (i := Item.from_data(r)) is not None
+            ]
+        elif not entry.synthetic and entry.role == "user":
+            text = text_of(ctx.originals.get(entry.n, entry.message))
+            items = extract(text, entry.seq, entry.n)
+            if len(text) > FACT_SOURCE_MAX_CHARS:
+                items = [i for i in items if i.kind != "fact"]
+            found += items
+    merged = tuple(merge(carried, found))
+    settings, limits = ctx.settings, ctx.limits
+    budget = min(
+        settings.standing_state_max_tokens,
+        int(settings.standing_state_max_fraction * max(0, limits.target - limits.fixed_tokens)),
+    )
+    shown = _entry(merged, budget, 0, ctx)
+    return Standing(merged, budget, shown.tokens if shown is not None else 0)
+
+
+def without_state(draft: Draft) -> Draft:
+    """``draft`` without an earlier compaction's state entry (a run puts the state back at its end)."""
+    return Draft(draft.chunks, tuple(e for e in draft.entries if e.edit != STANDING))
+
+
+def restore_state(standing: Standing, draft: Draft, ctx: StageContext) -> Draft:
+    """``draft`` with the state first among its entries, within its budget (only a draft with summary chunks:
+    the state renders inside the summary turn; without them every user message is still there)."""
+    draft = without_state(draft)
+    if not draft.chunks:
+        return draft
+    seq = draft.chunks[-1].last_seq
+    # Within what the stages left for it; a changed value whose message is still verbatim keeps its mark.
+    verbatim = {e.n for e in draft.entries if e.edit is None and not e.synthetic}
+    entry = _entry(standing.items, standing.reserve, seq, ctx, verbatim)
+    return draft if entry is None else Draft(draft.chunks, (entry, *draft.entries))
+
+
+def report(standing: Standing, draft: Draft) -> StandingStateReport | None:
+    """What of the state the draft still says, by kind: kept means its sentence is there, word for word."""
+    current = [i for i in standing.items if i.current]
+    if not current:
+        return None
+    shown = "\n".join([c.text for c in draft.chunks] + [text_of(e.message) for e in draft.entries])
+    kept = dict.fromkeys(KINDS, 0)
+    let_go = dict.fromkeys(KINDS, 0)
+    for item in current:
+        (kept if item.text in shown else let_go)[item.kind] += 1
+    return StandingStateReport(
+        kept={k: v for k, v in kept.items() if v},
+        let_go={k: v for k, v in let_go.items() if v},
+        superseded=sum(not i.current for i in standing.items),
+    )
+
+
+def _carry(items: Sequence[Item]) -> list[Item]:
+    """What the state carries as data: at most ``CARRY_MAX`` items, superseded ones the first to go."""
+    if len(items) <= CARRY_MAX:
+        return list(items)
+    current = [i for i in items if i.current][-CARRY_MAX:]
+    old = (
+        [i for i in items if not i.current][-(CARRY_MAX - len(current)) :] if len(current) < CARRY_MAX else []
+    )
+    return sorted([*old, *current], key=lambda i: (i.seq, i.n))
+
+
+def _entry(
+    items: Sequence[Item], budget: int, seq: int, ctx: StageContext, shown: Collection[int] = ()
+) -> Entry | None:
+    """The state's entry within ``budget`` tokens (what does not fit left out, in ``render``'s order)."""
+    if not items or budget <= 0:
+        return None
+    frame = ctx.count_message({"role": "user", "content": ""})
+    rendered = render(items, budget - frame, ctx.count, shown)
+    if not rendered.text:
+        return None
+    # Every item travels as data (private: never rendered or counted), the ones left out too: the
+    # next compaction, with more room, shows them again.
+    data: dict[str, Any] = {"items": [i.to_data() for i in _carry(items)]}
+    message = {"role": "user", "content": rendered.text, FIELD: data}
+    return Entry(n=0, seq=seq, message=message, tokens=ctx.count_message(message), edit=STANDING)

@@ -1,0 +1,252 @@
+"""The memory contract through the whole pipeline (strategies/standing_state.py, DESIGN.md invariants 10-12).
+
+A conversation whose user sets rules, constraints, preferences, goals, decisions and facts (and
+later changes two of them) is compacted five times in a row, twice with new turns between and
+three times with none, on every path: the extractive summary, a summarizer that keeps nothing,
+an outage (the LLM fails, the extractive fallback runs), and the sliding window alone. After
+every round each current item is in the rendered history word for word, each changed one is
+shown as no longer current, and the event's report says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+import pytest
+
+from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport
+from compaction_worker.contracts.history import STANDING, EffectiveHistory, render, text_of
+from compaction_worker.settings import PipelineSettings
+from compaction_worker.strategies import Limits, compact
+from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.summaries.standing import STANDING_HEADER
+from compaction_worker.testing import Chat, WordCounter
+
+COUNTER = WordCounter()
+
+CURRENT = {
+    "rule": "Never execute shell commands without explicit approval.",
+    "constraint": "Actually, raise the monthly budget cap to $800.",
+    "preference": "Actually, use Celsius for every temperature.",
+    "goal": "We're migrating auth from sessions to JWT tokens.",
+    "decision": "We decided to use Postgres 16 for the new service.",
+    "fact": "Our on-call team is called bluefin.",
+}
+SUPERSEDED = {
+    "Keep the monthly budget cap under $500.": "Actually, raise the monthly budget cap to $800.",
+    "Use Fahrenheit for every temperature.": "Actually, use Celsius for every temperature.",
+}
+# (turn, sentence): when the user says each, among filler.
+PLANTED = [
+    (3, CURRENT["rule"]),
+    (5, "Keep the monthly budget cap under $500."),
+    (7, "Use Fahrenheit for every temperature."),
+    (9, CURRENT["goal"]),
+    (11, CURRENT["decision"]),
+    (13, CURRENT["fact"]),
+    (17, CURRENT["constraint"]),
+    (19, CURRENT["preference"]),
+]
+
+
+def filler(turn: int, words: int) -> str:
+    return " ".join(f"step{turn}x{i}" for i in range(words))
+
+
+def conversation(turns: int, start: int = 1) -> Chat:
+    """``turns`` exchanges: a user message (a planted sentence on its turn) and a long assistant reply."""
+    chat = Chat(start, COUNTER)
+    said = dict(PLANTED)
+    for turn in range(start, start + 2 * turns, 2):
+        words = f"Look at part {turn} please"
+        chat.user(f"{said[turn]} {words}" if turn in said else words)
+        chat.assistant(filler(turn, 60))
+    return chat
+
+
+class KeepsNothing:
+    """A summarizer whose summary states nothing the user said (a weak small model)."""
+
+    name = "keeps-nothing"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        text = "The user and the assistant worked through several parts of the task."
+        return SummaryResult(text, self.name, COUNTER.text(text), LlmUsage(calls=1))
+
+
+class Down:
+    """An LLM in an outage."""
+
+    name = "llm"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        raise SummarizerError("503 service unavailable")
+
+
+@dataclass(frozen=True)
+class Path:
+    name: str
+    summarizers: tuple[Summarizer, ...]
+    settings: PipelineSettings
+
+
+PATHS = [
+    Path("extractive", (ExtractiveSummarizer(COUNTER.text),), PipelineSettings()),
+    Path("keeps nothing", (KeepsNothing(),), PipelineSettings()),
+    Path("outage", (Down(), ExtractiveSummarizer(COUNTER.text)), PipelineSettings()),
+    Path("sliding window", (), PipelineSettings(summarize=False)),
+]
+
+
+def limits(target: int, force: bool) -> Limits:
+    return Limits(
+        target=target,
+        fixed_tokens=0,
+        window=8_000,
+        tail_max_messages=4,
+        tail_max_tokens=400,
+        max_summary_tokens=300,
+        chunk_budget=target // 2,
+        force=force,
+        task_max_tokens=200,
+        user_words_max_tokens=100,
+    )
+
+
+def shown(history: EffectiveHistory) -> str:
+    return "\n".join(text_of(m) for m in render(history))
+
+
+def state_text(history: EffectiveHistory) -> str:
+    states = [text_of(e.message) for e in history.entries if e.edit == STANDING]
+    assert len(states) <= 1
+    return states[0] if states else ""
+
+
+async def rounds(path: Path, target: int) -> list[tuple[EffectiveHistory, StandingStateReport | None]]:
+    """Five compactions: after 20 exchanges, after 10 more, then three with no new turn."""
+    chat = conversation(20)
+    history = EffectiveHistory((), tuple(chat.entries))
+    out: list[tuple[EffectiveHistory, StandingStateReport | None]] = []
+    for index in range(5):
+        if index == 1:
+            more = conversation(10, start=41)
+            history = history.with_parts(history.chunks, (*history.entries, *more.entries))
+        result = await compact(
+            history, limits(target, force=index >= 2), path.summarizers, COUNTER, settings=path.settings
+        )
+        if result.outcome is Outcome.NOOP and index >= 2:
+            # The sliding window alone has nothing to do on a forced run under the target.
+            assert path.name == "sliding window", result.error
+            assert result.error is not None
+            assert "nothing dropped" in result.error
+            out.append((history, None))
+            continue
+        assert result.outcome is Outcome.COMPACTED, (index, result.error)
+        assert result.tokens_after <= target, (index, result.tokens_after)
+        history = history.with_parts(result.draft.chunks, result.draft.entries)
+        out.append((history, result.standing))
+    return out
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+async def test_every_item_survives_five_compactions_on_every_path(path: Path) -> None:
+    """Every current item word for word in every round; each changed one marked as no longer current."""
+    for index, (history, report) in enumerate(await rounds(path, target=900)):
+        text = shown(history)
+        missing = [kind for kind, sentence in CURRENT.items() if sentence not in text]
+        assert missing == [], (path.name, index, text)
+        state = state_text(history)
+        assert state.startswith(STANDING_HEADER), (path.name, index)
+        old = state.split("No longer current (superseded):", 1)
+        assert len(old) == 2, state
+        for sentence in SUPERSEDED:
+            assert sentence in old[1], (path.name, index, sentence)
+            assert sentence not in old[0], "a superseded value is shown as current"
+        if report is None:  # a no-op round: the history of the round before, unchanged
+            continue
+        assert report.let_go == {}
+        assert set(report.kept) == set(CURRENT)  # every kind kept, none let go
+        assert report.superseded == 2
+
+
+async def test_compacting_again_with_no_new_turn_keeps_what_the_first_kept() -> None:
+    """Invariant 11: rounds three to five (no new turn) show the same state as round two, word for word."""
+    histories = [h for h, _ in await rounds(PATHS[1], target=900)]
+    assert state_text(histories[1])
+    assert [state_text(h) for h in histories[2:]] == [state_text(histories[1])] * 3
+
+
+async def test_when_space_is_short_rules_and_constraints_go_last_and_the_report_is_true() -> None:
+    """At a budget that holds only part of the state, the rule and the constraint stay; what the report
+    says was let go is exactly what the history no longer says."""
+    settings = PipelineSettings(standing_state_max_tokens=75)
+    chat = conversation(20)
+    history = EffectiveHistory((), tuple(chat.entries))
+    result = await compact(history, limits(900, force=False), (KeepsNothing(),), COUNTER, settings=settings)
+    assert result.outcome is Outcome.COMPACTED, result.error
+    after = history.with_parts(result.draft.chunks, result.draft.entries)
+    text = shown(after)
+    assert CURRENT["rule"] in text
+    assert CURRENT["constraint"] in text
+    lost = {kind for kind, sentence in CURRENT.items() if sentence not in text}
+    assert lost, "the budget was meant to be too small for the whole state"
+    assert result.standing is not None
+    assert set(result.standing.let_go) == lost
+    assert sum(result.standing.let_go.values()) == len(lost)
+
+
+async def test_no_state_is_added_where_nothing_was_summarized() -> None:
+    """A run whose cheap stages reach the target leaves every user message verbatim: no state entry."""
+    chat = conversation(4)
+    history = EffectiveHistory((), tuple(chat.entries))
+    result = await compact(history, limits(10_000, force=False), (KeepsNothing(),), COUNTER)
+    assert result.outcome is Outcome.NOOP
+    assert all(e.edit != STANDING for e in result.draft.entries)
+
+
+async def test_a_forced_run_under_the_target_whose_summary_fails_drops_nothing() -> None:
+    """Issue 33: a manual compaction with no summary to write never falls to the sliding window, which
+    would drop the user's recent words from a history already under its target."""
+    chat = conversation(20)
+    history = EffectiveHistory((), tuple(chat.entries))
+    result = await compact(history, limits(50_000, force=True), (Down(),), COUNTER)
+    assert result.outcome is Outcome.NOOP
+    assert result.draft.entries == history.entries
+    assert result.error is not None
+    assert "nothing dropped" in result.error
+
+
+def _canaries() -> ModuleType:
+    """benchmarks/standing.py (the typed-canary benchmark), loaded from its path."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "standing.py"
+    spec = importlib.util.spec_from_file_location("standing_benchmark", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("window", "share"), [(4_096, 0.3), (8_192, 0.2), (128_000, 0.1)])
+@pytest.mark.parametrize("summarizer", ["extractive", "lossy"])
+async def test_typed_canaries_hold_rules_constraints_and_changes_over_five_rounds(
+    window: int, share: float, summarizer: str
+) -> None:
+    """The benchmark's generated sessions (seed 7): every rule and constraint in every round, every
+    changed value resolved, the output at or under its target."""
+    canaries = _canaries()
+    rounds, read = await canaries.run_case(7, window, share, summarizer)
+    assert len(rounds) == 5
+    for r in rounds:
+        for kind in ("rule", "constraint"):
+            assert r.kept.get(kind, 0) == r.planted[kind], (kind, r)
+        assert r.resolved == r.changed > 0
+        assert r.used <= 1.0
+    assert read > 0  # the summarizer read the turns it replaced

@@ -1,0 +1,122 @@
+"""The standing state read from the user's words (summaries/standing.py): kinds, changes, the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction_worker.summaries.standing import (
+    STANDING_HEADER,
+    SUPERSEDED_TITLE,
+    Item,
+    classify,
+    extract,
+    merge,
+    render,
+    sentences,
+)
+from compaction_worker.testing import WordCounter
+
+COUNT = WordCounter().text
+
+
+@pytest.mark.parametrize(
+    ("sentence", "kind"),
+    [
+        ("Never execute shell commands without explicit approval.", "rule"),
+        ("ALWAYS run the tests before you push.", "rule"),
+        ("do not touch the billing tables", "rule"),
+        ("From now on, reply in French.", "rule"),
+        ("Spend at most $200 on the cloud bill.", "constraint"),
+        ("The deadline is Friday.", "constraint"),
+        ("Python 3.11 only, do not use 3.12 features.", "constraint"),
+        ("No more than 3 retries per call.", "constraint"),
+        ("I prefer terse answers.", "preference"),
+        ("Please use metric units.", "preference"),
+        ("We're migrating auth from sessions to JWT.", "goal"),
+        ("The task is to cut p99 latency in half.", "goal"),
+        ("We decided to use Postgres 16.", "decision"),
+        ("Let's go with the blue-green rollout.", "decision"),
+        ("Our team is called bluefin.", "fact"),
+        ("The on-call number is 0151 123 4567.", "fact"),
+        ("We sent 80738 messages last week.", "fact"),
+    ],
+)
+def test_each_kind_is_read_from_the_words_the_user_uses(sentence: str, kind: str) -> None:
+    assert classify(sentence) == kind
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    ["Can you look at the logs?", "Look at part 37 please", "ok", "Thanks, that works.", "x" * 500],
+)
+def test_questions_requests_chatter_and_pasted_prose_are_no_items(sentence: str) -> None:
+    assert classify(sentence) is None
+
+
+def test_code_blocks_tables_and_quotes_are_not_read() -> None:
+    text = "Run this:\n```\n# never do this\nrm -rf /\n```\n| never | a table |\n> quoted line\nAlways ask first."
+    assert sentences(text) == ["Run this:", "quoted line", "Always ask first."]
+
+
+def states(*said: tuple[int, str]) -> list[Item]:
+    return merge([], [item for seq, text in said for item in extract(text, seq, seq)])
+
+
+def test_a_later_value_of_the_same_subject_supersedes_the_earlier() -> None:
+    items = states(
+        (1, "Keep the budget cap at $500."),
+        (2, "The deadline is Friday."),
+        (3, "Use Fahrenheit for temperatures."),
+        (4, "Raise the budget cap to $800."),
+        (5, "Move the deadline to the 20th."),
+        (6, "Actually, use Celsius for temperatures."),
+    )
+    assert {(i.text, i.superseded_by) for i in items} == {
+        ("Keep the budget cap at $500.", 4),
+        ("The deadline is Friday.", 5),
+        ("Use Fahrenheit for temperatures.", 6),
+        ("Raise the budget cap to $800.", None),
+        ("Move the deadline to the 20th.", None),
+        ("Actually, use Celsius for temperatures.", None),
+    }
+
+
+def test_items_about_other_subjects_stay_current() -> None:
+    items = states(
+        (1, "Please use metric units."),
+        (2, "Never push to main."),
+        (3, "Never deploy on Fridays."),
+        (4, "Actually, use Celsius for temperatures."),
+        (5, "Our team is called bluefin."),
+        (6, "Our office is in Lyon."),
+    )
+    assert [i.superseded_by for i in items] == [None] * 6
+
+
+def test_a_carried_state_and_the_messages_read_again_make_each_item_once() -> None:
+    """Compacting again reads the same messages: nothing doubles, a carried supersession stays."""
+    first = states((1, "Keep the cap at $500."), (2, "Raise the cap to $800."))
+    again = merge(first, [*extract("Keep the cap at $500.", 1, 1), *extract("Raise the cap to $800.", 2, 2)])
+    assert again == first
+    assert Item.from_data(first[0].to_data()) == first[0]
+    assert Item.from_data({"kind": "spell", "text": "x", "seq": 1, "n": 1}) is None
+
+
+def test_when_space_is_short_superseded_then_facts_go_first_and_rules_last() -> None:
+    items = states(
+        (1, "Keep the cap at $500."),
+        (2, "Never run migrations without a backup."),
+        (3, "Our team is called bluefin."),
+        (4, "We decided to use Postgres 16."),
+        (5, "Raise the cap to $800."),
+    )
+    whole = render(items, 10_000, COUNT)
+    assert whole.dropped == ()
+    assert whole.text.startswith(STANDING_HEADER)
+    assert SUPERSEDED_TITLE in whole.text
+    tight = render(items, COUNT(whole.text) - 1, COUNT)
+    assert [i.text for i in tight.dropped] == ["Keep the cap at $500."]
+    tighter = render(items, 40, COUNT)
+    assert {i.kind for i in tighter.kept} == {"rule", "constraint"}
+    assert COUNT(tighter.text) <= 40
+    assert render(items, 3, COUNT).text == ""
