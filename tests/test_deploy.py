@@ -777,3 +777,30 @@ class TestDockerfile:
         nothing_listens = await healthcheck_exit_code(command, free_port())
         assert codes == [0, 1]
         assert nothing_listens != 0
+
+
+class TestReadmeCommands:
+    """The README's first screen: two commands, and CI runs what they say (issues 32 and 34)."""
+
+    @staticmethod
+    def first_block() -> list[str]:
+        text = (REPO / "README.md").read_text()
+        block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+        return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+    def test_the_first_screen_has_an_install_and_run_command_and_a_test_command(self) -> None:
+        install_and_run, tests = self.first_block()
+        assert install_and_run.startswith("pip install uv==")
+        assert install_and_run.endswith("compaction-worker run")
+        assert "uv run --locked --all-extras" in install_and_run
+        assert tests == "uv run --locked --all-extras python -m pytest"
+
+    def test_ci_installs_as_the_readme_does_and_runs_its_test_command(self) -> None:
+        install_and_run, tests = self.first_block()
+        ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+        install = install_and_run.split(" && ", 1)[0]
+        assert install in ci
+        assert tests in ci
+        assert ci.index(install) < ci.index(tests)
+        # The locked environment uv makes compiles its bytecode (a new process does not compile LiteLLM).
+        assert re.search(r"(?m)^compile-bytecode = true$", (REPO / "pyproject.toml").read_text())

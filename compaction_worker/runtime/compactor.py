@@ -130,6 +130,9 @@ class Compactor:
         if job.trigger is Trigger.REACTIVE:
             target, scale = reactive_target(job, meta, budget)
         limits = limits_for(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
+        if job.trigger is Trigger.REACTIVE:
+            # The provider's own limit may lie below our window: aim at nothing past its target.
+            limits = replace(limits, ceilings=())
         if job.trigger is Trigger.REACTIVE and estimate(snapshot, counter) <= limits.target:
             # The provider refused this history, so "already under the target" is our
             # estimate's mistake (no numbers to calibrate with, or beyond the clamp):

@@ -30,8 +30,15 @@ def limits_for(
         user_words_max_tokens=_capped(
             pipeline.user_words_max_tokens, pipeline.user_words_max_fraction, budget.window, scale
         ),
-        ceilings=tuple(int(c / scale) for c in (budget.threshold, budget.available) if c > target),
+        ceilings=_ceilings(target, budget, scale),
     )
+
+
+def _ceilings(target: int, budget: Budget, scale: float) -> tuple[int, ...]:
+    """Where a run aims when the target is out of reach: halfway to the threshold (so that the next
+    turns do not set off another run at once), the threshold, what the window leaves for input."""
+    aims = ((target + budget.threshold) // 2, budget.threshold, budget.available)
+    return tuple(dict.fromkeys(int(aim / scale) for aim in aims if aim > target))
 
 
 def _capped(tokens: int, fraction: float, window: int, scale: float) -> int:

@@ -250,8 +250,12 @@ class _Run:
             self.applied.append(repaired)
         final = repaired.draft
         if self.standing is not None:
-            # After repair: the state renders inside the summary turn, outside role order.
-            final = restore_state(self.standing, final, self.ctx)
+            # After repair: the state renders inside the summary turn, outside role order. Within what
+            # the stages left for it, and less than they saved (an earlier state's tokens among it):
+            # a compaction shrinks the history.
+            saved = self.tokens_before - self.ctx.tokens(final)
+            most = min(self.standing.reserve, max(0, saved - 1))
+            final = restore_state(self.standing, final, self.ctx, most)
         return self.result(Outcome.COMPACTED, final, self.errors if errors is None else errors)
 
     def result(self, outcome: Outcome, draft: Draft, errors: Sequence[str]) -> CompactionResult:

@@ -73,16 +73,17 @@ def without_state(draft: Draft) -> Draft:
     return Draft(draft.chunks, tuple(e for e in draft.entries if e.edit != STANDING))
 
 
-def restore_state(standing: Standing, draft: Draft, ctx: StageContext) -> Draft:
-    """``draft`` with the state first among its entries, within its budget (only a draft with summary chunks:
-    the state renders inside the summary turn; without them every user message is still there)."""
+def restore_state(standing: Standing, draft: Draft, ctx: StageContext, most: int) -> Draft:
+    """``draft`` with the state first among its entries, within ``most`` tokens (only a draft with summary
+    chunks: the state renders inside the summary turn; without them every user message is still there).
+
+    Items of messages still verbatim in ``draft`` are not repeated (a changed one keeps its mark)."""
     draft = without_state(draft)
     if not draft.chunks:
         return draft
     seq = draft.chunks[-1].last_seq
-    # Within what the stages left for it; a changed value whose message is still verbatim keeps its mark.
     verbatim = {e.n for e in draft.entries if e.edit is None and not e.synthetic}
-    entry = _entry(standing.items, standing.reserve, seq, ctx, verbatim)
+    entry = _entry(standing.items, most, seq, ctx, verbatim)
     return draft if entry is None else Draft(draft.chunks, (entry, *draft.entries))
 
 

@@ -278,27 +278,34 @@ class Rendered:
 def render(
     items: Sequence[Item], budget: int, count: Callable[[str], int], shown: Collection[int] = ()
 ) -> Rendered:
-    """The state's text within ``budget`` tokens. What goes first: superseded items whose message is gone
-    (history now), then facts, decisions, goals, preferences, constraints, rules (``KEEP_ORDER`` from the
-    end), the oldest of a kind first. A superseded item whose message is still verbatim (its ordinal in
-    ``shown``) ranks with its kind: without its mark the old value reads as current beside the new."""
-    gone = [i for i in items if not i.current and i.n not in shown]
-    ranked = gone + [
-        i for kind in reversed(KEEP_ORDER) for i in items if i.kind == kind and (i.current or i.n in shown)
-    ]
-    kept = list(items)
-    dropped: list[Item] = []
-    text = _text(kept)
-    # Drop in rank order until it fits; each step re-counts (states are small: tens of items).
-    for item in ranked:
-        if count(text) <= budget:
-            break
-        kept.remove(item)
-        dropped.append(item)
-        text = _text(kept)
-    if count(text) > budget:
-        return Rendered("", (), tuple(items))
-    return Rendered(text if kept else "", tuple(kept), tuple(dropped))
+    """The state's text within ``budget`` tokens.
+
+    ``shown`` are the ordinals of messages still verbatim in the history: their current items are
+    there already and are not repeated. What goes first when space is short: superseded items whose
+    message is gone (history now), then facts, decisions, goals, preferences, constraints, rules
+    (``KEEP_ORDER`` from the end), the oldest of a kind first. A superseded item whose message is
+    still verbatim ranks with its kind: without its mark the old value reads as current beside the new.
+    """
+    listed = [i for i in items if not (i.current and i.n in shown)]
+    gone = [i for i in listed if not i.current and i.n not in shown]
+    ranked = gone + [i for kind in reversed(KEEP_ORDER) for i in listed if i.kind == kind and i not in gone]
+
+    def without(k: int) -> list[Item]:
+        dropped = {id(i) for i in ranked[:k]}
+        return [i for i in listed if id(i) not in dropped]
+
+    # The fewest drops (in rank order) that fit: the text shrinks as drops grow, so bisect.
+    low, high = 0, len(ranked)
+    if count(_text(without(high))) > budget:
+        return Rendered("", (), tuple(listed))
+    while low < high:
+        mid = (low + high) // 2
+        if count(_text(without(mid))) <= budget:
+            high = mid
+        else:
+            low = mid + 1
+    kept = without(low)
+    return Rendered(_text(kept), tuple(kept), tuple(ranked[:low]))
 
 
 def _text(items: Sequence[Item]) -> str:
