@@ -31,6 +31,13 @@ from compaction_worker.state.connection import RedisClient
 from compaction_worker.testing import FakeLLMServer
 from tests import orchestration
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long-running tests (``slow``) first: the parallel workers start them together, instead of one
+    worker finishing the run alone with them at its end (issue 32: the run sized to the machine)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 # --- where the servers come from --------------------------------------------------------
 
 

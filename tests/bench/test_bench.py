@@ -7,12 +7,14 @@ import math
 from pathlib import Path
 
 import jsonschema
+import pytest
 from click.testing import CliRunner
 
 from compaction_worker.bench.report import Row
 from compaction_worker.cli import SCHEMAS_DIR, main
 
 
+@pytest.mark.slow
 def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
     result = CliRunner().invoke(main, ["bench", "--quick", "--json", "--no-progress"])
     assert result.exit_code == 0, result.output + (result.stderr or "") + repr(result.exception)

@@ -158,14 +158,31 @@ PAGE_BOUND = 600_000
 """Bytes a conversation page stays under with 300 messages a page, whatever the transcript's length."""
 
 
+_LONG_KEYS: dict[bytes, tuple[int, bytes]] = {}
+"""The long conversation's keys once built in this test process: each key's TTL and DUMP."""
+
+
 @pytest.fixture
 async def long(parts: Parts) -> Parts:
-    """Conversation ``long`` of ``LONG`` turns with tool calls, compacted each time it crossed its threshold."""
+    """Conversation ``long`` of ``LONG`` turns with tool calls, compacted each time it crossed its threshold.
+
+    Built through the worker's own turn path and compactor once per test process (~45 s), then
+    restored key by key (DUMP/RESTORE) for the next test that asks for it.
+    """
+    redis = parts.store.redis
+    if _LONG_KEYS:
+        for key, (ttl, dumped) in _LONG_KEYS.items():
+            await redis.restore(key, max(ttl, 0), dumped, replace=True)
+        return parts
     for event in synthetic_turns("long", LONG, context_window=32000, seed=3, tool_output_words=(20, 60)):
         handled = await parts.turns.handle(event.model_dump_json(exclude_none=True).encode(), b"long")
         if handled.scheduled is not None:
             await compact_now(parts.jobs, parts.compactor, "long")
     assert len((await parts.store.snapshot("long")).history.chunks) >= 1
+    async for key in redis.scan_iter(match="*"):
+        blob = await redis.dump(key)
+        if blob is not None:
+            _LONG_KEYS[key] = (int(await redis.pttl(key)), blob)
     return parts
 
 
@@ -179,6 +196,7 @@ def messages_on(page: str) -> list[int]:
     return [int(n) for n in re.findall(r'id="msg-(\d+)"', page)]
 
 
+@pytest.mark.slow
 async def test_a_long_conversations_page_is_bounded(long: Parts) -> None:
     meta = await long.store.meta("long")
     whole = sum(len(json.dumps(r)) for r in await long.store.transcript("long"))
@@ -192,6 +210,7 @@ async def test_a_long_conversations_page_is_bounded(long: Parts) -> None:
     assert page.text.count('class="marker"') == meta.version
 
 
+@pytest.mark.slow
 async def test_paging_links_lead_through_the_transcript(long: Parts) -> None:
     total = (await long.store.meta("long")).msg_count
     async with app_for(long, page_messages=100) as http:
@@ -212,6 +231,7 @@ async def test_paging_links_lead_through_the_transcript(long: Parts) -> None:
             )
 
 
+@pytest.mark.slow
 async def test_a_span_across_a_page_edge_stays_collapsed(long: Parts) -> None:
     chunk = (await long.store.snapshot("long")).history.chunks[0]
     at = chunk.first_n + 5
@@ -230,6 +250,7 @@ async def test_a_span_across_a_page_edge_stays_collapsed(long: Parts) -> None:
     assert f'class="span-newer" href="/c/long?at={at + 10}#msg-{at + 10}"' in span[1]
 
 
+@pytest.mark.slow
 async def test_a_chunks_link_to_a_turn_on_an_older_page_leads_there(long: Parts) -> None:
     chunk = (await long.store.snapshot("long")).history.chunks[0]
     async with app_for(long, page_messages=100) as http:

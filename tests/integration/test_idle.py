@@ -46,6 +46,7 @@ def calls(stats: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items()}
 
 
+@pytest.mark.slow
 async def test_an_idle_worker_sends_at_most_five_commands_a_second(
     kafka_bootstrap: str, make_topics: MakeTopics, own_redis: EmbeddedRedis
 ) -> None:

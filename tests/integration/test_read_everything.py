@@ -95,6 +95,7 @@ def markers_of(message: dict[str, Any]) -> set[str]:
     return set(MARKER.findall(text))
 
 
+@pytest.mark.slow
 async def test_every_summarized_message_reached_a_summarizer_request(
     kafka_bootstrap: str, redis_url: str, make_topics: MakeTopics, fake_llm: FakeLLMServer
 ) -> None:
