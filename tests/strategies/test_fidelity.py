@@ -6,31 +6,15 @@ the same table; run with ``-s`` to see it here.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
 
+from .helpers import load_benchmark
 
-def _benchmark() -> ModuleType:
-    """benchmarks/fidelity.py, loaded from its path: benchmarks/ is a directory of scripts."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
-    spec = importlib.util.spec_from_file_location("fidelity_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
-
-fidelity = _benchmark()
+fidelity = load_benchmark("fidelity")
 
 
 @pytest.mark.slow

@@ -10,11 +10,7 @@ shown as no longer current, and the event's report says so.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
 from dataclasses import dataclass
-from types import ModuleType
 
 import pytest
 
@@ -26,6 +22,8 @@ from compaction_worker.summaries.contract import Summarizer, SummarizerError, Su
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.standing import STANDING_HEADER
 from compaction_worker.testing import Chat, WordCounter
+
+from .helpers import load_benchmark
 
 COUNTER = WordCounter()
 
@@ -222,18 +220,6 @@ async def test_a_forced_run_under_the_target_whose_summary_fails_drops_nothing()
     assert "nothing dropped" in result.error
 
 
-def _canaries() -> ModuleType:
-    """benchmarks/standing.py (the typed-canary benchmark), loaded from its path."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "standing.py"
-    spec = importlib.util.spec_from_file_location("standing_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(("window", "share"), [(4_096, 0.3), (8_192, 0.2), (128_000, 0.1)])
 @pytest.mark.parametrize("summarizer", ["extractive", "lossy"])
 async def test_typed_canaries_hold_rules_constraints_and_changes_over_five_rounds(
@@ -241,7 +227,7 @@ async def test_typed_canaries_hold_rules_constraints_and_changes_over_five_round
 ) -> None:
     """The benchmark's generated sessions (seed 7): every rule and constraint in every round, every
     changed value resolved, the output at or under its target."""
-    canaries = _canaries()
+    canaries = load_benchmark("standing")
     rounds, read = await canaries.run_case(7, window, share, summarizer)
     assert len(rounds) == 5
     for r in rounds:
