@@ -42,6 +42,8 @@ async def loaded() -> Any:
     Awaited before anything that may import it on the loop (a compaction before its claim, the
     consumers before their first fetch): an import there would stall the loop for seconds.
     """
+    if load.cache_info().currsize:  # loaded already: no thread to hop to
+        return load()
     return await asyncio.to_thread(load)
 
 

@@ -131,13 +131,12 @@ class Compactor:
             target, scale = reactive_target(job, meta, budget)
         limits = limits_for(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
         if job.trigger is Trigger.REACTIVE:
-            # The provider's own limit may lie below our window: aim at nothing past its target.
-            limits = replace(limits, ceilings=())
-        if job.trigger is Trigger.REACTIVE and estimate(snapshot, counter) <= limits.target:
-            # The provider refused this history, so "already under the target" is our
-            # estimate's mistake (no numbers to calibrate with, or beyond the clamp):
-            # compact anyway, as far as the pipeline goes, instead of a no-op.
-            limits = replace(limits, force=True)
+            # The provider's own limit may lie below our window: no ceiling past its target. And
+            # as it refused this history, "already under the target" is our estimate's mistake
+            # (no numbers to calibrate with, or beyond the clamp): compact anyway, as far as the
+            # pipeline goes, instead of a no-op.
+            under = estimate(snapshot, counter) <= limits.target
+            limits = replace(limits, ceilings=(), force=limits.force or under)
         summarizers = list(self.summarizers(meta.model, counter))
         # Without a fallback there is nothing to switch to: no breaker then.
         llm = breaker_model(summarizers[0].name, meta.model) if len(summarizers) > 1 else None

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -69,11 +68,8 @@ class Worker:
     async def serve(self, on_consuming: Callable[[], None] | None = None) -> None:
         """Run until SIGINT/SIGTERM, then shut down gracefully; ``on_consuming`` once the consumers run.
 
-        LiteLLM (seconds to import) loads on a thread beside the broker's start and the group join
-        (both wait on the network); the garbage collector is tuned once it has.
+        LiteLLM loads beside the group join (``warm_up``); the garbage collector is tuned once it has.
         """
-        loading = threading.Thread(target=_litellm.load, name="load-litellm", daemon=True)
-        loading.start()
 
         async def started() -> None:
             await asyncio.to_thread(tune_gc)  # after build_worker's own hook: LiteLLM is in

@@ -34,8 +34,6 @@ class Standing:
     """A run's standing state: its items, and what the stages must leave for it."""
 
     items: tuple[Item, ...]
-    budget: int
-    """The most the state may take: ``standing_state_max_tokens`` or its share of the room, the smaller."""
     reserve: int
     """What the state takes within the budget: the stages aim this much under the target, and the
     state put back after them keeps to it."""
@@ -60,12 +58,13 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
             found += items
     merged = tuple(merge(carried, found))
     settings, limits = ctx.settings, ctx.limits
+    # The most it may take: ``standing_state_max_tokens`` or its share of the room, the smaller.
     budget = min(
         settings.standing_state_max_tokens,
         int(settings.standing_state_max_fraction * max(0, limits.target - limits.fixed_tokens)),
     )
     shown = _entry(merged, budget, 0, ctx)
-    return Standing(merged, budget, shown.tokens if shown is not None else 0)
+    return Standing(merged, shown.tokens if shown is not None else 0)
 
 
 def without_state(draft: Draft) -> Draft:

@@ -15,7 +15,10 @@ preferences; constraints and rules go last (docs/design.md, "The standing state"
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
@@ -23,10 +26,7 @@ from typing import Any, Final, Literal
 Kind = Literal["rule", "constraint", "preference", "goal", "decision", "fact"]
 
 KINDS: Final[tuple[Kind, ...]] = ("rule", "constraint", "preference", "goal", "decision", "fact")
-"""Every kind, in the order the state shows them."""
-
-KEEP_ORDER: Final[tuple[Kind, ...]] = ("rule", "constraint", "preference", "goal", "decision", "fact")
-"""What is kept first when space is short: rules and constraints go last, facts first."""
+"""Every kind, in the order the state shows them and keeps them when space is short (facts go first)."""
 
 STANDING_HEADER = "[Standing state]"
 INTRO = "What the user set, in their own words; each holds until a later message changes it."
@@ -207,6 +207,7 @@ def extract(text: str, seq: int, n: int) -> list[Item]:
     return [Item(kind, s, seq, n) for s in sentences(text) if (kind := classify(s)) is not None]
 
 
+@functools.lru_cache(maxsize=8192)  # a state compares each sentence with many: read it once
 def subject(text: str) -> frozenset[str]:
     """What a sentence is about: its content words (families merged), without values or how-words."""
     words = set()
@@ -218,6 +219,7 @@ def subject(text: str) -> frozenset[str]:
     return frozenset(words)
 
 
+@functools.lru_cache(maxsize=8192)
 def _values(text: str) -> frozenset[str]:
     return frozenset(v.lower().replace(",", "") for v in _VALUE.findall(text))
 
@@ -259,9 +261,24 @@ def merge(earlier: Iterable[Item], found: Iterable[Item]) -> list[Item]:
         if known is None or (known.superseded_by is None and item.superseded_by is not None):
             seen[key] = item
     items = sorted(seen.values(), key=lambda i: (i.seq, i.n))
+    # Only a later item sharing a subject word (a family counts as one) can change an item.
+    by_word: defaultdict[str, list[int]] = defaultdict(list)
+    for position, item in enumerate(items):
+        for word in subject(item.text):
+            by_word[word].append(position)
     out: list[Item] = []
     for index, item in enumerate(items):
-        later = None if not item.current else next((o for o in items[index + 1 :] if changes(o, item)), None)
+        if not item.current:
+            out.append(item)
+            continue
+        # Only an item with a family or two words in common can change it (``changes``); the first wins.
+        shared: Counter[int] = Counter()
+        for word in subject(item.text):
+            weight = 2 if word.startswith("~") else 1
+            for p in by_word[word][bisect.bisect_right(by_word[word], index) :]:
+                shared[p] += weight
+        candidates = sorted(p for p, n in shared.items() if n >= 2)
+        later = next((items[p] for p in candidates if changes(items[p], item)), None)
         out.append(item if later is None else replace(item, superseded_by=later.seq))
     return out
 
@@ -283,12 +300,13 @@ def render(
     ``shown`` are the ordinals of messages still verbatim in the history: their current items are
     there already and are not repeated. What goes first when space is short: superseded items whose
     message is gone (history now), then facts, decisions, goals, preferences, constraints, rules
-    (``KEEP_ORDER`` from the end), the oldest of a kind first. A superseded item whose message is
+    (``KINDS`` from the end), the oldest of a kind first. A superseded item whose message is
     still verbatim ranks with its kind: without its mark the old value reads as current beside the new.
     """
     listed = [i for i in items if not (i.current and i.n in shown)]
     gone = [i for i in listed if not i.current and i.n not in shown]
-    ranked = gone + [i for kind in reversed(KEEP_ORDER) for i in listed if i.kind == kind and i not in gone]
+    rest = [i for i in listed if i.current or i.n in shown]
+    ranked = gone + [i for kind in reversed(KINDS) for i in rest if i.kind == kind]
 
     def without(k: int) -> list[Item]:
         dropped = {id(i) for i in ranked[:k]}
