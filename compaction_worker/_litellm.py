@@ -2,13 +2,12 @@
 
 Importing this module is cheap: it fixes the environment LiteLLM and tiktoken read (the
 local model map, the bundled tokenizer files) without importing LiteLLM, which takes
-seconds. ``load()`` imports LiteLLM the first time a window lookup or an LLM call needs it;
-``loaded()`` does it off the event loop.
+seconds. ``load()`` imports LiteLLM the first time a window lookup or an LLM call needs it
+(a worker loads it off the event loop at start: ``runtime.worker.warm_up``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import importlib.util
@@ -36,17 +35,6 @@ TIKTOKEN_CACHE_DIR = Path(os.environ["TIKTOKEN_CACHE_DIR"])
 """Where tiktoken reads its encodings from in this process."""
 
 
-async def loaded() -> Any:
-    """LiteLLM, imported on a thread: the event loop goes on meanwhile (locks renewed, turns stored).
-
-    Awaited before anything that may import it on the loop (a compaction before its claim, the
-    consumers before their first fetch): an import there would stall the loop for seconds.
-    """
-    if load.cache_info().currsize:  # loaded already: no thread to hop to
-        return load()
-    return await asyncio.to_thread(load)
-
-
 @functools.cache
 def load() -> Any:
     """LiteLLM, imported on first use."""
@@ -63,4 +51,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TIKTOKEN_CACHE_DIR", "load", "loaded"]
+__all__ = ["TIKTOKEN_CACHE_DIR", "load"]

@@ -8,7 +8,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from compaction_worker import _litellm
 from compaction_worker.contracts.events import CompactionCompleted
 from compaction_worker.observability import tracing
 from compaction_worker.observability.health import Liveness
@@ -29,9 +28,6 @@ async def run_job(jobs: JobQueue, compactor: Compactor, conversation_id: str) ->
     that asked for the job: its context is read before the lock, for the span only (the claim
     reads the job again under the lock).
     """
-    # Before the claim: a first compaction would otherwise import LiteLLM on the loop with its lock
-    # held, and the lock's renewals would wait for the import (seconds; the fence then refuses it).
-    await _litellm.loaded()
     parent = tracing.context_of(await jobs.traceparent(conversation_id)) if tracing.enabled() else None
     attributes = {"messaging.message.conversation_id": conversation_id}
     with (

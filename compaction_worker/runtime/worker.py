@@ -52,6 +52,8 @@ class Worker:
     handled: int = 0
     health: HealthServer | None = None
     """The health port while it runs (``health.enabled``)."""
+    tune_gc_at_start: bool = False
+    """Tune the process's garbage collector at start (:func:`tune_gc`): set by :meth:`serve`."""
 
     @property
     def store(self) -> Store:
@@ -68,15 +70,18 @@ class Worker:
     async def serve(self, on_consuming: Callable[[], None] | None = None) -> None:
         """Run until SIGINT/SIGTERM, then shut down gracefully; ``on_consuming`` once the consumers run.
 
-        LiteLLM loads beside the group join (``warm_up``); the garbage collector is tuned once it has.
+        LiteLLM loads beside the group join (``warm_up``), and the garbage collector is tuned there
+        once it has (a worker process's own choice: tests and the demo run in a process of their own).
         """
 
-        async def started() -> None:
-            await asyncio.to_thread(tune_gc)  # after build_worker's own hook: LiteLLM is in
-            if on_consuming is not None:
-                on_consuming()
+        self.tune_gc_at_start = True
+        if on_consuming is not None:
+            callback = on_consuming
 
-        self.app.after_startup(started)
+            async def started() -> None:
+                callback()
+
+            self.app.after_startup(started)  # after build_worker's own hook, which starts consuming
         await self.app.run()
 
     @contextlib.asynccontextmanager
@@ -157,7 +162,6 @@ def build_worker(
     @contextlib.asynccontextmanager
     async def lifespan() -> AsyncIterator[None]:
         await client.ping()
-        pool.start()
         if settings.health.enabled:
             worker.health = HealthServer(settings.health, parts.liveness, _readiness(worker, client))
             await worker.health.start()
@@ -174,8 +178,10 @@ def build_worker(
     @app.after_startup
     async def consume() -> None:
         # After the broker: a turn's dead letter is published through it. LiteLLM and the tokenizers
-        # load beside the group join, off the loop: a first turn must not load them there.
-        await consumer.start(ready=asyncio.to_thread(warm_up, settings))
+        # load beside the group join, off the loop, and the pool claims no conversation before: a
+        # load on the loop, or one holding the GIL, would stall a held lock's renewals (stale fence).
+        await consumer.start(ready=asyncio.to_thread(warm_up, settings, tune=worker.tune_gc_at_start))
+        pool.start()
 
     @app.on_shutdown
     async def drain() -> None:
@@ -187,12 +193,15 @@ def build_worker(
     return worker
 
 
-def warm_up(settings: Settings) -> None:
+def warm_up(settings: Settings, *, tune: bool = False) -> None:
     """Load what a first turn or compaction would otherwise load on the event loop, for seconds:
-    LiteLLM (window lookups, the summarizer) and the common tokenizers (o200k_base, cl100k_base)."""
+    LiteLLM (window lookups, the summarizer) and the common tokenizers (o200k_base, cl100k_base);
+    then, with ``tune``, tune the garbage collector over what the process holds (:func:`tune_gc`)."""
     _litellm.load()
     for model in ("gpt-4o", "gpt-4"):
         counter_for(model, settings.budget).text("warm up")
+    if tune:
+        tune_gc()
 
 
 YOUNG_GC_THRESHOLD = 50_000
