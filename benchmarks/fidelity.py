@@ -310,6 +310,9 @@ class UnlistedKinds:
     def _prose(self, words: int) -> str:
         return " ".join(self.rng.choices(_PROSE_WORDS, k=words)).capitalize() + "."
 
+    def _statement(self, kind: int, item: str) -> str:
+        return f"and it is {item} for this one"
+
     def task(self, k: int) -> Iterator[Turn]:
         """Six turns, user and assistant alternating; every ``every``-th turn states one item mid-sentence."""
         for i in range(6):
@@ -321,8 +324,45 @@ class UnlistedKinds:
                 self.planted.append(Planted(f"kind{kind}", item))
                 words = text.split()
                 middle = self.rng.randint(20, 60)
-                text = f"{' '.join(words[:middle])} and it is {item} for this one {' '.join(words[middle:])}"
+                text = f"{' '.join(words[:middle])} {self._statement(kind, item)} {' '.join(words[middle:])}"
             yield self.seq, [{"role": "user" if i % 4 == 0 else "assistant", "content": text}]
+
+
+_WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_COUNTED = ("messages", "tickets", "users", "rows", "requests", "orders", "files", "retries")
+_CALLED = ("called", "named", "known as", "nicknamed")
+
+
+class ShapelessFacts(UnlistedKinds):
+    """Facts with no shape a pattern sees (issue 33): a weekday, a count of things ("80738 messages"),
+    a phone number written with spaces, a lowercase name, a month and day; each stated once in prose
+    by the user or the assistant, in a sentence that varies, like :class:`UnlistedKinds`'s. What
+    must survive is the fact itself (the weekday, the name), not the words around it."""
+
+    def _new_kind(self, index: int) -> Callable[[], str]:
+        rng = self.rng
+        style = index % 5
+        if style == 0:
+            return lambda: rng.choice(_WEEKDAY_NAMES)
+        if style == 1:
+            return lambda: f"{rng.randint(1_000, 99_999)} {rng.choice(_COUNTED)}"
+        if style == 2:
+            return lambda: f"0{rng.randint(100, 999)} {rng.randint(100, 999)} {rng.randint(1000, 9999)}"
+        if style == 3:
+            return self._word
+        return lambda: f"{rng.choice(_MONTH_NAMES)} {rng.randint(1, 28)}"
+
+    def _statement(self, kind: int, item: str) -> str:
+        """How the sentence gives the item: a day is when something happened, a name is what it is called."""
+        style = kind % 5
+        if style == 0:
+            return f"and it happened on {item} for this one"
+        if style == 3:
+            return f"and the team is {self.rng.choice(_CALLED)} {item} for this one"
+        return f"and it is {item} for this one"
+
+
+_MONTH_NAMES = ("January", "March", "April", "June", "August", "October", "November")
 
 
 class ParaphrasingSummarizer:
@@ -393,6 +433,7 @@ async def run_fidelity(
     summarizer: Summarizer | None = None,
     prose: bool = False,
     unlisted: bool = False,
+    shapeless: bool = False,
     window: int | None = None,
     every: int = 2,
 ) -> Run:
@@ -407,7 +448,7 @@ async def run_fidelity(
     Raises RuntimeError when a cycle does not compact.
     """
     settings = Settings()
-    model = PROSE_MODEL if prose or unlisted else MODEL
+    model = PROSE_MODEL if prose or unlisted or shapeless else MODEL
     counter = counter_for(model, settings.budget)
     budget = compute_budget(resolve_window(model, settings.budget, window), settings.budget)
     limits = strategies.Limits(
@@ -423,7 +464,9 @@ async def run_fidelity(
     overhead = strategies.summary_overhead(counter)
     summarizers = [summarizer or ExtractiveSummarizer(counter.text)]
     session: Session | ProseSession | UnlistedKinds = (
-        UnlistedKinds(seed, every=every)
+        ShapelessFacts(seed, kinds=10, every=every)
+        if shapeless
+        else UnlistedKinds(seed, every=every)
         if unlisted
         else ProseSession(seed)
         if prose
@@ -515,6 +558,19 @@ async def unlisted(cycles: int = 10, seed: int = 7) -> Run:
     )
 
 
+async def shapeless(cycles: int = 10, seed: int = 7) -> Run:
+    """Issue 33's case: weekdays, counts, spaced phone numbers, lowercase names, dates, in prose, 8K window,
+    a summary that keeps nothing."""
+    return await run_fidelity(
+        f"shapeless facts (seed {seed})",
+        cycles=cycles,
+        seed=seed,
+        shapeless=True,
+        pipeline=PipelineSettings(),
+        summarizer=ParaphrasingSummarizer(),
+    )
+
+
 async def real_model(
     model: str, api_base: str | None, api_key: str | None, *, cycles: int = 5, seed: int = 7
 ) -> Run:
@@ -577,6 +633,12 @@ async def _main(cycles: int, seed: int) -> None:
     print(
         f"\nKinds no extractor names, generated from seeds {seed}..{seed + 2}: {PROSE_MODEL}, default "
         "pipeline, one item every other turn, a summarizer that keeps no identifier"
+    )
+    print(format_runs(runs))
+    runs = [await shapeless(cycles, seed + i) for i in range(3)]
+    print(
+        f"\nFacts with no shape (weekdays, counts, spaced phone numbers, lowercase names, dates), seeds "
+        f"{seed}..{seed + 2}: {PROSE_MODEL}, default pipeline, a summarizer that keeps nothing"
     )
     print(format_runs(runs))
 

@@ -259,7 +259,7 @@ class PipelineSettings(_Section):
         "a summary (reserved under the target before any stage runs); 0: off.",
     )
     standing_state_max_fraction: float = Field(
-        default=0.15,
+        default=0.25,
         ge=0,
         le=0.5,
         description="The same, as a share of the room under the target; the smaller wins.",

@@ -63,8 +63,12 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
         settings.standing_state_max_tokens,
         int(settings.standing_state_max_fraction * max(0, limits.target - limits.fixed_tokens)),
     )
-    shown = _entry(merged, budget, 0, ctx)
-    return Standing(merged, shown.tokens if shown is not None else 0)
+    # What the state may show after any stage: all of it when it fits; else the current items first,
+    # and a changed one whose message may stay verbatim ranks with them (its mark beside the old words).
+    verbatim = {e.n for e in entries if e.edit is None and not e.synthetic and e.role == "user"}
+    widest = (merged, [i for i in merged if i.current or i.n in verbatim])
+    reserve = max((e.tokens for items in widest if (e := _entry(items, budget, 0, ctx)) is not None), default=0)
+    return Standing(merged, reserve)
 
 
 def without_state(draft: Draft) -> Draft:

@@ -96,11 +96,9 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
     while i < len(words):
         kind = kinds[i]
         last = i
-        if kind == _TERM:
-            term = _strip(words[i])
-            if _NUMBER.fullmatch(words[i]) and i + 1 < len(words) and _is_unit(words[i + 1]):
-                last = i + 1  # a number with its unit: "345 ms", "4.5 GB", "20 req/s"
-                term = f"{words[i]} {_strip(words[last])}"
+        if kind == _TERM or (kind == _PLAIN and i > 0 and _names_next(words, i)):
+            # A name given in lowercase ("the team is called bluefin") is one too.
+            last = _joined(words, kinds, i)
         elif kind == _NAME:
             while last + 1 < len(words) and kinds[last + 1] == _NAME:
                 if words[last].endswith((",", *_SENTENCE_END)):
@@ -112,10 +110,11 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
             if starts_sentence and last == i:  # a sentence's first word: capitalised anyway
                 i += 1
                 continue
-            term = " ".join(_strip(w) for w in words[i : last + 1])
+            last = _joined(words, kinds, last)
         else:
             i += 1
             continue
+        term = " ".join([*words[i:last], _strip(words[last])]).lstrip(_EDGES)
         low = max(0, i - CONTEXT_WORDS)
         high = min(len(words) - 1, last + CONTEXT_WORDS)
         yield term, " ".join(words[low : high + 1])
@@ -123,6 +122,29 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
 
 
 _PLAIN, _TERM, _NAME = 0, 1, 2
+_NAMING: Final = frozenset({"called", "named", "nicknamed", "codenamed", "dubbed", "titled"})
+
+
+def _names_next(words: list[str], i: int) -> bool:
+    """Whether the word before ``words[i]`` gives it as a name ("called X", "known as X")."""
+    before = words[i - 1].lower()
+    return before in _NAMING or (before == "as" and i > 1 and words[i - 2].lower() == "known")
+
+
+def _joined(words: list[str], kinds: list[int], last: int) -> int:
+    """The last word of the term ending at ``last`` once what belongs to it is joined: numbers and
+    terms right after it ("0412 555 0199", "April 19", "Python 3.11") and a number's unit ("345 ms",
+    "20 req/s", "80738 messages"), unless punctuation ends a word between them."""
+    while last + 1 < len(words) and not words[last].endswith((",", *_SENTENCE_END)):
+        following = words[last + 1]
+        number = _NUMBER.fullmatch(words[last]) is not None
+        if (number or kinds[last] == _NAME) and _NUMBER.fullmatch(following.rstrip(",.;:!?)")):
+            last += 1
+        elif number and _is_unit(following):
+            return last + 1
+        else:
+            break
+    return last
 _NUMBER: Final = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?")
 _NOT_UNITS: Final = frozenset(
     {
@@ -150,11 +172,14 @@ _NOT_UNITS: Final = frozenset(
 
 
 def _is_unit(raw: str) -> bool:
-    """Whether the word after a number reads as its unit: short, or a rate or a share."""
+    """Whether the word after a number reads as its unit: short, a rate or a share, or what it
+    counts ("80738 messages", "12 retries")."""
     word = raw.rstrip(",.;:!?)")
     if "/" in word or word == "%":
         return 0 < len(word) <= 8
-    return 0 < len(word) <= 4 and word.isalpha() and word.lower() not in _NOT_UNITS
+    if not word.isalpha() or word.lower() in _NOT_UNITS:
+        return False
+    return 0 < len(word) <= 4 or (word.islower() and word.endswith("s") and len(word) <= 14)
 
 
 @functools.lru_cache(maxsize=1 << 15)

@@ -101,6 +101,8 @@ _UPDATE = re.compile(
     r"revise[sd]?|bump(?:ed)?|extend(?:ed)?|push(?:ed)?|make it|new)\b",
     _FLAGS,
 )
+# "Now" in these says when a rule starts or what is true, not that something changed.
+_NOT_UPDATE = re.compile(r"\b(?:from now on|for now|right now|just now|as of now|until now)\b", _FLAGS)
 _VALUE = re.compile(
     rf"[$€£]?\d[\d,.:/]*(?:\s?(?:%|k|m|gb|mb|kb|ms|s|h|usd|eur|dollars?|euros?))?\b|\b(?:{_WEEKDAYS}|{_MONTHS})\b",
     _FLAGS,
@@ -238,7 +240,7 @@ def changes(later: Item, earlier: Item) -> bool:
     close = len(shared) >= 2 and len(shared) >= 0.5 * min(len(a), len(b))
     if not (families or close):
         return False
-    said_change = _UPDATE.search(later.text) is not None
+    said_change = _UPDATE.search(_NOT_UPDATE.sub(" ", later.text)) is not None
     other_value = bool(_values(later.text)) and _values(later.text) != _values(earlier.text)
     if "fact" in (later.kind, earlier.kind):
         # A fact changes only a fact: one that says so, or the same sentence with another value.
@@ -246,6 +248,10 @@ def changes(later: Item, earlier: Item) -> bool:
         return later.kind == earlier.kind and ((said_change and close) or (same and other_value))
     if said_change:
         return True
+    if a - b and b - a:
+        # Each names something the other does not ("never log tokens in auth", "... in checkout"):
+        # without a word of change, two subjects side by side.
+        return False
     # No word of change: another value (or another member of a family) still changes it.
     return other_value or (families and a != b)
 

@@ -306,7 +306,7 @@ class TestProse:
         # Its distinctive terms are those of any shape (a time, a ratio, a name, a class), not
         # the compounds of ordinary words.
         terms = {item_core(i) for i in said(text)}
-        assert terms == {"10:30", "3.5", "3:1", "KeyError"}
+        assert terms == {"10:30", "3.5 times", "3:1", "KeyError"}
 
     def test_cores(self) -> None:
         """The core: the errno and its address, the exception and its message, the stated value."""

@@ -105,9 +105,23 @@ class TestLineTerms:
             "Alice Chen",
             "Acme Corp",
             "Friday",
-            "Postgres",
-            "16",
+            "Postgres 16",
             "db-7.internal:5432",
+        ]
+
+    def test_what_belongs_to_a_term_joins_it(self) -> None:
+        """A phone number's groups, a date's day, a count's noun, a name given in lowercase: one term each."""
+        line = (
+            "Call 0412 555 0199 before March 14, we saw 80738 messages, and the team is called bluefin; "
+            "the old one was known as kestrel. It took 345 ms."
+        )
+        assert [term for term, _ in line_terms(line)] == [
+            "0412 555 0199",
+            "March 14",
+            "80738 messages",
+            "bluefin",
+            "kestrel",
+            "345 ms",
         ]
 
     def test_each_term_comes_with_the_words_around_it(self) -> None:
