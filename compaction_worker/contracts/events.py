@@ -112,6 +112,11 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     pinned: bool = Field(default=False, description="Never summarized or pruned away.")
+    task: bool | None = Field(
+        default=None,
+        description="The statement of the work (kept verbatim within the task's budget); without a mark, the "
+        "first user message that is no demonstration.",
+    )
 
     @model_validator(mode="after")
     def _role_rules(self) -> ChatMessage:

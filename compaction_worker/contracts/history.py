@@ -25,7 +25,7 @@ SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and wi
 # Fields that are ours, not the provider's; stripped when rendering and not counted.
 # ``native`` holds what a format adapter (compaction_worker.formats) could not map;
 # ``working_state`` the structured state a restored-state message shows (``RESTORED``).
-PRIVATE_FIELDS = ("pinned", "native", "working_state", "standing_state")
+PRIVATE_FIELDS = ("pinned", "task", "native", "working_state", "standing_state")
 
 SYNTHETIC = "synthetic"
 """The ``edit`` of an entry that repair made up (a placeholder tool call or result, a

@@ -144,6 +144,9 @@ class StageOutcome:
     """How many summarizers it asked (0: none, or it found nothing to summarize)."""
     failures: int = 0
     """How many of them failed; the first one asked is the primary."""
+    short_of_room: bool = False
+    """It wrote nothing because what must stay left no room for a summary (no summarizer failed):
+    a higher aim may succeed where the target did not (``pipeline._compact``)."""
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ notice between carries the distinctive terms of what it omits (:mod:`..summaries
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -73,6 +74,69 @@ def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
             edited[i] = new
     out = outcome(draft, ctx, edited, STAGE, plural(len(edited), "message"))
     return replace(out, notes=tuple(notes)) if notes else out
+
+
+def cut_to(entries: Sequence[Entry], budget: int, ctx: StageContext) -> tuple[Entry, ...]:
+    """``entries`` (the newest step) within ``budget`` tokens where cutting can get them there: the
+    largest first, its text to a head and a tail, then the longest string values of its tool-call
+    arguments likewise (the arguments stay valid JSON); system and pinned messages never."""
+    out = list(entries)
+    over = sum(e.tokens for e in out) - budget
+    for i in sorted(range(len(out)), key=lambda i: -out[i].tokens):
+        entry = out[i]
+        if over <= 0:
+            break
+        if entry.role == "system" or entry.pinned or entry.edit in PLACEHOLDER_EDITS:
+            continue
+        cut = shrink(entry, Caps(tokens=max(0, entry.tokens - over), bytes=None, lines=None), ctx) or entry
+        cut = _cut_arguments(cut, over - (entry.tokens - cut.tokens), ctx)
+        if cut is not entry:
+            over -= entry.tokens - cut.tokens
+            out[i] = cut
+    return tuple(out)
+
+
+def _cut_arguments(entry: Entry, over: int, ctx: StageContext) -> Entry:
+    """``entry`` with its tool calls' longest string arguments cut to a head and a tail until about
+    ``over`` tokens are saved; the entry itself when it has none worth cutting."""
+    calls = entry.message.get("tool_calls")
+    if over <= 0 or not isinstance(calls, list) or not calls:
+        return entry
+    parsed: list[tuple[int, dict[str, Any]]] = []
+    for index, call in enumerate(calls):
+        raw = call.get("function", {}).get("arguments") if isinstance(call, Mapping) else None
+        try:
+            value = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            parsed.append((index, value))
+    longest = sorted(
+        ((len(v), index, key) for index, args in parsed for key, v in args.items() if isinstance(v, str)),
+        reverse=True,
+    )
+    changed = dict(parsed)
+    ratio = max(1.0, len(json.dumps(entry.message, ensure_ascii=False)) / max(1, entry.tokens))
+    left = over
+    for size, index, key in longest:
+        if left <= 0 or size <= 2 * MIN_KEEP_BYTES:
+            break
+        keep = max(MIN_KEEP_BYTES, size - int(left * ratio))
+        cut = cut_text(changed[index][key], keep, None)
+        if cut is None:
+            continue
+        changed[index] = {**changed[index], key: cut}
+        left -= int((size - len(cut)) / ratio)
+    if left == over:
+        return entry
+    new_calls = [
+        {**call, "function": {**call["function"], "arguments": json.dumps(changed[i], ensure_ascii=False)}}
+        if i in changed
+        else call
+        for i, call in enumerate(calls)
+    ]
+    message = {**entry.message, "tool_calls": new_calls}
+    return replace(entry, message=message, tokens=ctx.count_message(message), edit=EDIT)
 
 
 def cut_kept(entry: Entry, budget: int, ctx: StageContext) -> tuple[Entry, str] | None:

@@ -108,12 +108,14 @@ async def compact(
                 f"compacted under {ceiling} tokens instead"
             )
             return replace(relaxed, usage=spent, notes=(*relaxed.notes, note))
-    why = (
-        f"{result.error}; nor can it get under {', '.join(map(str, limits.ceilings))} tokens"
-        if limits.ceilings
-        else result.error
-    )
-    return replace(result, usage=spent, error=why)
+    tried = [c for c in limits.ceilings if c > limits.target and result.tokens_before > c]
+    under = [c for c in limits.ceilings if result.tokens_before <= c]
+    why = [result.error or NO_STAGE_REACHES]
+    if tried:
+        why.append(f"nor can it get under {', '.join(map(str, tried))} tokens")
+    if under:
+        why.append(f"the history ({result.tokens_before} tokens) stays under {min(under)}, within the window")
+    return replace(result, usage=spent, error="; ".join(why))
 
 
 async def _compact(
@@ -160,6 +162,7 @@ async def _compact(
     # The standing state is put back after whichever stage commits: the stages aim under the
     # target by what it takes (strategies/standing_state.py).
     draft = without_state(run.start)
+    whole = ctx
     if run.standing is not None and run.standing.reserve:
         ctx = replace(ctx, limits=replace(limits, target=max(0, limits.target - run.standing.reserve)))
         run.ctx = ctx
@@ -170,6 +173,14 @@ async def _compact(
             break
         with tracing.span(f"{tracing.STAGE_SPAN}.{stage.name}", {"compaction.stage": stage.name}) as span:
             out = await stage(draft, ctx)
+            if out.short_of_room:
+                # What must stay leaves the summary no room under the target: a summary under a
+                # ceiling (invariant 5) keeps more than the last resort would under the target.
+                out = await _aim_higher(stage, draft, out, run)
+            if out.report is None and stage.kind is StageKind.LAST_RESORT and ctx is not whole:
+                # The state's reservation must not make the target unreachable (invariant 5): the
+                # last resort aims at the target itself, and the state takes what it leaves.
+                out = await stage(draft, whole)
             span.set_attribute("compaction.stage.applied", out.report is not None)
         run.record(out)
         if out.report is None:
@@ -184,6 +195,31 @@ async def _compact(
     if reaches_target(draft, ctx):
         return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, UNDER_THE_TARGET])
     return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
+
+
+async def _aim_higher(stage: Stage, draft: Draft, out: StageOutcome, run: _Run) -> StageOutcome:
+    """``stage`` again at each ceiling above the target, until one leaves it room; ``out`` if none does.
+
+    Once it succeeds the run works to that ceiling (the standing state is restored under it) and
+    its note says why."""
+    limits, reserve = run.ctx.limits, run.target - run.ctx.limits.target
+    for ceiling in limits.ceilings:
+        if ceiling <= run.target:
+            continue
+        higher = tuple(c for c in limits.ceilings if c > ceiling)
+        aim = replace(run.ctx, limits=replace(limits, target=ceiling - reserve, ceilings=higher))
+        retry = await stage(draft, aim)
+        if retry.report is not None and reaches_target(retry.draft, aim):
+            note = (
+                f"what must stay leaves a summary no room under the target ({run.target} tokens): "
+                f"summarized under {ceiling} tokens instead"
+            )
+            run.ctx, run.target = aim, ceiling
+            return replace(retry, usage=add_usage(out.usage, retry.usage), notes=(*retry.notes, note))
+        out = replace(out, usage=add_usage(out.usage, retry.usage))
+        if not retry.short_of_room:
+            break
+    return out
 
 
 def instruction_tokens(history: EffectiveHistory, limits: Limits) -> int:
@@ -211,8 +247,11 @@ class _Run:
     tried: int = 0
     failures: int = 0
     standing: Standing | None = field(init=False)
+    target: int = field(init=False)
+    """The run's own target (``ctx`` may aim under it by the standing state's reservation)."""
 
     def __post_init__(self) -> None:
+        self.target = self.ctx.limits.target
         self.start = Draft(self.history.chunks, self.history.entries)
         self.tokens_before = self.ctx.tokens(self.start)
         self.standing = (
@@ -251,10 +290,12 @@ class _Run:
         final = repaired.draft
         if self.standing is not None:
             # After repair: the state renders inside the summary turn, outside role order. Within what
-            # the stages left for it, and less than they saved (an earlier state's tokens among it):
-            # a compaction shrinks the history.
-            saved = self.tokens_before - self.ctx.tokens(final)
-            most = min(self.standing.reserve, max(0, saved - 1))
+            # the stages left for it, less than they saved (an earlier state's tokens among it: a
+            # compaction shrinks the history), and under the run's own target.
+            after = self.ctx.tokens(final)
+            most = min(
+                self.standing.reserve, max(0, self.tokens_before - after - 1), max(0, self.target - after)
+            )
             final = restore_state(self.standing, final, self.ctx, most)
         return self.result(Outcome.COMPACTED, final, self.errors if errors is None else errors)
 

@@ -20,13 +20,15 @@ from typing import Any
 from compaction_worker.contracts.events import StandingStateReport
 from compaction_worker.contracts.history import STANDING, Entry, text_of
 from compaction_worker.strategies.draft import Draft, StageContext
-from compaction_worker.summaries.standing import KINDS, Item, extract, merge, render
+from compaction_worker.strategies.tail import observations, task_index
+from compaction_worker.summaries.standing import KINDS, Item, extract, is_prose, merge, render
 
 FIELD = "standing_state"
 CARRY_MAX = 500
 """Items a state carries as data at most (a conversation's whole life of user sentences would grow without end)."""
 FACT_SOURCE_MAX_CHARS = 3_000
-"""A longer user message is pasted material (a log, a document): its rules count, its sentences are not facts."""
+"""A longer user message is pasted material (a log, a document, a command's output): its rules written
+in prose count, its other sentences and its facts do not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,10 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
     """The state of a history: what earlier compactions carried, and what its user messages state."""
     carried: list[Item] = []
     found: list[Item] = []
-    for entry in entries:
+    observed = observations(entries)
+    for index, entry in enumerate(entries):
+        if index in observed:
+            continue  # an agent's observation sent as a user message: output, not the user speaking
         if entry.edit == STANDING:
             data = entry.message.get(FIELD)
             raw = data.get("items") if isinstance(data, Mapping) else None
@@ -54,21 +59,42 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
             text = text_of(ctx.originals.get(entry.n, entry.message))
             items = extract(text, entry.seq, entry.n)
             if len(text) > FACT_SOURCE_MAX_CHARS:
-                items = [i for i in items if i.kind != "fact"]
+                items = [i for i in items if i.kind != "fact" and is_prose(i.text)]
             found += items
     merged = tuple(merge(carried, found))
     settings, limits = ctx.settings, ctx.limits
-    # The most it may take: ``standing_state_max_tokens`` or its share of the room, the smaller.
+    # The most it may take: ``standing_state_max_tokens`` or its share of the room the system prompt,
+    # the tools and the system messages leave, the smaller.
+    instructions = limits.fixed_tokens + sum(e.tokens for e in entries if e.role == "system")
     budget = min(
         settings.standing_state_max_tokens,
-        int(settings.standing_state_max_fraction * max(0, limits.target - limits.fixed_tokens)),
+        int(settings.standing_state_max_fraction * max(0, limits.target - instructions)),
     )
     # What the state may show after any stage: all of it when it fits; else the current items first,
     # and a changed one whose message may stay verbatim ranks with them (its mark beside the old words).
+    # Not the items of messages kept whole whatever the stages do (the task within its budget, pinned
+    # messages): those messages say them already.
     verbatim = {e.n for e in entries if e.edit is None and not e.synthetic and e.role == "user"}
+    whole = _kept_whole(entries, ctx)
     widest = (merged, [i for i in merged if i.current or i.n in verbatim])
-    reserve = max((e.tokens for items in widest if (e := _entry(items, budget, 0, ctx)) is not None), default=0)
+    reserve = max(
+        (
+            e.tokens
+            for items in widest
+            if (e := _entry(items, budget, 0, ctx, {i for i in items if i.n in whole})) is not None
+        ),
+        default=0,
+    )
     return Standing(merged, reserve)
+
+
+def _kept_whole(entries: Sequence[Entry], ctx: StageContext) -> set[int]:
+    """Ordinals of messages every stage keeps verbatim: pinned ones, and the task within its budget."""
+    kept = {e.n for e in entries if e.pinned and not e.synthetic}
+    task = task_index(entries) if ctx.limits.task_max_tokens > 0 else None
+    if task is not None and entries[task].edit is None and entries[task].tokens <= ctx.limits.task_max_tokens:
+        kept.add(entries[task].n)
+    return kept
 
 
 def without_state(draft: Draft) -> Draft:
@@ -85,9 +111,16 @@ def restore_state(standing: Standing, draft: Draft, ctx: StageContext, most: int
     if not draft.chunks:
         return draft
     seq = draft.chunks[-1].last_seq
-    verbatim = {e.n for e in draft.entries if e.edit is None and not e.synthetic}
-    entry = _entry(standing.items, most, seq, ctx, verbatim)
+    entry = _entry(standing.items, most, seq, ctx, said(standing.items, draft.entries))
     return draft if entry is None else Draft(draft.chunks, (entry, *draft.entries))
+
+
+def said(items: Sequence[Item], entries: Sequence[Entry]) -> set[Item]:
+    """The items ``entries`` still say: their message is there verbatim, or what was kept of it when
+    it was cut (the task's head and tail) holds the sentence word for word."""
+    verbatim = {e.n for e in entries if e.edit is None and not e.synthetic}
+    cut = {e.n: text_of(e.message) for e in entries if e.edit is not None and not e.synthetic and e.n}
+    return {i for i in items if i.n in verbatim or (i.n in cut and i.text in cut[i.n])}
 
 
 def report(standing: Standing, draft: Draft) -> StandingStateReport | None:
@@ -119,7 +152,7 @@ def _carry(items: Sequence[Item]) -> list[Item]:
 
 
 def _entry(
-    items: Sequence[Item], budget: int, seq: int, ctx: StageContext, shown: Collection[int] = ()
+    items: Sequence[Item], budget: int, seq: int, ctx: StageContext, shown: Collection[Item] = ()
 ) -> Entry | None:
     """The state's entry within ``budget`` tokens (what does not fit left out, in ``render``'s order)."""
     if not items or budget <= 0:

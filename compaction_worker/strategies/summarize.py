@@ -15,6 +15,7 @@ from typing import Any
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.history import Entry, SummaryChunk, public_message
 from compaction_worker.offload import off_loop
+from compaction_worker.strategies.allocation import Keeps, allocate, summary_floor
 from compaction_worker.strategies.chunks import chunk_frame, make_chunk
 from compaction_worker.strategies.draft import (
     Draft,
@@ -26,8 +27,9 @@ from compaction_worker.strategies.draft import (
     plural,
 )
 from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
+from compaction_worker.strategies.oversized import cut_kept, cut_to
 from compaction_worker.strategies.repair import reaches_target
-from compaction_worker.strategies.tail import partition
+from compaction_worker.strategies.tail import Partition, newest_step, partition, split_points, task_index
 from compaction_worker.summaries.contract import (
     InputTooLargeError,
     Summarizer,
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 STAGE = "summarize"
 MIN_SUMMARY_TOKENS = 32
 """Below this much room a summary is not worth an LLM call."""
+ALLOCATION_TRIES = 3
+"""Allocations the stage tries when the cuts overshoot their shares (strategies/allocation.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,21 +293,15 @@ async def summarize(
     folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
     kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
     tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
-    parts = partition(
-        draft.entries,
-        limits.tail_max_messages,
-        tail_budget,
-        task=limits.task_max_tokens > 0,
-        user_words=limits.user_words_max_tokens,
+    head, pinned, tail, notes = _arrange(
+        draft, ctx, tail_budget, free=room - ctx.overhead - kept_chunk_tokens, reserve=chunk_reserve
     )
-    head, pinned, tail = parts.head, parts.pinned, parts.tail
     if kept_chunks and (early := tuple(e for e in head if e.n < kept_chunks[-1].last_n)):
         # Entries kept ahead of the chunks (a task kept when the settings said so) cannot join
         # an added chunk, whose span would then hold an older chunk's too: they stay until a fold.
         head = tuple(e for e in head if e.n >= kept_chunks[-1].last_n)
-        order = {id(e): i for i, e in enumerate(draft.entries)}
-        pinned = tuple(sorted((*pinned, *early), key=lambda e: order[id(e)]))
-    notes: tuple[str, ...] = (parts.note,) if parts.note else ()
+        order = {e.n: i for i, e in enumerate(draft.entries) if not e.synthetic}
+        pinned = tuple(sorted((*pinned, *early), key=lambda e: order.get(e.n, -1)))
     if not head and not fold:
         return StageOutcome(draft, errors=("nothing before the verbatim tail to compact",), notes=notes)
 
@@ -331,7 +329,13 @@ async def summarize(
     if stopped is not None or attempts.current >= len(summarizers):
         errors = (*attempts.errors, stopped) if stopped else tuple(attempts.errors)
         return StageOutcome(
-            draft, usage=attempts.usage, errors=errors, tried=tried, failures=failures, notes=notes
+            draft,
+            usage=attempts.usage,
+            errors=errors,
+            tried=tried,
+            failures=failures,
+            notes=notes,
+            short_of_room=stopped is not None and not span.chunks and failures == 0,
         )
     chunks = tuple(span.chunks)
     if len(chunks) > 1:
@@ -353,6 +357,128 @@ async def summarize(
         failures=failures,
         notes=notes,
     )
+
+
+def _arrange(
+    draft: Draft, ctx: StageContext, tail_budget: int, *, free: int, reserve: int
+) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...], tuple[str, ...]]:
+    """What is summarized, what stays before the tail and the tail, within ``free`` tokens (the room
+    less the chunks that stay), and notes on what was cut: the partition, the newest step kept,
+    then one allocation (strategies/allocation.py) so that the summary (``reserve`` at most) keeps
+    its floor."""
+    limits = ctx.limits
+    parts = partition(
+        draft.entries,
+        limits.tail_max_messages,
+        tail_budget,
+        task=limits.task_max_tokens > 0,
+        user_words=limits.user_words_max_tokens,
+    )
+    notes: tuple[str, ...] = (parts.note,) if parts.note else ()
+    start = newest_step(draft.entries)
+    if start is not None and len(draft.entries) - len(parts.tail) > start:
+        # The tail holds less than the newest step (it alone exceeds the tail's bound, or the tail
+        # starts at the observation after it): the step stays whole (the agent's last action and its
+        # result are what the next call continues from), cut to fit below if it must be.
+        step = draft.entries[start:]
+        ids = {id(e) for e in step}
+        parts = Partition(
+            tuple(e for e in parts.head if id(e) not in ids),
+            tuple(e for e in parts.pinned if id(e) not in ids),
+            step,
+        )
+        notes = (
+            f"the newest step alone ({plural(sum(e.tokens for e in step), 'token')}) exceeds the verbatim tail's bound",
+        )
+    # One allocation (strategies/allocation.py): the summary keeps its floor; the user's words, the
+    # tail and, last, the task give way in its order when they leave it less.
+    task_at = task_index(draft.entries) if limits.task_max_tokens > 0 else None
+    task = draft.entries[task_at] if task_at is not None else None
+    task = None if task is not None and task.pinned else task  # pinned by the runtime: never cut
+    kept = [e for e in parts.pinned if e is not task]
+    never = sum(e.tokens for e in kept if e.pinned or e.role == "system")
+    # The task's share is worked out from the task as written, so that one compaction's cut is not
+    # the next one's starting point (each would cut it further).
+    whole = _as_written(task, ctx) if task is not None and task in parts.pinned else None
+    wants = Keeps(
+        task=min(limits.task_max_tokens, whole.tokens) if whole is not None else 0,
+        user_words=sum(e.tokens for e in kept) - never,
+        tail=sum(e.tokens for e in parts.tail),
+    )
+    free -= never
+    floor = summary_floor(free, reserve)
+    keeps, aim = wants, free
+    for _ in range(ALLOCATION_TRIES):
+        # A cut lands near its share, not on it (a head and a tail, whole lines, a notice): what it
+        # overshoots comes off the next try's room.
+        keeps = allocate(aim, wants, floor, last_aim=not limits.ceilings)
+        head, pinned, tail = _fit(
+            parts, wants=wants, keeps=keeps, task=task, whole=whole, entries=draft.entries, ctx=ctx
+        )
+        over = sum(e.tokens for e in (*pinned, *tail)) - never - keeps.total
+        if keeps == wants or over <= 0:
+            break
+        aim -= over
+    if keeps != wants:
+        notes += (
+            f"the task, the user's recent words and the verbatim tail ({wants.total} tokens) were cut to "
+            f"{sum(e.tokens for e in (*pinned, *tail)) - never} to leave the summary its floor",
+        )
+    return head, pinned, tail, notes
+
+
+def _as_written(entry: Entry, ctx: StageContext) -> Entry:
+    """``entry`` as the transcript has it (an earlier compaction may have cut it)."""
+    message = ctx.originals.get(entry.n) if entry.edit is not None else None
+    if message is None:
+        return entry
+    return Entry(n=entry.n, seq=entry.seq, message=message, tokens=ctx.count_message(message))
+
+
+def _fit(
+    parts: Partition,
+    *,
+    wants: Keeps,
+    keeps: Keeps,
+    task: Entry | None,
+    whole: Entry | None,
+    entries: Sequence[Entry],
+    ctx: StageContext,
+) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...]]:
+    """``parts`` as (head, pinned, tail) within ``keeps``: the task (``whole``: as written) whole or cut
+    to its share (head and tail, its distinctive terms carried), the oldest of the user's words
+    returned to the head, the tail's older steps too, down to the newest step, which is cut to fit
+    rather than summarized."""
+    head, pinned, tail = list(parts.head), list(parts.pinned), list(parts.tail)
+    order = {id(e): i for i, e in enumerate(entries)}
+    words = [e for e in pinned if e is not task and not e.pinned and e.role == "user" and not e.synthetic]
+    if task is not None and whole is not None and task in pinned:
+        fitted = whole if whole.tokens <= keeps.task else (cut := cut_kept(whole, keeps.task, ctx)) and cut[0]
+        if fitted and fitted.tokens != task.tokens:
+            pinned = [fitted if e is task else e for e in pinned]
+            order[id(fitted)] = order[id(task)]
+    if keeps == wants:
+        return tuple(head), tuple(pinned), tuple(tail)
+    over = wants.user_words - keeps.user_words
+    for entry in words:  # oldest first
+        if over <= 0:
+            break
+        pinned.remove(entry)
+        head.append(entry)
+        over -= entry.tokens
+    newest = newest_step(tail) or 0
+    points = [p for p in split_points(tail) if 0 < p <= newest]
+    suffix = [sum(e.tokens for e in tail[p:]) for p in points]
+    start = next(
+        (p for p, size in zip(points, suffix, strict=True) if size <= keeps.tail), points[-1] if points else 0
+    )
+    if sum(e.tokens for e in tail) > keeps.tail and start:
+        for entry in tail[:start]:
+            (pinned if entry.pinned or entry.role == "system" else head).append(entry)
+        tail = tail[start:]
+    head = sorted((e for e in head if not e.synthetic), key=lambda e: order[id(e)])
+    pinned = sorted(pinned, key=lambda e: order[id(e)])
+    return tuple(head), tuple(pinned), cut_to(tail, keeps.tail, ctx)
 
 
 class SummaryStage:

@@ -8,10 +8,11 @@ first user message, see :func:`task_index`) stay verbatim with their tool pairs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compaction_worker.contracts.history import Entry
+from compaction_worker.contracts.history import Entry, text_of
 from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.draft import plural
 from compaction_worker.strategies.repair import call_ids, open_call_index
@@ -47,18 +48,77 @@ def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) ->
     return choose_tail(entries, max_messages, max_tokens)[0]
 
 
-def task_index(entries: Sequence[Entry]) -> int | None:
-    """Where the task is: the earliest user message that is no synthetic one, if any.
+def newest_step(entries: Sequence[Entry]) -> int | None:
+    """Where the newest step starts: its assistant message (with the tool results or the observation
+    after it), at the last clean boundary; None when that is the whole history or there is none."""
+    points = split_points(entries)
+    start = max((p for p in points if entries[p].role == "assistant"), default=max(points, default=0))
+    return start or None
 
-    Kept from the first compaction on, it is the conversation's first user message, the
-    statement of what the agent is to do. In a history compacted before the task was
-    kept, it is the earliest user message the history still holds.
+
+def observations(entries: Sequence[Entry]) -> set[int]:
+    """Indexes of user messages that are an agent's observations, not the user speaking: a user
+    message after an assistant message of the same turn (text-protocol agents, such as SWE-agent and
+    mini-swe-agent, send a command's output back as a user message in the step that ran it)."""
+    out: set[int] = set()
+    for i in range(1, len(entries)):
+        entry = entries[i]
+        if entry.role == "user" and any(e.role == "assistant" for e in _same_turn_before(entries, i)):
+            out.add(i)
+    return out
+
+
+def _same_turn_before(entries: Sequence[Entry], i: int) -> list[Entry]:
+    seq, out = entries[i].seq, []
+    for j in range(i - 1, -1, -1):
+        if entries[j].seq != seq:
+            break
+        out.append(entries[j])
+    return out
+
+
+def task_index(entries: Sequence[Entry]) -> int | None:
+    """Where the task is: the message the runtime marked ``task``; else the earliest user message
+    that is no synthetic one and no demonstration (:func:`is_demonstration`), if any.
+
+    Kept from the first compaction on, it is the conversation's statement of what the agent is
+    to do. In a history compacted before the task was kept, it is the earliest such user message
+    the history still holds.
     """
-    return next((i for i, e in enumerate(entries) if e.role == "user" and not e.synthetic), None)
+    marked = next(
+        (i for i, e in enumerate(entries) if e.message.get("task") is True and not e.synthetic), None
+    )
+    if marked is not None:
+        return marked
+    return next(
+        (
+            i
+            for i, e in enumerate(entries)
+            if e.role == "user" and not e.synthetic and not is_demonstration(e)
+        ),
+        None,
+    )
+
+
+_DEMONSTRATION = re.compile(
+    r"^\W*(?:here is|here's|below is|the following is) an? (?:demonstration|example (?:of|trajectory))\b"
+    r"|-{2,}\s*(?:begin )?demonstration\s*-{2,}",
+    re.IGNORECASE,
+)
+
+
+def is_demonstration(entry: Entry) -> bool:
+    """Whether a user message shows the agent how a task is done rather than giving it one: marked
+    ``is_demo`` (SWE-agent's field), or opening as SWE-agent's and similar agents' demonstrations do
+    ("Here is a demonstration of how to correctly accomplish this task", "--- DEMONSTRATION ---")."""
+    if entry.message.get("is_demo") is True:
+        return True
+    return _DEMONSTRATION.search(text_of(entry.message)[:600]) is not None
 
 
 def user_words_indexes(entries: Sequence[Entry], budget: int, *, skip: int | None = None) -> set[int]:
-    """The user's own messages that stay verbatim: the most recent first, while ``budget`` tokens last.
+    """The user's own messages that stay verbatim: the most recent first, while ``budget`` tokens last
+    (an agent's observations sent as user messages are not the user's words, :func:`observations`).
 
     A message too large for what is left is passed over for older, smaller ones: a pasted
     log must not cost the user's short instructions their place. ``skip`` (the task) has a
@@ -66,10 +126,13 @@ def user_words_indexes(entries: Sequence[Entry], budget: int, *, skip: int | Non
     """
     kept: set[int] = set()
     left = budget
+    observed = observations(entries) if budget > 0 else set()
     for i in range(len(entries) - 1, -1, -1):
         entry = entries[i]
         if left <= 0:
             break
+        if i in observed:
+            continue
         if entry.role == "user" and not entry.synthetic and i != skip and entry.tokens <= left:
             kept.add(i)
             left -= entry.tokens

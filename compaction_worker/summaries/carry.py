@@ -145,6 +145,8 @@ def _joined(words: list[str], kinds: list[int], last: int) -> int:
         else:
             break
     return last
+
+
 _NUMBER: Final = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?")
 _NOT_UNITS: Final = frozenset(
     {

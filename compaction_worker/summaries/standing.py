@@ -204,6 +204,18 @@ def classify(sentence: str) -> Kind | None:  # noqa: PLR0911  # one return per k
     return None
 
 
+_PLAIN_WORD = re.compile(r"^[\"'(]?[A-Za-z][a-z'-]*[.,;:!?)\"']*$")
+PROSE_SHARE = 0.8
+"""The share of plain words that makes a line prose rather than output ("Requirement already
+satisfied: pytz in /opt/env/site-packages (2024.1)" is not a requirement anyone set)."""
+
+
+def is_prose(sentence: str) -> bool:
+    """Whether a sentence reads as written words: most of it plain words, few paths, numbers or code."""
+    words = sentence.split()
+    return bool(words) and sum(1 for w in words if _PLAIN_WORD.match(w)) >= PROSE_SHARE * len(words)
+
+
 def extract(text: str, seq: int, n: int) -> list[Item]:
     """The items one user message states, in order."""
     return [Item(kind, s, seq, n) for s in sentences(text) if (kind := classify(s)) is not None]
@@ -299,19 +311,20 @@ class Rendered:
 
 
 def render(
-    items: Sequence[Item], budget: int, count: Callable[[str], int], shown: Collection[int] = ()
+    items: Sequence[Item], budget: int, count: Callable[[str], int], shown: Collection[Item] = ()
 ) -> Rendered:
     """The state's text within ``budget`` tokens.
 
-    ``shown`` are the ordinals of messages still verbatim in the history: their current items are
+    ``shown`` are the items whose sentence the history still says (their message is verbatim, or
+    the part of it kept when it was cut holds the sentence): the current ones are
     there already and are not repeated. What goes first when space is short: superseded items whose
     message is gone (history now), then facts, decisions, goals, preferences, constraints, rules
     (``KINDS`` from the end), the oldest of a kind first. A superseded item whose message is
     still verbatim ranks with its kind: without its mark the old value reads as current beside the new.
     """
-    listed = [i for i in items if not (i.current and i.n in shown)]
-    gone = [i for i in listed if not i.current and i.n not in shown]
-    rest = [i for i in listed if i.current or i.n in shown]
+    listed = [i for i in items if not (i.current and i in shown)]
+    gone = [i for i in listed if not i.current and i not in shown]
+    rest = [i for i in listed if i.current or i in shown]
     ranked = gone + [i for kind in reversed(KINDS) for i in rest if i.kind == kind]
 
     def without(k: int) -> list[Item]:

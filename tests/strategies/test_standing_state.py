@@ -15,15 +15,16 @@ from dataclasses import dataclass
 import pytest
 
 from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport
-from compaction_worker.contracts.history import STANDING, EffectiveHistory, render, text_of
+from compaction_worker.contracts.history import STANDING, EffectiveHistory, Entry, render, text_of
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies import Limits, compact
+from compaction_worker.strategies.standing_state import read_state
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.standing import STANDING_HEADER
 from compaction_worker.testing import Chat, WordCounter
 
-from .helpers import load_benchmark
+from .helpers import context, load_benchmark
 
 COUNTER = WordCounter()
 
@@ -236,3 +237,33 @@ async def test_typed_canaries_hold_rules_constraints_and_changes_over_five_round
         assert r.resolved == r.changed > 0
         assert r.used <= 1.0
     assert read > 0  # the summarizer read the turns it replaced
+
+
+def test_an_agents_observations_are_not_read_as_what_the_user_set() -> None:
+    """A text-protocol agent (SWE-agent, mini-swe-agent) sends a command's output back as a user message
+    in the step that ran it: pip's "Requirement already satisfied" is no constraint the user set."""
+    said = [
+        (1, "user", "Never push to main. Fix the failing test."),
+        (2, "assistant", "pip install -e ."),
+        (2, "user", "Requirement already satisfied: pytz in /opt/env (2024.1)\nMust be run as root."),
+        (3, "user", "Keep the budget under 500 dollars."),
+    ]
+    entries = tuple(
+        Entry(n=n, seq=seq, message={"role": role, "content": text}, tokens=COUNTER.text(text))
+        for n, (seq, role, text) in enumerate(said, 1)
+    )
+    standing = read_state(entries, context(window=8_000))
+    assert [i.text for i in standing.items] == ["Never push to main.", "Keep the budget under 500 dollars."]
+
+
+def test_pasted_output_in_a_users_message_sets_nothing_but_prose_rules() -> None:
+    """A long user message is pasted material (here a command's output sent before the agent's next
+    call, as the client publishes it): its prose rule counts, its output lines are no constraints."""
+    log = "\n".join(
+        f"Requirement already satisfied: pkg{i} in /opt/env/lib/python3.9/site-packages (from tox) ({i}.0)"
+        for i in range(60)
+    )
+    text = f"{log}\nNever install packages globally."
+    entries = (Entry(n=1, seq=1, message={"role": "user", "content": text}, tokens=COUNTER.text(text)),)
+    standing = read_state(entries, context(window=8_000))
+    assert [i.text for i in standing.items] == ["Never install packages globally."]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from dataclasses import replace
 
@@ -301,3 +302,47 @@ class TestKeptAheadOfTheChunks:
         assert old.id == "c2"
         assert added.first_n >= 10
         assert out.draft.entries[0] is task
+
+
+class TestTheNewestStep:
+    """Issue 33: the newest step stays verbatim, cut if it must be, never summarized."""
+
+    async def test_a_step_over_the_tails_bound_is_cut_to_fit_not_summarized(self) -> None:
+        c = chat(10)
+        c.tool("call_9", "write_file", {"path": "src/a.py", "content": words(3_000)}, words(3_000))
+        draft = c.draft()
+        ctx = ctx_with()
+        out = await summarize(draft, ctx, [Scripted()])
+        assert out.report is not None
+        call, result = out.draft.entries[-2:]
+        assert (call.n, result.n) == (draft.entries[-2].n, draft.entries[-1].n)
+        arguments = json.loads(call.message["tool_calls"][0]["function"]["arguments"])
+        assert arguments["path"] == "src/a.py"  # the arguments are cut, and still valid JSON
+        assert "omitted" in arguments["content"]
+        assert len(arguments["content"]) < len(words(3_000))
+        assert result.edit == "truncated"
+        assert ctx.tokens(out.draft) <= ctx.limits.target
+        assert any("newest step" in note for note in out.notes)
+
+    async def test_the_task_is_cut_from_what_the_user_wrote_each_time(self) -> None:
+        """An earlier compaction's cut is not the next one's starting point: with room, the task is whole again."""
+        c = Chat()
+        c.user("Fix the totals: " + words(300))
+        for i in range(6):
+            c.assistant(f"a{i} {FILLER}").user(f"u{i} {FILLER}")
+        c.assistant("done")
+        task = c.entries[0]
+        cut = Entry(
+            n=task.n,
+            seq=task.seq,
+            message={"role": "user", "content": "Fix the totals: [cut]"},
+            tokens=6,
+            edit="truncated",
+        )
+        draft = Draft((), (cut, *c.entries[1:]))
+        ctx = ctx_with(task_max_tokens=1_000, target=3_000)
+        ctx = replace(ctx, originals={task.n: task.message})
+        out = await summarize(draft, ctx, [Scripted()])
+        assert out.report is not None
+        kept = next(e for e in out.draft.entries if e.n == task.n)
+        assert kept.message == task.message

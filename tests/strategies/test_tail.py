@@ -13,6 +13,8 @@ from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.repair import open_call_index
 from compaction_worker.strategies.tail import (
     choose_tail,
+    newest_step,
+    observations,
     partition,
     pinned_indexes,
     select_tail,
@@ -20,6 +22,7 @@ from compaction_worker.strategies.tail import (
     task_index,
     user_words_indexes,
 )
+from tests.trajectories import load_trajectories
 
 from .conversations import CALL_IDS, Conversation, conversations
 from .helpers import COUNTER
@@ -391,6 +394,28 @@ class TestTheTask:
         assert task_index([es[0], synthetic, *es[1:]]) == 3
         assert task_index(es[:2]) is None
 
+    def test_a_demonstration_before_the_task_is_not_the_task(self) -> None:
+        """SWE-agent's demonstrations (its template's words, marked ``is_demo`` in its history or not)
+        come before the issue: the issue is the task."""
+        demo = (
+            "Here is a demonstration of how to correctly accomplish this task.\n"
+            "It is included to show you how to correctly use the interface.\n"
+            "You do not need to follow exactly what is done in the demonstration.\n"
+            "--- DEMONSTRATION ---\n[the demonstration's own issue and steps]\n--- END OF DEMONSTRATION ---"
+        )
+        issue = "We're currently solving the following issue within our repository. Here's the issue text:"
+        system = {"role": "system", "content": "SETTING: You are an autonomous programmer."}
+        for shown in (
+            {"role": "user", "content": demo},
+            {"role": "user", "content": "[demo]", "is_demo": True},
+        ):
+            es = entries(system, shown, {"role": "user", "content": issue}, ("assistant", 5))
+            assert task_index(es) == 2
+
+    def test_a_message_the_runtime_marks_task_is_the_task(self) -> None:
+        es = entries(("system", 5), ("user", 5), {"role": "user", "content": "the real work", "task": True})
+        assert task_index(es) == 2
+
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -430,3 +455,58 @@ class TestTheUsersWords:
         parts = partition(es, 4, 1_000, user_words=20)
         assert ns(parts.pinned) == [1, 3]
         assert all(e.role in ("assistant", "tool") for e in parts.head)
+
+
+def step_entries(*steps: tuple[int, list[tuple[str, int]]]) -> tuple[Entry, ...]:
+    """Entries turn by turn: ``(seq, [(role, tokens), ...])``."""
+    out: list[Entry] = []
+    for seq, messages in steps:
+        for role, tokens in messages:
+            n = len(out) + 1
+            out.append(Entry(n=n, seq=seq, message={"role": role, "content": f"{role} {n}"}, tokens=tokens))
+    return tuple(out)
+
+
+class TestTheNewestStep:
+    """The newest step (issue 33): the last assistant message and what follows it."""
+
+    def test_an_agent_step_starts_at_its_assistant_message(self) -> None:
+        es = step_entries((1, [("system", 5), ("user", 50)]), (2, [("assistant", 5), ("user", 90)]))
+        assert newest_step(es) == 2  # the observation belongs to the step that ran its command
+        calls = entries(("user", 5), call("a"), result("a"), call("b"), result("b"))
+        assert newest_step(calls) == 3
+
+    def test_a_chat_ends_with_the_reply_and_a_lone_message_has_no_step(self) -> None:
+        assert newest_step(entries(("user", 5), ("assistant", 5), ("user", 5), ("assistant", 5))) == 3
+        assert newest_step(entries(("user", 5))) is None
+
+
+class TestObservations:
+    """A text-protocol agent's observations are user messages, but not the user speaking."""
+
+    def test_a_user_message_after_the_assistant_in_its_turn_is_an_observation(self) -> None:
+        es = step_entries(
+            (1, [("system", 5), ("user", 50)]),
+            (2, [("assistant", 5), ("user", 90)]),
+            (3, [("user", 8), ("assistant", 5)]),
+        )
+        assert observations(es) == {3}
+        # The user's words are their own messages: the task, and the turn-3 request; not the output.
+        assert user_words_indexes(es, 1_000) == {1, 4}
+
+
+def test_the_task_of_every_published_trajectory_is_its_first_request_even_after_a_demonstration() -> None:
+    """Two agents' runs (tests/data/trajectories): the task is the first user message; with SWE-agent's
+    demonstration put before it, as its default configuration sends one, still that message."""
+    demo = {
+        "role": "user",
+        "content": "Here is a demonstration of how to correctly accomplish this task.\n...",
+    }
+    for run in load_trajectories():
+        first = list(run.turns()[0])
+        es = entries(*first, ("assistant", 5))
+        at = task_index(es)
+        assert at is not None, run.name
+        assert es[at].message is first[at], run.name
+        shown = entries(*first[:at], demo, *first[at:], ("assistant", 5))
+        assert task_index(shown) == at + 1, run.name
