@@ -21,7 +21,7 @@ from compaction_worker.contracts.events import StandingStateReport
 from compaction_worker.contracts.history import STANDING, Entry, text_of
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.tail import observations, task_index
-from compaction_worker.summaries.standing import KINDS, Item, extract, is_prose, merge, render
+from compaction_worker.summaries.standing import KINDS, Item, accepted, extract, is_prose, merge, render
 
 FIELD = "standing_state"
 CARRY_MAX = 500
@@ -42,7 +42,8 @@ class Standing:
 
 
 def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
-    """The state of a history: what earlier compactions carried, and what its user messages state."""
+    """The state of a history: what earlier compactions carried, what its user messages state, and the
+    decisions an assistant proposed that the user's next message accepted."""
     carried: list[Item] = []
     found: list[Item] = []
     observed = observations(entries)
@@ -60,6 +61,10 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
             items = extract(text, entry.seq, entry.n)
             if len(text) > FACT_SOURCE_MAX_CHARS:
                 items = [i for i in items if i.kind != "fact" and is_prose(i.text)]
+            if index and (before := entries[index - 1]).role == "assistant" and not before.synthetic:
+                # A decision the assistant proposed and this reply accepted ("I'll use X." "ok").
+                proposal = text_of(ctx.originals.get(before.n, before.message))
+                items = [*accepted(proposal, text, before.seq, before.n), *items]
             found += items
     merged = tuple(merge(carried, found))
     settings, limits = ctx.settings, ctx.limits

@@ -216,6 +216,35 @@ def is_prose(sentence: str) -> bool:
     return bool(words) and sum(1 for w in words if _PLAIN_WORD.match(w)) >= PROSE_SHARE * len(words)
 
 
+# An assistant's proposal: "I'll use Postgres 16 for this", "I suggest we cap retries at 3".
+_PROPOSAL = re.compile(
+    r"\b(?:i|we)(?:'ll| will|'d| would)(?: \w+)? (?:use|go with|switch to|pick|choose|keep|stick with)\b"
+    r"|\b(?:i|we) (?:suggest|propose|recommend)\b|\bwe should (?:use|go with|switch to|keep|stick with)\b"
+    r"|\blet'?s (?:go with|use|stick with|keep|switch to)\b|\bmy (?:suggestion|recommendation|proposal) is\b",
+    _FLAGS,
+)
+# The user's whole reply accepts it: "ok", "yes, go ahead", "sounds good", "LGTM" (a "but" is no yes).
+_ACCEPT = re.compile(
+    r"^\W*(?:ok(?:ay)?|yes|yep|yeah|sure|sounds good|agreed|deal|go ahead|do it|let'?s do (?:it|that)|"
+    r"perfect|great|lgtm|approved|fine(?: by me)?|that works|go for it|makes sense|please do)\b",
+    _FLAGS,
+)
+_BUT = re.compile(r"\b(?:but|however|instead|rather|except|no|not|don'?t)\b", _FLAGS)
+ACCEPT_MAX_WORDS = 12
+
+
+def accepted(proposal: str, reply: str, seq: int, n: int) -> list[Item]:
+    """The decisions an assistant message proposed that the user's ``reply`` accepted, each the
+    assistant's sentence verbatim (``seq`` and ``n`` are the assistant message's)."""
+    if len(reply.split()) > ACCEPT_MAX_WORDS or not _ACCEPT.search(reply) or _BUT.search(reply):
+        return []
+    return [
+        Item("decision", s, seq, n)
+        for s in sentences(proposal)
+        if _PROPOSAL.search(s) and not s.rstrip().endswith("?") and len(s) <= MAX_SENTENCE_CHARS
+    ]
+
+
 def extract(text: str, seq: int, n: int) -> list[Item]:
     """The items one user message states, in order."""
     return [Item(kind, s, seq, n) for s in sentences(text) if (kind := classify(s)) is not None]

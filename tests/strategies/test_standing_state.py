@@ -267,3 +267,23 @@ def test_pasted_output_in_a_users_message_sets_nothing_but_prose_rules() -> None
     entries = (Entry(n=1, seq=1, message={"role": "user", "content": text}, tokens=COUNTER.text(text)),)
     standing = read_state(entries, context(window=8_000))
     assert [i.text for i in standing.items] == ["Never install packages globally."]
+
+
+async def test_a_decision_the_user_accepted_survives_compactions_that_keep_nothing() -> None:
+    """The assistant proposes, the user says "ok": the proposal is a decision of the state, kept in the
+    assistant's words through three compactions by a summarizer that keeps nothing."""
+    chat = Chat(1, COUNTER)
+    chat.user("Which database should the orders service use? Look at part 1 please")
+    chat.assistant(f"{filler(1, 60)}\n\nI compared both. I'll use Postgres 16 for the orders service.")
+    chat.user("ok, go ahead")
+    for turn in range(2, 14):
+        chat.assistant(filler(turn, 60))
+        chat.user(f"Look at part {turn} please")
+    history = EffectiveHistory((), tuple(chat.entries))
+    for index in range(3):
+        result = await compact(history, limits(900, force=index > 0), (KeepsNothing(),), COUNTER)
+        assert result.outcome is Outcome.COMPACTED, result.error
+        history = history.with_parts(result.draft.chunks, result.draft.entries)
+        assert "I'll use Postgres 16 for the orders service." in state_text(history), index
+        assert result.standing is not None
+        assert result.standing.kept.get("decision") == 1

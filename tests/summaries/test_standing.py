@@ -8,6 +8,7 @@ from compaction_worker.summaries.standing import (
     STANDING_HEADER,
     SUPERSEDED_TITLE,
     Item,
+    accepted,
     classify,
     extract,
     merge,
@@ -120,3 +121,21 @@ def test_when_space_is_short_superseded_then_facts_go_first_and_rules_last() -> 
     assert {i.kind for i in tighter.kept} == {"rule", "constraint"}
     assert COUNT(tighter.text) <= 40
     assert render(items, 3, COUNT).text == ""
+
+
+class TestAccepted:
+    """A decision the assistant proposed and the user's next message accepted (issue 33, item 1)."""
+
+    def test_a_proposal_the_user_accepts_is_a_decision_in_the_assistants_words(self) -> None:
+        proposal = "I compared both. I'll use Postgres 16 for the orders service. Want me to start?"
+        for reply in ("ok", "Yes, go ahead.", "sounds good", "LGTM"):
+            assert [i.text for i in accepted(proposal, reply, 3, 5)] == [
+                "I'll use Postgres 16 for the orders service."
+            ]
+        assert accepted("I suggest we cap retries at 3.", "agreed", 1, 1)[0].kind == "decision"
+
+    def test_a_reply_that_is_no_plain_yes_accepts_nothing(self) -> None:
+        proposal = "I'll use Postgres 16 for the orders service."
+        for reply in ("yes but use MySQL", "no", "what about MySQL?", "ok " + "and then " * 10 + "more"):
+            assert accepted(proposal, reply, 3, 5) == []
+        assert accepted("Here is the diff you asked for.", "ok", 3, 5) == []
