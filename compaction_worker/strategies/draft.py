@@ -20,6 +20,7 @@ from compaction_worker.contracts.history import (
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.instructions import Terms, instruction_terms
+from compaction_worker.summaries.standing import Item
 
 CountText = Callable[[str], int]
 
@@ -144,6 +145,9 @@ class StageOutcome:
     """How many summarizers it asked (0: none, or it found nothing to summarize)."""
     failures: int = 0
     """How many of them failed; the first one asked is the primary."""
+    items: tuple[Item, ...] = ()
+    """The user's sentences its summarizer quoted as standing items, each found in a user message
+    (``summaries.standing.quoted``): the run adds them to the standing state."""
     short_of_room: bool = False
     """It wrote nothing because what must stay left no room for a summary (no summarizer failed):
     a higher aim may succeed where the target did not (``pipeline._compact``)."""

@@ -39,6 +39,7 @@ from compaction_worker.strategies.summarize import SUMMARIZE
 from compaction_worker.strategies.truncate import SLIDING_WINDOW
 from compaction_worker.strategies.working_state import restore_working_state, stale
 from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.standing import merge
 
 NO_STAGE_REACHES = "no stage can reach the target (system prompt, tools and what must stay are too large)"
 UNDER_THE_TARGET = "the history is under the target and no summary was worth writing: nothing dropped"
@@ -269,6 +270,10 @@ class _Run:
         self.failures += out.failures
         if out.report is not None:
             self.applied.append(out)
+            if out.items and self.standing is not None:
+                # What the summarizer quoted from the user (checked against the messages) joins the state.
+                merged = tuple(merge(self.standing.items, out.items))
+                self.standing = replace(self.standing, items=merged)
 
     def settled(self, draft: Draft) -> bool:
         """Whether the stages applied so far reached the target."""
@@ -289,13 +294,12 @@ class _Run:
             self.applied.append(repaired)
         final = repaired.draft
         if self.standing is not None:
-            # After repair: the state renders inside the summary turn, outside role order. Within what
-            # the stages left for it, less than they saved (an earlier state's tokens among it: a
-            # compaction shrinks the history), and under the run's own target.
+            # After repair: the state renders inside the summary turn, outside role order. Within its
+            # budget, less than the stages saved (an earlier state's tokens among it: a compaction
+            # shrinks the history), and under the run's own target (the stages aimed its reservation
+            # under it; what they left beyond serves the items a summarizer quoted).
             after = self.ctx.tokens(final)
-            most = min(
-                self.standing.reserve, max(0, self.tokens_before - after - 1), max(0, self.target - after)
-            )
+            most = min(self.standing.cap, max(0, self.tokens_before - after - 1), max(0, self.target - after))
             final = restore_state(self.standing, final, self.ctx, most)
         return self.result(Outcome.COMPACTED, final, self.errors if errors is None else errors)
 

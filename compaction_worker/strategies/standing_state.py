@@ -37,8 +37,10 @@ class Standing:
 
     items: tuple[Item, ...]
     reserve: int
-    """What the state takes within the budget: the stages aim this much under the target, and the
-    state put back after them keeps to it."""
+    """What the state takes within the budget: the stages aim this much under the target."""
+    cap: int = 0
+    """The most it may take (its settings' budget): the state put back after the stages keeps to it,
+    and to what they left under the target."""
 
 
 def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
@@ -90,7 +92,7 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
         ),
         default=0,
     )
-    return Standing(merged, reserve)
+    return Standing(merged, reserve, budget)
 
 
 def _kept_whole(entries: Sequence[Entry], ctx: StageContext) -> set[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage
-from compaction_worker.contracts.history import Entry, SummaryChunk, public_message
+from compaction_worker.contracts.history import Entry, SummaryChunk, public_message, text_of
 from compaction_worker.offload import off_loop
 from compaction_worker.strategies.allocation import Keeps, allocate, summary_floor
 from compaction_worker.strategies.chunks import chunk_frame, make_chunk
@@ -39,6 +39,7 @@ from compaction_worker.summaries.contract import (
     transcript_limit,
 )
 from compaction_worker.summaries.prompts import piece_boundaries, piece_end, transcript_costs
+from compaction_worker.summaries.standing import Item, quoted
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class _Span:
     conversation_id: str
     conversation_model: str
     chunks: list[SummaryChunk] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    """The user's sentences the summaries quoted as standing items, each found in a user message."""
 
     def piece(self, start: int, stop: int) -> _Piece | str:
         """The request for ``messages[start:stop]`` (folding, if it is the first); a reason if none fits."""
@@ -117,9 +120,25 @@ class _Span:
         return _Piece(start, stop, folded, request, ledger_budget, heading + ledger_tokens, replaced)
 
     def add(self, piece: _Piece, summary: SummaryResult) -> None:
-        """The piece's chunk, its ledger completed with what the summary lost."""
+        """The piece's chunk, its ledger completed with what the summary lost; the user's sentences
+        the summary quotes as standing items, checked against the piece's user messages."""
         count, request = self.ctx.count, piece.request
         entries = self.head[piece.start : piece.stop]
+        if self.ctx.settings.standing_state_max_tokens:
+            # What the user wrote, in this piece or kept beside it (the task): where a quote must be.
+            said = [
+                (e.seq, e.n, text_of(m))
+                for e, m in zip(entries, request.messages, strict=True)
+                if e.role == "user"
+            ] + [
+                (e.seq, e.n, text_of(self.ctx.originals.get(e.n, e.message)))
+                for e in self.pinned
+                if e.role == "user"
+            ]
+            items, text = quoted(summary.text, said)
+            self.items.extend(items)
+            if text != summary.text:
+                summary = replace(summary, text=text, tokens=count(text))
         # Pinned entries go with the piece before them, as with a single chunk.
         low = self.head[piece.start].n if piece.start > 0 else -1
         high = self.head[piece.stop].n if piece.stop < len(self.head) else math.inf
@@ -351,6 +370,7 @@ async def summarize(
         stages=(STAGE, "fold") if fold else (STAGE,),
         summarizer=writers,
         summary_tokens=summary_tokens,
+        items=tuple(span.items),
         usage=attempts.usage,
         errors=tuple(attempts.errors),
         tried=tried,

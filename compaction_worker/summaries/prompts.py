@@ -81,6 +81,10 @@ def default_instructions(max_summary_tokens: int) -> str:
         "Rules:\n"
         "- Keep identifiers, numbers, file paths, commands, URLs and error messages verbatim.\n"
         "- Attribute: say what the user said or asked and what the assistant did or proposed.\n"
+        "- Under 'Goals and constraints' and 'Decisions and reasons', copy each sentence in which the "
+        "user set a rule, constraint, preference, goal or decision, or stated a fact to remember, "
+        'word for word from the user\'s message, one per line as: - [rule] "the exact sentence" '
+        "(or [constraint], [preference], [goal], [decision], [fact]).\n"
         "- Earlier summaries, when given, are folded in: keep what in them still matters.\n"
         f"- Be concise: no preamble, no closing remarks. Stay under {words} words."
     )

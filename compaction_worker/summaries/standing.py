@@ -21,7 +21,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 Kind = Literal["rule", "constraint", "preference", "goal", "decision", "fact"]
 
@@ -243,6 +243,30 @@ def accepted(proposal: str, reply: str, seq: int, n: int) -> list[Item]:
         for s in sentences(proposal)
         if _PROPOSAL.search(s) and not s.rstrip().endswith("?") and len(s) <= MAX_SENTENCE_CHARS
     ]
+
+
+# A summarizer's quote of a user's sentence, as the prompt asks for it: - [rule] "the sentence"
+_QUOTED = re.compile(
+    r"^[ \t]*[-*][ \t]*\[(?P<kind>rule|constraint|preference|goal|decision|fact)\][ \t]*"
+    r"[\"\u201c]?(?P<text>[^\n]*?)[\"\u201d]?[ \t]*$",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def quoted(summary: str, said: Sequence[tuple[int, int, str]]) -> tuple[list[Item], str]:
+    """The items a summary quotes from the user (``said``: each user message's turn, ordinal and
+    text), each kept only when a message holds the sentence word for word (a quote the transcript
+    does not support is dropped); and the summary without those lines (the state shows the items)."""
+    found: list[Item] = []
+    for match in _QUOTED.finditer(summary):
+        text = match.group("text").strip()
+        if len(text) < 8 or len(text) > MAX_SENTENCE_CHARS:
+            continue
+        source = next(((seq, n) for seq, n, words in said if text in words), None)
+        if source is not None:
+            found.append(Item(cast(Kind, match.group("kind").lower()), text, *source))
+    rest = "\n".join(line for line in summary.splitlines() if _QUOTED.match(line) is None)
+    return found, rest.strip()
 
 
 def extract(text: str, seq: int, n: int) -> list[Item]:

@@ -287,3 +287,42 @@ async def test_a_decision_the_user_accepted_survives_compactions_that_keep_nothi
         assert "I'll use Postgres 16 for the orders service." in state_text(history), index
         assert result.standing is not None
         assert result.standing.kept.get("decision") == 1
+
+
+class Quoting:
+    """A model that quotes the user's standing sentences as the prompt asks: one it was told, one it made up."""
+
+    name = "quoting"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        text = (
+            "## Goals and constraints\n"
+            '- [preference] "Write all dates as ISO 8601."\n'
+            '- [rule] "Never deploy without a second review."\n'
+            "## Current state\nThe report is half done."
+        )
+        return SummaryResult(text, self.name, COUNTER.text(text), LlmUsage(calls=1))
+
+
+async def test_a_sentence_the_model_quotes_joins_the_state_only_when_the_user_wrote_it() -> None:
+    """No pattern reads "Write all dates as ISO 8601." as a preference; the model does, and the
+    transcript holds it word for word, so the state keeps it through compactions that keep nothing.
+    The rule the model made up is in no user message: dropped, and out of the summary too."""
+    chat = Chat(1, COUNTER)
+    chat.user("Fix the quarterly report. Look at part 1 please")
+    chat.assistant(filler(1, 60))
+    chat.user("Write all dates as ISO 8601. Look at part 2 please")
+    for turn in range(3, 16):
+        chat.assistant(filler(turn, 60))
+        chat.user(f"Look at part {turn} please")
+    history = EffectiveHistory((), tuple(chat.entries))
+    result = await compact(history, limits(900, force=False), (Quoting(),), COUNTER)
+    assert result.outcome is Outcome.COMPACTED, result.error
+    for index in range(3):
+        history = history.with_parts(result.draft.chunks, result.draft.entries)
+        text = shown(history)
+        assert "- [turn 3] Write all dates as ISO 8601." in state_text(history), index
+        assert "second review" not in text
+        assert "[preference]" not in text  # the quotes live in the state, not twice in the summary
+        result = await compact(history, limits(900, force=True), (KeepsNothing(),), COUNTER)
+        assert result.outcome is Outcome.COMPACTED, result.error

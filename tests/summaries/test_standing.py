@@ -12,6 +12,7 @@ from compaction_worker.summaries.standing import (
     classify,
     extract,
     merge,
+    quoted,
     render,
     sentences,
 )
@@ -139,3 +140,33 @@ class TestAccepted:
         for reply in ("yes but use MySQL", "no", "what about MySQL?", "ok " + "and then " * 10 + "more"):
             assert accepted(proposal, reply, 3, 5) == []
         assert accepted("Here is the diff you asked for.", "ok", 3, 5) == []
+
+
+class TestQuoted:
+    """A summarizer's quotes of the user's standing sentences, checked against what the user wrote."""
+
+    SAID = ((3, 5, "Hi. Write all dates as ISO 8601. Thanks."), (7, 9, "Never push on Fridays."))
+
+    def test_a_quote_the_transcript_supports_is_an_item_of_its_message(self) -> None:
+        summary = (
+            "## Goals and constraints\n"
+            '- [preference] "Write all dates as ISO 8601."\n'
+            "- [rule] \u201cNever push on Fridays.\u201d\n"
+            "- The user wants the report fixed.\n"
+            "## Decisions and reasons\n- none"
+        )
+        items, rest = quoted(summary, self.SAID)
+        assert [(i.kind, i.text, i.seq, i.n) for i in items] == [
+            ("preference", "Write all dates as ISO 8601.", 3, 5),
+            ("rule", "Never push on Fridays.", 7, 9),
+        ]
+        assert (
+            rest
+            == "## Goals and constraints\n- The user wants the report fixed.\n## Decisions and reasons\n- none"
+        )
+
+    def test_a_quote_no_message_holds_word_for_word_is_dropped(self) -> None:
+        summary = '- [rule] "Never deploy without a review."\n- [fact] "Write all dates as ISO-8601."'
+        items, rest = quoted(summary, self.SAID)
+        assert items == []
+        assert rest == ""
