@@ -308,13 +308,23 @@ async def summarize(
     chunk_reserve = reserve + min(ledger_allowance(ctx), reserve)
     existing = sum(c.tokens for c in draft.chunks)
     fold = bool(draft.chunks) and existing + chunk_reserve > limits.chunk_budget
-    kept_chunks: tuple[SummaryChunk, ...] = () if fold else draft.chunks
-    folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
-    kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
-    tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
-    head, pinned, tail, notes = _arrange(
-        draft, ctx, tail_budget, free=room - ctx.overhead - kept_chunk_tokens, reserve=chunk_reserve
-    )
+    forced = False
+    while True:
+        kept_chunks: tuple[SummaryChunk, ...] = () if fold else draft.chunks
+        folded: tuple[SummaryChunk, ...] = draft.chunks if fold else ()
+        kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
+        tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
+        head, pinned, tail, notes = _arrange(
+            draft, ctx, tail_budget, free=room - ctx.overhead - kept_chunk_tokens, reserve=chunk_reserve
+        )
+        left = room - ctx.overhead - kept_chunk_tokens - sum(e.tokens for e in (*pinned, *tail))
+        if fold or not draft.chunks or left >= chunk_reserve // 2:
+            break
+        # The chunks that would stay leave the new summary less than half its reserve: fold them
+        # into it instead, rather than aim over the target (pipeline._aim_higher).
+        fold = forced = True
+    if forced:
+        notes += ("the earlier summaries were folded into this one to make room for it",)
     if kept_chunks and (early := tuple(e for e in head if e.n < kept_chunks[-1].last_n)):
         # Entries kept ahead of the chunks (a task kept when the settings said so) cannot join
         # an added chunk, whose span would then hold an older chunk's too: they stay until a fold.
@@ -408,7 +418,8 @@ def _arrange(
             step,
         )
         notes = (
-            f"the newest step alone ({plural(sum(e.tokens for e in step), 'token')}) exceeds the verbatim tail's bound",
+            f"the newest step ({plural(sum(e.tokens for e in step), 'token')}) did not fit the verbatim tail's "
+            "bound: it stays, cut to fit if it must be",
         )
     # One allocation (strategies/allocation.py): the summary keeps its floor; the user's words, the
     # tail and, last, the task give way in its order when they leave it less.

@@ -346,3 +346,20 @@ class TestTheNewestStep:
         assert out.report is not None
         kept = next(e for e in out.draft.entries if e.n == task.n)
         assert kept.message == task.message
+
+
+async def test_chunks_that_would_leave_the_summary_too_little_room_are_folded_into_it() -> None:
+    """Under their fold budget the chunks stay; when what must stay leaves the new summary less than
+    half its reserve beside them, they are folded in rather than the run aiming over its target."""
+    earlier = old_chunk(1, 1, 90, "earlier summary")
+    c = Chat(start=2)
+    c.add({"role": "user", "content": "keep " + words(1_450), "pinned": True})
+    for i in range(8):
+        c.assistant(f"a{i} {FILLER}").user(f"u{i} {FILLER}")
+    c.assistant("done")
+    scripted = Scripted()
+    out = await summarize(c.draft((earlier,)), ctx_with(), [scripted])
+    assert out.report is not None
+    assert out.stages == ("summarize", "fold")
+    assert scripted.requests[0].previous_summaries == ["earlier summary"]
+    assert any("folded into this one to make room" in note for note in out.notes)
