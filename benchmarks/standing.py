@@ -1,6 +1,6 @@
 """Typed canaries: what the user set survives five compactions in a row, by kind, at tight budgets.
 
-Run: python benchmarks/standing.py [--seeds 7 8 9] [--json]
+Run: python benchmarks/standing.py [--seeds 7 8 9] [--windows 4096 ...] [--budgets 0.3 ...] [--json]
      python benchmarks/standing.py --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
 
 A generated conversation (seeded; each item drawn from several templates with random subjects
@@ -342,13 +342,18 @@ async def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--api-base")
+    parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
+    parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS))
+    parser.add_argument(
+        "--only", choices=["extractive", "lossy", "llm"], help="one summarizer (llm needs --model)"
+    )
     args = parser.parse_args()
-    summarizers = ["extractive", "lossy"] + (["llm"] if args.model else [])
+    summarizers = [args.only] if args.only else ["extractive", "lossy"] + (["llm"] if args.model else [])
     llm = {"model": args.model, "api_base": args.api_base} if args.model else {}
     rows: list[dict[str, Any]] = []
     for name in summarizers:
-        for window in WINDOWS:
-            for share in BUDGETS:
+        for window in args.windows:
+            for share in args.budgets:
                 by_round: dict[int, Round] = defaultdict(Round)
                 read = 0
                 for seed in args.seeds:
