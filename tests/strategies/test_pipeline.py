@@ -172,6 +172,24 @@ class TestCompact:
         assert over.error is not None
         assert "nor can it get under 300, 400 tokens" in over.error
 
+    async def test_a_summary_with_no_room_under_the_target_is_written_under_a_ceiling(self) -> None:
+        """Issue 33: a pinned message leaves a summary no room under the target; the summary is asked
+        again under the next ceiling rather than the sliding window dropping turns unread; with no
+        ceiling (a reactive run) the run says that what must stay is too large (invariant 5)."""
+        pinned = {"role": "user", "content": "keep this", "pinned": True}
+        es = entries(pinned, *[(r, 40) for r in ["assistant", "user"] * 6], ("assistant", 40))
+        history = EffectiveHistory((), tuple(replace(e, tokens=260) if e.n == 1 else e for e in es))
+        out = await compact(history, limits(300, ceilings=(420, 500)), [FakeSummarizer()], COUNTER)
+        assert out.outcome is Outcome.COMPACTED, out.error
+        assert "summarize" in out.stages
+        assert "truncate" not in out.stages
+        assert 300 < out.tokens_after <= 420
+        assert any("no room under the target (300 tokens): summarized under 420" in n for n in out.notes)
+        reactive = await compact(history, limits(300), [FakeSummarizer()], COUNTER)
+        assert reactive.outcome is Outcome.NOOP
+        assert reactive.error is not None
+        assert "what must stay are too large" in reactive.error
+
     async def test_under_target_is_noop_unless_forced(self) -> None:
         """References 000 (/compact) and 004 (compactSession): a manual compaction summarizes even below the target."""
         es = entries(*[(r, 10) for r in ["user", "assistant"] * 6])
