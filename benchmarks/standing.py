@@ -257,6 +257,8 @@ class Round:
     changed: int = 0
     used: float = 0.0
     outcome: str = ""
+    writer: str = ""
+    """Who wrote the round's summary (the model, or the extractive fallback when it failed)."""
 
 
 def _limits(window: int, target: int, force: bool) -> strategies.Limits:
@@ -326,6 +328,7 @@ async def run_case(
         tokens = result.tokens_after if result.outcome is Outcome.COMPACTED else result.tokens_before
         scored = _score(history, s.planted, target, tokens)
         scored.outcome = result.outcome.value
+        scored.writer = result.summarizer or ""
         rounds.append(scored)
     return rounds, made.read
 
@@ -342,6 +345,7 @@ async def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--api-base")
+    parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
     parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
     parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS))
     parser.add_argument(
@@ -349,16 +353,18 @@ async def main() -> None:
     )
     args = parser.parse_args()
     summarizers = [args.only] if args.only else ["extractive", "lossy"] + (["llm"] if args.model else [])
-    llm = {"model": args.model, "api_base": args.api_base} if args.model else {}
+    llm = {"model": args.model, "api_base": args.api_base, "api_key": args.api_key} if args.model else {}
     rows: list[dict[str, Any]] = []
     for name in summarizers:
         for window in args.windows:
             for share in args.budgets:
                 by_round: dict[int, Round] = defaultdict(Round)
                 read = 0
+                all_rounds: list[Round] = []
                 for seed in args.seeds:
                     rounds, seen = await run_case(seed, window, share, name, **llm)
                     read += seen
+                    all_rounds += rounds
                     for i, r in enumerate(rounds):
                         total = by_round[i]
                         for k in KINDS:
@@ -382,6 +388,7 @@ async def main() -> None:
                         ),
                         "max_budget_used": max(by_round[i].used for i in range(ROUNDS)),
                         "user_turns_read": read,
+                        "writers": sorted({w for r in all_rounds for w in r.writer.split(", ") if w}),
                         "rounds": [
                             {
                                 "kept": r.kept,
