@@ -33,6 +33,7 @@ from compaction_worker.strategies.standing_state import (
     read_state,
     report,
     restore_state,
+    unsay_changed,
     without_state,
 )
 from compaction_worker.strategies.summarize import SUMMARIZE
@@ -298,6 +299,7 @@ class _Run:
             # budget, less than the stages saved (an earlier state's tokens among it: a compaction
             # shrinks the history), and under the run's own target (the stages aimed its reservation
             # under it; what they left beyond serves the items a summarizer quoted).
+            final = unsay_changed(self.standing, final, self.ctx)
             after = self.ctx.tokens(final)
             most = min(self.standing.cap, max(0, self.tokens_before - after - 1), max(0, self.target - after))
             final = restore_state(self.standing, final, self.ctx, most)

@@ -14,7 +14,7 @@ the restored working state; its private ``standing_state`` field keeps the items
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker.contracts.events import StandingStateReport
@@ -120,6 +120,35 @@ def restore_state(standing: Standing, draft: Draft, ctx: StageContext, most: int
     seq = draft.chunks[-1].last_seq
     entry = _entry(standing.items, most, seq, ctx, said(standing.items, draft.entries))
     return draft if entry is None else Draft(draft.chunks, (entry, *draft.entries))
+
+
+CHANGED = "(changed later)"
+"""What a summary says in place of a sentence the user later changed (the state shows both)."""
+
+
+def unsay_changed(standing: Standing, draft: Draft, ctx: StageContext) -> Draft:
+    """``draft`` with every sentence the user later changed taken out of its summary chunks (their
+    text and ledger), so that no summary states an old value as current: the state lists it, marked
+    no longer current, beside the value that holds (docs/design.md, "The standing state")."""
+    # Longest first (one sentence may hold another); none shorter than the mark (it must save room).
+    old = sorted({i.text for i in standing.items if not i.current and len(i.text) > len(CHANGED)}, key=len)[
+        ::-1
+    ]
+    if not old:
+        return draft
+
+    def clean(text: str) -> str:
+        for sentence in old:
+            text = text.replace(sentence, CHANGED)
+        return text
+
+    chunks = []
+    for chunk in draft.chunks:
+        text, artifacts = clean(chunk.text), tuple(clean(a) for a in chunk.artifacts)
+        cleaned = replace(chunk, text=text, artifacts=artifacts)
+        changed = text != chunk.text or artifacts != chunk.artifacts
+        chunks.append(replace(cleaned, tokens=ctx.count(cleaned.render_text())) if changed else chunk)
+    return Draft(tuple(chunks), draft.entries)
 
 
 def said(items: Sequence[Item], entries: Sequence[Entry]) -> set[Item]:

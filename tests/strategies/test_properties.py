@@ -28,6 +28,7 @@ from compaction_worker.strategies.draft import Counter, Draft, StageContext, Sta
 from compaction_worker.strategies.oversized import truncate_oversized
 from compaction_worker.strategies.prune import prune_tool_outputs
 from compaction_worker.strategies.repair import SYNTHETIC_GAP, repair
+from compaction_worker.strategies.standing_state import CHANGED
 from compaction_worker.strategies.tail import task_index
 from compaction_worker.strategies.truncate import MARKER_RESERVE, QUOTE_TOKENS, TRUNCATION_MODEL
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
@@ -202,9 +203,25 @@ def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counte
             # The marker's notice, and at most two trimmed quotes of the conversation's start.
             assert chunk.tokens <= 2 * MARKER_RESERVE + 2 * QUOTE_TOKENS
             continue
-        request = next(req for req, res in answered if res.text == chunk.text and res.model == chunk.model)
+        matches = [req for req, res in answered if written(chunk.text, res.text) and res.model == chunk.model]
+        assert matches, (chunk.text, chunk.model, [(res.model, res.text) for _, res in answered])
+        request = matches[0]
         validate_summary(chunk.text, counter.text(chunk.text), request)
         assert request.max_summary_tokens <= limits.max_summary_tokens
+
+
+def written(chunk: str, summary: str) -> bool:
+    """Whether a chunk's text is ``summary``, less the sentences the user later changed (the run takes
+    them out of its summaries, ``standing_state.unsay_changed``): the rest in order, word for word."""
+    if chunk == summary:
+        return True
+    at = 0
+    for piece in chunk.split(CHANGED):
+        found = summary.find(piece, at)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return CHANGED in chunk
 
 
 @settings(CHECKS, max_examples=1500)

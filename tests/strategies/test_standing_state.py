@@ -167,6 +167,8 @@ async def test_every_item_survives_five_compactions_on_every_path(path: Path) ->
         for sentence in SUPERSEDED:
             assert sentence in old[1], (path.name, index, sentence)
             assert sentence not in old[0], "a superseded value is shown as current"
+            # Nor does a summary state it as current (the extractive one quotes the user's sentences).
+            assert sentence not in text.partition(old[1])[0], (path.name, index, "stated in a summary")
         if report is None:  # a no-op round: the history of the round before, unchanged
             continue
         assert report.let_go == {}
