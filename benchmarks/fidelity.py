@@ -546,26 +546,15 @@ async def prose(cycles: int = 10, seed: int = 7) -> Run:
     )
 
 
-async def unlisted(cycles: int = 10, seed: int = 7) -> Run:
-    """Issue 19's case: kinds generated from ``seed``, stated in prose, 8K window, a summary that keeps no identifier."""
+async def unlisted(cycles: int = 10, seed: int = 7, *, shapeless: bool = False) -> Run:
+    """Issue 19's case: kinds generated from ``seed``, stated in prose, 8K window, a summary that keeps no
+    identifier; with ``shapeless`` issue 33's (weekdays, counts, spaced phone numbers, lowercase names, dates)."""
     return await run_fidelity(
-        f"unlisted kinds (seed {seed})",
+        f"{'shapeless facts' if shapeless else 'unlisted kinds'} (seed {seed})",
         cycles=cycles,
         seed=seed,
-        unlisted=True,
-        pipeline=PipelineSettings(),
-        summarizer=ParaphrasingSummarizer(),
-    )
-
-
-async def shapeless(cycles: int = 10, seed: int = 7) -> Run:
-    """Issue 33's case: weekdays, counts, spaced phone numbers, lowercase names, dates, in prose, 8K window,
-    a summary that keeps nothing."""
-    return await run_fidelity(
-        f"shapeless facts (seed {seed})",
-        cycles=cycles,
-        seed=seed,
-        shapeless=True,
+        unlisted=not shapeless,
+        shapeless=shapeless,
         pipeline=PipelineSettings(),
         summarizer=ParaphrasingSummarizer(),
     )
@@ -635,7 +624,7 @@ async def _main(cycles: int, seed: int) -> None:
         "pipeline, one item every other turn, a summarizer that keeps no identifier"
     )
     print(format_runs(runs))
-    runs = [await shapeless(cycles, seed + i) for i in range(3)]
+    runs = [await unlisted(cycles, seed + i, shapeless=True) for i in range(3)]
     print(
         f"\nFacts with no shape (weekdays, counts, spaced phone numbers, lowercase names, dates), seeds "
         f"{seed}..{seed + 2}: {PROSE_MODEL}, default pipeline, a summarizer that keeps nothing"
