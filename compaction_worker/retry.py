@@ -13,7 +13,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,17 +57,22 @@ class RetryPolicy:
         call: Callable[[], Awaitable[T]],
         *,
         retry_if: Callable[[BaseException], bool],
+        failures: int = 0,
+        on_retry: Callable[[BaseException, int], object] | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> T:
         """``await call()`` until it succeeds, retrying what ``retry_if`` accepts with backoff.
 
-        An error ``retry_if`` refuses, or the last try's error, propagates unchanged; so does
+        ``failures``: tries that failed before this run (it waits their backoff first).
+        ``on_retry(error, failures)`` is told of each failure about to be retried. An error
+        ``retry_if`` refuses, or the last try's error, propagates unchanged; so does
         cancellation (``retry_if`` never sees it). The deadline, if any, bounds the whole run,
         backoffs included: past it, ``TimeoutError``.
         """
-        failures = 0
         async with asyncio.timeout(self.deadline_seconds):
+            if failures:
+                await sleep(self.backoff(failures, rng))
             while True:
                 try:
                     return await call()
@@ -75,6 +80,8 @@ class RetryPolicy:
                     failures += 1
                     if self.exhausted(failures) or not retry_if(exc):
                         raise
+                    if on_retry is not None:
+                        on_retry(exc, failures)
                 await sleep(self.backoff(failures, rng))
 
 
@@ -132,29 +139,3 @@ class RetrySettings(BaseModel):
     def llm(self) -> RetryPolicy:
         """One summarizer model's call: ``llm_attempts`` tries, then the next fallback model."""
         return RetryPolicy(self.llm_attempts, self.base_seconds, self.cap_seconds)
-
-
-_EARLIER_NAMES: tuple[tuple[str, str, str, Callable[[Any], Any]], ...] = (
-    ("summarizer", "max_retries", "llm_attempts", lambda retries: int(retries) + 1),
-    ("worker", "retry_backoff_seconds", "base_seconds", float),
-)
-"""Settings earlier releases had, now in ``retry``: (section, name, retry field, conversion)."""
-
-
-def read_earlier_names(data: Any) -> Any:
-    """The raw settings (environment, YAML, arguments) with the names earlier releases used moved
-    into the retry section: ``summarizer.max_retries`` (tries after the first) and
-    ``worker.retry_backoff_seconds``; a new name given too wins."""
-    if not isinstance(data, dict):
-        return data
-    moved: dict[str, Any] = {}
-    for section, old, new, convert in _EARLIER_NAMES:
-        values = data.get(section)
-        if isinstance(values, dict) and old in values:
-            data = {**data, section: {k: v for k, v in values.items() if k != old}}
-            moved[new] = convert(values[old])
-    if not moved:
-        return data
-    retry = data.get("retry") or {}
-    retry = retry.model_dump() if isinstance(retry, RetrySettings) else dict(retry)
-    return {**data, "retry": moved | retry}

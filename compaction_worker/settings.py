@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
@@ -22,7 +22,7 @@ from pydantic_settings import (
 
 from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
 from compaction_worker.errors import ConfigError
-from compaction_worker.retry import RetrySettings, read_earlier_names
+from compaction_worker.retry import RetrySettings
 
 DEFAULT_PREFIX = "cw"
 """What every Redis key of this service starts with, unless ``redis.key_prefix`` says otherwise."""
@@ -396,11 +396,6 @@ class Settings(BaseSettings):
     summarizer_api_base: str | None = Field(default=None, exclude=True)
     summarizer_api_key: SecretStr | None = Field(default=None, exclude=True)
     trigger_fraction: float | None = Field(default=None, exclude=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _earlier_names(cls, data: Any) -> Any:
-        return read_earlier_names(data)
 
     @model_validator(mode="after")
     def _apply_flat_aliases(self) -> Settings:

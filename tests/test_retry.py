@@ -92,6 +92,26 @@ async def test_run_does_not_retry_what_retry_if_refuses() -> None:
     assert len(sleeps.delays) == 1
 
 
+async def test_run_continues_from_earlier_failures_and_tells_each_retry() -> None:
+    """A turn that already failed twice (in a run) waits its third backoff first, then has the tries left."""
+    sleeps, call = Sleeps(), Failing(*(ValueError(str(n)) for n in range(5)))
+    told: list[tuple[str, int]] = []
+    policy = RetryPolicy(attempts=4, base_seconds=1.0, cap_seconds=100.0)
+    with pytest.raises(ValueError, match=r"^1$"):
+        await policy.run(
+            call,
+            retry_if=lambda e: True,
+            failures=2,
+            on_retry=lambda e, n: told.append((str(e), n)),
+            sleep=sleeps,
+            rng=random.Random(5),
+        )
+    assert call.calls == 2  # tries 3 and 4 of 4
+    assert told == [("0", 3)]  # the last failure is raised, not retried
+    twin = random.Random(5)
+    assert sleeps.delays == [twin.uniform(0, 2.0), twin.uniform(0, 4.0)]
+
+
 async def test_run_with_unlimited_attempts_keeps_trying() -> None:
     sleeps, call = Sleeps(), Failing(*(OSError() for _ in range(50)))
     assert await RetryPolicy(0, 0.01, 0.02).run(call, retry_if=lambda e: True, sleep=sleeps) == 51

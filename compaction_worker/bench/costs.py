@@ -63,14 +63,16 @@ class CostEnv:
         return max(2, int(full * min(1.0, self.scale * 4)))
 
 
-def _settings(prefix: str, llm: FakeLLMServer | None = None, **summarizer: Any) -> Settings:
+def _settings(prefix: str, llm: FakeLLMServer | None = None) -> Settings:
+    """The rows' settings; with ``llm``, its summarizer, one try per call (a failure is the row's to see)."""
     section: dict[str, Any] = {}
     if llm is not None:
-        section = {"model": "openai/gpt-4o-mini", "api_base": llm.url, "api_key": "fake", **summarizer}
+        section = {"model": "openai/gpt-4o-mini", "api_base": llm.url, "api_key": "fake"}
     return Settings(
         redis={"key_prefix": prefix, "retention_seconds": None},
         kafka={"max_event_bytes": 4 << 20},
         summarizer=section,
+        retry={"llm_attempts": 1},
     )
 
 
@@ -224,7 +226,7 @@ class LLMClock:
 
 def _fake_llm_parts(env: CostEnv, prefix: str) -> Components:
     """Components whose summarizer is LiteLLM against the zero-latency fake (then the extractive fallback)."""
-    return build_components(_settings(prefix, env.llm, max_retries=0), env.redis, _discard)
+    return build_components(_settings(prefix, env.llm), env.redis, _discard)
 
 
 async def _compact_now(parts: Components, cid: str) -> CompactionCompleted | None:

@@ -331,7 +331,7 @@ async def head_of_line_rows(env: BenchEnv, progress: Progress) -> list[Row]:
                 "SUMMARIZER__MODEL": "openai/gpt-4o-mini",
                 "SUMMARIZER__API_BASE": env.llm.url,
                 "SUMMARIZER__API_KEY": "fake",
-                "SUMMARIZER__MAX_RETRIES": "0",
+                "RETRY__LLM_ATTEMPTS": "1",
                 "WORKER__SHUTDOWN_GRACE_SECONDS": "1",  # compactions still running are handed back
             }
             cids = tuple(f"hol-{repeat}-{i:04d}" for i in range(conversations))

@@ -8,16 +8,12 @@ later keeps stored turns' fingerprints.
 
 It hashes the event's other fields' JSON, in the order its model gives them, then each
 message's stored JSON (``ChatMessage.to_json``, made once per turn for the stores), so a turn
-costs no second serialization. Turns stored by releases before
-2026-11 carry a digest of the whole event's sorted-key JSON instead (:func:`legacy_fingerprint`):
-the rare paths that compare a turn with a stored fingerprint try it before calling them
-different.
+costs no second serialization.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 
 from compaction_worker.contracts.events import TurnEvent
@@ -36,15 +32,3 @@ def turn_fingerprint(event: TurnEvent, messages: Sequence[str] | None = None) ->
         digest.update(b"\x1e")
         digest.update(text.encode())
     return digest.hexdigest()
-
-
-def legacy_fingerprint(event: TurnEvent) -> str:
-    """The fingerprint releases before 2026-11 stored: the digest of the content's sorted-key JSON."""
-    content = event.model_dump(mode="json", exclude=set(_IDENTITY), exclude_defaults=True)
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def fingerprints(event: TurnEvent) -> frozenset[str]:
-    """Every fingerprint a release may have stored for this turn."""
-    return frozenset({turn_fingerprint(event), legacy_fingerprint(event)})

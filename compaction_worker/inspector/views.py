@@ -20,6 +20,7 @@ from compaction_worker.contracts.history import SummaryChunk, render
 from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
+from compaction_worker.state.keys import is_meta_key, meta_key_pattern
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Snapshot
 from compaction_worker.summaries.artifacts import item_kind
@@ -162,14 +163,14 @@ class ConversationView:
 async def listing(client: Client, settings: Settings, search: str | None) -> Listing:
     """The most recently updated and the largest conversations (those whose id contains ``search``)."""
     prefix = client.store.prefix
-    pattern = f"{_glob(prefix)}:{{*{_glob(search or '')}*}}:meta" if search else f"{_glob(prefix)}:{{*}}:meta"
+    pattern = meta_key_pattern(prefix, search or "")
     redis = client.store.redis
     limit = settings.inspector.scan_limit
     keys: list[str] = []
     complete = True
     async for key in redis.scan_iter(match=pattern, count=1000):
         text = key.decode() if isinstance(key, bytes) else key
-        if text.endswith("}:meta") and text.startswith(f"{prefix}:{{"):
+        if is_meta_key(text, prefix):
             keys.append(text)
         if len(keys) >= limit:
             complete = False
@@ -265,8 +266,3 @@ def rewind_commands(conversation_id: str, log: Sequence[Mapping[str, Any]]) -> l
             command = f"compaction-worker rewind {shlex.quote(conversation_id)} --version {version}"
             found.append((version, str(rec.get("trigger", "?")), command))
     return found[::-1]
-
-
-def _glob(text: str) -> str:
-    """``text`` matched literally inside a Redis glob pattern."""
-    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)

@@ -87,7 +87,6 @@ class Rewinder:
                 fence=lease.fence,
                 lock_token=lease.token,
                 version=version,
-                count=counter.message,
                 overhead=overhead,
                 repair=repair,
             )

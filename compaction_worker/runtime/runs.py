@@ -133,7 +133,6 @@ def _planned(handler: TurnHandler, events: Sequence[tuple[TurnEvent, bytes]], me
             first_n=meta.msg_count + 1,
             fields=plan.fields,
             rev=meta.rev,
-            version=meta.version,
             now=plan.after.updated_at,
             fingerprint=fingerprint_of(event, new),
             job=plan.job,

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from compaction_worker.observability.health import Liveness
+from compaction_worker.retry import RetryPolicy
 from compaction_worker.state.index import Sweep
 from compaction_worker.state.wake import Wake, Wakes
 
@@ -182,7 +183,10 @@ class Sweeper:
             except Exception:  # Redis away: wait a while, the sweeps go on
                 failures += 1
                 log.warning("waiting for wake-ups failed", exc_info=failures == 1)
-                await asyncio.sleep(min(self.idle_max, self.interval * 2**failures))
+                # Full jitter: the workers that lost Redis together do not come back together.
+                await asyncio.sleep(
+                    RetryPolicy(0, self.interval, max(self.idle_max, self.interval)).backoff(failures)
+                )
                 continue
             failures = 0
             if wake is not None:

@@ -8,7 +8,6 @@ handler's plan and effects; what a run does not store comes here.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -27,7 +26,6 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.contracts.fingerprints import legacy_fingerprint
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
@@ -134,26 +132,24 @@ class TurnHandler:
         """``call()`` until it returns; an outage propagates; any other failure is tried again
         (``retry.turns``), and after the last try the turn is ``poisoned(error, tries)``.
         ``failures``: tries the turn already failed (in a run: runs.py)."""
-        if failures:
-            await asyncio.sleep(self.policy.backoff(failures))
-        while True:
-            try:
-                return await call()
-            except Exception as error:
-                if is_outage(error):
-                    raise
-                failures += 1
-                if self.policy.exhausted(failures):
-                    return await poisoned(error, failures)
-                log.warning(
-                    "turn failed (%s: %s); try %d of %d",
-                    type(error).__name__,
-                    error,
-                    failures + 1,
-                    self.policy.attempts,
-                    exc_info=error,
-                )
-                await asyncio.sleep(self.policy.backoff(failures))
+        try:
+            return await self.policy.run(
+                call, retry_if=lambda error: not is_outage(error), failures=failures, on_retry=self._retrying
+            )
+        except Exception as error:
+            if is_outage(error):
+                raise
+            return await poisoned(error, max(self.policy.attempts, failures + 1))
+
+    def _retrying(self, error: BaseException, failures: int) -> None:
+        log.warning(
+            "turn failed (%s: %s); try %d of %d",
+            type(error).__name__,
+            error,
+            failures + 1,
+            self.policy.attempts,
+            exc_info=error,
+        )
 
     async def _handle(
         self, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
@@ -270,7 +266,6 @@ class TurnHandler:
                 fields=plan.fields,
                 # Unknown: a first turn is taken for a new conversation's (revision 0).
                 rev=meta.rev if known is not None or seq == 1 else UNKNOWN_REV,
-                version=meta.version,
                 now=plan.after.updated_at,
                 fingerprint=fingerprint,
                 job=plan.job,
@@ -292,9 +287,6 @@ class TurnHandler:
                     log.info("turn %s of %s waits for turn %s", seq, cid, reply.last_seq + 1)
                     return TurnOutcome(TurnStatus.BUFFERED, cid, last_seq=reply.last_seq)
                 case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
-                    if reply.kept and reply.kept != fingerprint and reply.kept == legacy_fingerprint(event):
-                        fingerprint = reply.kept  # stored by an older release: the same turn
-                        continue
                     held = reply.status is AppendStatus.CONFLICTING_HELD
                     raise conflicting_duplicate(cid, seq, fingerprint, reply.kept or "", held=held)
                 case AppendStatus.NEED_HELD:

@@ -73,9 +73,6 @@ class TurnWrite:
     rev: int
     """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
     now: float
-    version: int = 0
-    """The history version of that meta: with the revision and the message count (``first_n - 1``)
-    it must still be the stored one (a writer of an older release bumps no revision)."""
     fingerprint: str | None = None
     job: JobRequest | None = None
     """A compaction request to record with the append (kept unless a stronger one is pending)."""
@@ -115,7 +112,7 @@ def encode_messages(
     """The transcript records and effective-history entries of a turn, each message encoded once.
 
     A transcript record is ``{"n", "seq", "m", "at", "t"}``: ``t`` is the count the entry gets,
-    so a rewind restores it exactly (records appended before it was stored lack it). An entry
+    so a rewind restores it exactly. An entry
     is the text ``Entry.to_json`` gives (a test holds them equal).
     """
     records, entries = [], []
@@ -135,7 +132,7 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
     args: list[str | bytes] = [
         str(write.seq),
         str(write.seq + 1),
-        f"{write.rev}/{write.first_n - 1}/{write.version}",
+        str(write.rev),
         str(int(write.now * 1000)),
         str(retention_ms),
         write.fingerprint or "",

@@ -20,6 +20,7 @@ from typing import Final, Literal
 from compaction_worker.observability import metrics
 from compaction_worker.settings import SummarizerSettings
 from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.keys import breaker_key
 from compaction_worker.state.scripts import Script
 
 _MEMORY_MS: Final = 24 * 3600 * 1000
@@ -61,8 +62,8 @@ class Breaker:
         self._script = Script(redis, "breaker.lua")
 
     def key(self, model: str) -> str:
-        """The model's hash, under its own hash tag (one slot per model in a cluster)."""
-        return f"{self.prefix}:breaker:{{{model}}}"
+        """The model's hash (keys.breaker_key)."""
+        return breaker_key(model, self.prefix)
 
     async def check(self, model: str) -> BreakerState:
         """Whether this run may ask ``model``; after the cooldown the first caller is the probe."""

@@ -13,12 +13,10 @@ import re
 import time
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from compaction_worker.contracts.events import BadEventError, DeadLetterReason, TurnEvent
-from compaction_worker.contracts.fingerprints import fingerprints
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.contracts.events import BadEventError, DeadLetterReason
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex
+from compaction_worker.state.keys import gaps_index_key
 from compaction_worker.state.scripts import Script
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
@@ -38,14 +36,6 @@ HELD_LUA = "held.lua"
 # digit, nor a hex digit.
 _HELD_PREFIX = re.compile(rb"(\d+)(?:/(\d+))?:")
 _HELD_FINGERPRINT = re.compile(rb"([0-9a-f]{32}):")
-
-
-def gaps_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """The held-turn index's name (its buckets: index.bucket_keys): conversations with turns held behind a gap.
-
-    Scored by the oldest held turn's hold time (ms); also the single key of the versions before buckets.
-    """
-    return f"{prefix}:gaps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +247,7 @@ class GapIndex:
             # overlap): it is stored, so this copy is a duplicate, unless its content differs
             # (turns without a fingerprint are taken as duplicates).
             stored = await self.store.fingerprint(cid, seq)
-            if fingerprint is not None and stored is not None and not _same_turn(fingerprint, stored, raw):
+            if fingerprint is not None and stored is not None and fingerprint != stored:
                 bad = conflicting_duplicate(cid, seq, fingerprint, stored)
                 expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
                 continue
@@ -267,19 +257,6 @@ class GapIndex:
 
     def __repr__(self) -> str:
         return f"<GapIndex timeout={self.timeout_ms / 1000:g}s expired={self.expired}>"
-
-
-def _same_turn(held: str, stored: str, raw: bytes) -> bool:
-    """Whether a held turn's copy (``raw``, its fingerprint ``held``) is the turn stored with ``stored``.
-
-    The two fingerprints may come from releases that digest a turn differently.
-    """
-    if held == stored:
-        return True
-    try:
-        return stored in fingerprints(TurnEvent.model_validate_json(raw))
-    except ValidationError:
-        return False
 
 
 def conflicting_duplicate(

@@ -10,10 +10,6 @@ conversation's keys; its owners order their writes instead (docs/design.md).
 Every write that arms an entry announces it (wake.py), so that no worker polls the buckets
 to find it; a sweep (:meth:`ShardedIndex.scan`) reads what is due and when the next entry
 will be.
-
-The single key a version before the buckets used (the index's base name) is still read by
-the sweep: :meth:`ShardedIndex.scan` moves what it finds there into the buckets, so
-entries written before (or, in a rolling upgrade, beside) this version are not stranded.
 """
 
 from __future__ import annotations
@@ -21,33 +17,17 @@ from __future__ import annotations
 import heapq
 import math
 import time
-import zlib
 from dataclasses import dataclass
-from typing import cast
 
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.keys import bucket_keys, shard_of
 from compaction_worker.state.scripts import as_text
 from compaction_worker.state.wake import Wake, Wakes
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def shard_of(conversation_id: str, shards: int) -> int:
-    """The bucket of a conversation: CRC-32 of its id, so every process and version agrees."""
-    return zlib.crc32(conversation_id.encode()) % shards
-
-
-def bucket_keys(base: str, shards: int) -> tuple[str, ...]:
-    """The bucket keys of the index named ``base``; each is its own hash tag (its own slot)."""
-    return tuple(f"{{{base}:{n}}}" for n in range(shards))
-
-
-def bucket_key(base: str, conversation_id: str, shards: int = DEFAULT_INDEX_SHARDS) -> str:
-    """The bucket key of the index named ``base`` that holds this conversation's entry."""
-    return f"{{{base}:{shard_of(conversation_id, shards)}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +73,7 @@ class ShardedIndex:
     ) -> None:
         self.redis = redis
         self.base = base
-        """The index's name, and the single key it was before buckets (read by the sweep)."""
+        """The index's name (its buckets' keys are made from it)."""
         self.kind = base.rsplit(":", 1)[-1]
         """The index's name in its wake-ups: ``jobs``, ``gaps``, ``outbox``."""
         self.keys = bucket_keys(base, shards)
@@ -167,7 +147,6 @@ class ShardedIndex:
         same read says what is due and when the next entry will be.
         """
         limit = max(1, limit)
-        await self._migrate(limit, until_ms)
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in self.keys:
                 pipe.zrange(key, 0, limit - 1, withscores=True)
@@ -188,8 +167,8 @@ class ShardedIndex:
         return Scan(members, None if upcoming == math.inf else upcoming)
 
     async def stats(self) -> IndexStats:
-        """Count and lowest score over every bucket (and the pre-bucket key), in one pipelined read."""
-        keys = (*self.keys, self.base)
+        """Count and lowest score over every bucket, in one pipelined read."""
+        keys = self.keys
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.zcard(key)
@@ -201,21 +180,8 @@ class ShardedIndex:
         return IndexStats(sum(int(c) for c in counts), min(lowest) if lowest else None)
 
     async def count(self) -> int:
-        """How many conversations the index holds (every bucket and the pre-bucket key, one read)."""
+        """How many conversations the index holds (every bucket, one read)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for key in (*self.keys, self.base):
+            for key in self.keys:
                 pipe.zcard(key)
             return sum(int(c) for c in await pipe.execute())
-
-    async def _migrate(self, limit: int, until_ms: float) -> None:
-        """Move due entries of the pre-bucket key into their buckets (a no-op once it is empty).
-
-        NX keeps an entry the bucket already has. An entry an older worker re-armed meanwhile
-        loses that score, not its place: it is due in its bucket, and whoever looks at it takes
-        the conversation's lock first.
-        """
-        old = await self.redis.zrangebyscore(self.base, "-inf", until_ms, start=0, num=limit, withscores=True)
-        for member, score in cast(list[tuple[bytes | str, float]], old):
-            cid = as_text(member)
-            await self.redis.zadd(self.key_of(cid), {cid: score}, nx=True)
-            await self.redis.zrem(self.base, member)

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import Trigger
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import Scan, ShardedIndex, now_ms
-from compaction_worker.state.keys import conversation_keys
+from compaction_worker.state.keys import conversation_keys, jobs_index_key
 from compaction_worker.state.lock import Busy, Lease, Locks
 from compaction_worker.state.scripts import Script, as_text
 from compaction_worker.state.wake import Wakes
@@ -36,14 +36,6 @@ JOB_PRIORITY = {
 
 SET_JOB_LUA = "job.lua"
 """The library that defines ``set_job``, for scripts that record a job with other writes."""
-
-
-def jobs_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """The job index's name (its buckets: index.bucket_keys): conversations with a pending compaction.
-
-    Scored by when to look next (ms); also the single key of the versions before buckets.
-    """
-    return f"{prefix}:jobs"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,18 @@
-"""The Redis keys of one conversation, all under its hash tag ``{<conversation_id>}``.
+"""Every Redis key the service writes, and how each is named.
 
-One hash tag keeps the atomic scripts that touch several of them on one Redis Cluster slot.
-Each key's format belongs to the module named beside it; the global indexes are their
-owners' (jobs.py, gaps.py, outbox.py).
+A conversation's keys share its hash tag ``{<conversation_id>}``: the atomic scripts that touch
+several of them stay on one Redis Cluster slot. The global keys (the three indexes' buckets,
+the wake-up set, the per-model breakers) each have a hash tag of their own, so that on a
+cluster they spread over the slots. What a key holds is documented beside it; the module
+that reads and writes it is named there.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, fields
 
-from compaction_worker.settings import DEFAULT_PREFIX
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +62,64 @@ def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> Con
     """Build the keys of one conversation, all under its hash tag; each key ends in its field's name."""
     base = f"{prefix}:{{{conversation_id}}}"
     return ConversationKeys(**{f.name: f"{base}:{f.name}" for f in fields(ConversationKeys)})
+
+
+def meta_key_pattern(prefix: str = DEFAULT_PREFIX, contains: str = "") -> str:
+    """A SCAN pattern for the meta hashes of the conversations whose id contains ``contains``."""
+    return f"{_glob(prefix)}:{{*{_glob(contains)}*}}:meta" if contains else f"{_glob(prefix)}:{{*}}:meta"
+
+
+def is_meta_key(key: str, prefix: str = DEFAULT_PREFIX) -> bool:
+    """Whether ``key`` is a conversation's meta hash under ``prefix``."""
+    return key.startswith(f"{prefix}:{{") and key.endswith("}:meta")
+
+
+def _glob(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+# --- global keys ----------------------------------------------------------------------------
+
+
+def jobs_index_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """The job index's name (its buckets: :func:`bucket_keys`): conversations with a pending compaction,
+    scored by when to look next (ms; jobs.py)."""
+    return f"{prefix}:jobs"
+
+
+def gaps_index_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """The held-turn index's name (its buckets: :func:`bucket_keys`): conversations with turns held
+    behind a gap, scored by the oldest held turn's hold time (ms; gaps.py)."""
+    return f"{prefix}:gaps"
+
+
+def outbox_index_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """The outbox index's name (its buckets: :func:`bucket_keys`): conversations that may have
+    unpublished events, scored by when to look (ms; outbox.py)."""
+    return f"{prefix}:outbox"
+
+
+def shard_of(conversation_id: str, shards: int) -> int:
+    """The bucket of a conversation: CRC-32 of its id, so every process and version agrees."""
+    return zlib.crc32(conversation_id.encode()) % shards
+
+
+def bucket_keys(base: str, shards: int) -> tuple[str, ...]:
+    """The bucket keys of the index named ``base``; each is its own hash tag (its own slot; index.py)."""
+    return tuple(f"{{{base}:{n}}}" for n in range(shards))
+
+
+def bucket_key(base: str, conversation_id: str, shards: int = DEFAULT_INDEX_SHARDS) -> str:
+    """The bucket key of the index named ``base`` that holds this conversation's entry."""
+    return f"{{{base}:{shard_of(conversation_id, shards)}}}"
+
+
+def wake_key(prefix: str = DEFAULT_PREFIX) -> str:
+    """The wake-up set: its own hash tag (one slot; a blocking pop names one key; wake.py)."""
+    return f"{{{prefix}:wake}}"
+
+
+def breaker_key(model: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """A model's circuit-breaker hash, under its own hash tag (one slot per model; breaker.py)."""
+    return f"{prefix}:breaker:{{{model}}}"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex, Sweep, now_ms
+from compaction_worker.state.keys import outbox_index_key
 from compaction_worker.state.lock import Busy, Locks
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
@@ -24,14 +25,6 @@ class Publish(Protocol):
     """Sends one event to a topic, keyed: the runtime's publisher (the state never imports the runtime)."""
 
     async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None: ...
-
-
-def outbox_index_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """The outbox index's name (its buckets: index.bucket_keys): conversations that may have unpublished events.
-
-    Scored by when to look (ms); also the single key of the versions before buckets.
-    """
-    return f"{prefix}:outbox"
 
 
 def pack(topic: str, payload: bytes) -> bytes:

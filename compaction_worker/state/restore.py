@@ -48,7 +48,6 @@ async def rewind(
     fence: int,
     lock_token: str,
     version: int | None,
-    count: Callable[[Mapping[str, Any]], int],
     overhead: int,
     repair: Repair | None = None,
 ) -> RewindResult:
@@ -56,8 +55,7 @@ async def rewind(
 
     The history becomes that compaction's ``chunks_before`` and, verbatim, every transcript
     message they do not cover, including messages appended since; it is committed as a new
-    version with a ``rewind`` record in the log. ``count`` counts a transcript message that
-    has no stored count; ``overhead`` is what the summary turn costs beyond its chunks (as
+    version with a ``rewind`` record in the log. ``overhead`` is what the summary turn costs beyond its chunks (as
     the compaction that wrote them counted it); ``repair``, when given, makes the restored
     entries valid for every provider (verbatim messages next to old chunks can need a
     synthetic turn between them). Raises RewindError when there is nothing to rewind, and
@@ -80,7 +78,7 @@ async def rewind(
             f"the log record of version {target['version']} cannot be rewound (no chunks_before)"
         )
     chunks = tuple(SummaryChunk.from_json(c) for c in target["chunks_before"])
-    entries = restore_entries(chunks, [json.loads(r) for r in raw_transcript], count)
+    entries = restore_entries(chunks, [json.loads(r) for r in raw_transcript])
     if repair is not None:
         entries = repair(chunks, entries)
     restored_tokens = sum(e.tokens for e in entries) + (
@@ -167,18 +165,13 @@ def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapp
 def restore_entries(
     chunks: Sequence[SummaryChunk],
     records: Sequence[Mapping[str, Any]],
-    count: Callable[[Mapping[str, Any]], int],
 ) -> tuple[Entry, ...]:
-    """Every transcript record no chunk covers, as a verbatim entry (any non-LLM edit undone).
-
-    Token counts come from the record, where the append stored the count it used; records
-    written before counts were stored are counted again with ``count``.
-    """
+    """Every transcript record no chunk covers, as a verbatim entry (any non-LLM edit undone),
+    with the token count its append stored."""
     entries = []
     for r in records:
         n = int(r["n"])
         if any(c.covers(n) for c in chunks):
             continue
-        tokens = int(r["t"]) if "t" in r else count(r["m"])
-        entries.append(Entry(n=n, seq=int(r["seq"]), message=r["m"], tokens=tokens))
+        entries.append(Entry(n=n, seq=int(r["seq"]), message=r["m"], tokens=int(r["t"])))
     return tuple(entries)

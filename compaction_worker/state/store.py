@@ -145,7 +145,6 @@ class Store:
             first_n=meta.msg_count + 1,
             fields=fields | (first_fields(now) if meta.last_seq == 0 else {}),
             rev=meta.rev,
-            version=meta.version,
             now=now,
             fingerprint=fingerprint,
             job=request,

@@ -14,12 +14,8 @@ from dataclasses import dataclass
 
 from compaction_worker.settings import DEFAULT_PREFIX
 from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.keys import wake_key
 from compaction_worker.state.scripts import as_text
-
-
-def wake_key(prefix: str = DEFAULT_PREFIX) -> str:
-    """The wake-up set's key: its own hash tag (one slot; a blocking pop names one key)."""
-    return f"{{{prefix}:wake}}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,13 +24,13 @@ TURNS = 25
 
 
 @pytest.fixture
-async def own_redis() -> AsyncIterator[Redis]:
-    with EmbeddedRedis() as server:
-        client = Redis.from_url(server.url)
-        try:
-            yield client
-        finally:
-            await client.aclose()
+async def meter_client(own_redis: EmbeddedRedis) -> AsyncIterator[Redis]:
+    """The meter's client of the test's own Redis."""
+    client = Redis.from_url(own_redis.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 async def _turns(worker: Redis, count: int) -> None:
@@ -47,11 +47,11 @@ def _url(client: Redis) -> str:
 
 
 @pytest.mark.integration
-async def test_monitor_splits_sent_from_inside_scripts_and_leaves_the_meter_out(own_redis: Redis) -> None:
-    worker = Redis.from_url(_url(own_redis))
+async def test_monitor_splits_sent_from_inside_scripts_and_leaves_the_meter_out(meter_client: Redis) -> None:
+    worker = Redis.from_url(_url(meter_client))
     try:
         await _turns(worker, 1)  # connected, the script loaded: nothing but turns is counted
-        async with Meter(own_redis) as meter, meter.monitor() as counted:
+        async with Meter(meter_client) as meter, meter.monitor() as counted:
             await meter.snapshot()  # the meter's own command: not counted
             await _turns(worker, TURNS)
         assert counted.sent == Counter({"hgetall": TURNS, "evalsha": TURNS})
@@ -63,12 +63,12 @@ async def test_monitor_splits_sent_from_inside_scripts_and_leaves_the_meter_out(
 
 @pytest.mark.integration
 async def test_commandstats_deltas_count_every_executed_command_once_and_time_the_sent_ones(
-    own_redis: Redis,
+    meter_client: Redis,
 ) -> None:
-    worker = Redis.from_url(_url(own_redis))
+    worker = Redis.from_url(_url(meter_client))
     try:
         await _turns(worker, 1)
-        async with Meter(own_redis) as meter:
+        async with Meter(meter_client) as meter:
             before = await meter.snapshot()
             await _turns(worker, TURNS)
             stats = await meter.snapshot() - before

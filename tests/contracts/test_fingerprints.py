@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from compaction_worker.contracts.events import TurnEvent
-from compaction_worker.contracts.fingerprints import fingerprints, legacy_fingerprint, turn_fingerprint
+from compaction_worker.contracts.fingerprints import turn_fingerprint
 
 TURN = {
     "conversation_id": "c",
@@ -22,8 +22,6 @@ TURN = {
     ],
     "usage": {"prompt_tokens": 1200, "completion_tokens": 40},
 }
-LEGACY = "f5d82c76d44da3551bfaabe17e5ab5a2"
-"""What runtime/prepare.py's turn_fingerprint gave for TURN at 68d6bac (computed from that commit's code)."""
 
 
 def test_the_stored_texts_give_the_fingerprint_the_event_gives() -> None:
@@ -38,11 +36,3 @@ def test_message_boundaries_count() -> None:
     texts = [m.to_json() for m in one.messages]
 
     assert turn_fingerprint(one, texts) != turn_fingerprint(one, [texts[0][:10], texts[0][10:]])
-
-
-def test_the_older_digest_is_the_one_releases_before_2026_11_stored() -> None:
-    """Pinned: this value was stored by those releases for this turn (sorted-key JSON of the content)."""
-    event = TurnEvent.model_validate(TURN)
-
-    assert legacy_fingerprint(event) == LEGACY
-    assert fingerprints(event) == {turn_fingerprint(event), LEGACY}

@@ -21,8 +21,7 @@ from compaction_worker.errors import ConfigError
 from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
-from compaction_worker.state.index import bucket_keys
-from compaction_worker.state.jobs import jobs_index_key
+from compaction_worker.state.keys import bucket_keys, jobs_index_key
 from compaction_worker.strategies import provider_problems
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -29,7 +27,6 @@ from .helpers import (
     poll_until,
     publish_many,
     read_topic,
-    running,
 )
 
 if TYPE_CHECKING:
@@ -42,21 +39,18 @@ STOP_AFTER = 150
 """Turns stored before Redis stops (of CONVERSATIONS * TURNS)."""
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    """A Redis of this test's own, persistent (fsync on every write), so a restart keeps what was stored."""
-    yield from running(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
-
-
 async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(
-    kafka_bootstrap: str, own_redis: EmbeddedRedis, make_topics: MakeTopics, caplog: pytest.LogCaptureFixture
+    kafka_bootstrap: str,
+    own_durable_redis: EmbeddedRedis,
+    make_topics: MakeTopics,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Turns of the batch in hand that met the outage come back: each stored once, in order, all committed."""
     caplog.set_level(logging.WARNING, logger="compaction_worker.runtime.consumer")
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)
     settings = make_settings(
         kafka_bootstrap,
-        own_redis.url,
+        own_durable_redis.url,
         topics,
         retry={"base_seconds": 0.2, "cap_seconds": 0.2},
         kafka={"batch_concurrency": 8},
@@ -74,7 +68,7 @@ async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(
         nonlocal stored
         stored += 1
         if stored == STOP_AFTER:
-            own_redis.stop()  # synchronously, mid-batch: the batch's other turns are in flight
+            own_durable_redis.stop()  # synchronously, mid-batch: the batch's other turns are in flight
 
     def refused() -> int:
         return sum("infrastructure error on a turn" in r.getMessage() for r in caplog.records)
@@ -93,9 +87,11 @@ async def test_a_redis_outage_mid_batch_redelivers_and_loses_nothing(
     async with Client.connect(settings) as client:
         await publish_many(client, backlog)
         async with worker.running():
-            await poll_until(lambda: not own_redis.running and refused() >= 1, 60, "the outage met mid-batch")
+            await poll_until(
+                lambda: not own_durable_redis.running and refused() >= 1, 60, "the outage met mid-batch"
+            )
             assert stored < len(backlog), "the backlog was stored before the outage"
-            await asyncio.to_thread(own_redis.start)
+            await asyncio.to_thread(own_durable_redis.start)
             await poll_until(
                 lambda: all_stored(client), 60, "every turn stored", detail=lambda: stored_seqs(client)
             )

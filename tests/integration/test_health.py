@@ -10,7 +10,6 @@ import asyncio
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from compaction_worker.observability.health import LIVEZ, METRICS, READYZ
 from compaction_worker.runtime.worker import build_worker
 from tests.orchestration import make_settings
 
-from .helpers import poll_until, running
+from .helpers import poll_until
 from .processes import WorkerProcess
 
 if TYPE_CHECKING:
@@ -33,12 +32,6 @@ pytestmark = pytest.mark.integration
 
 LIVENESS_TIMEOUT = 6.0
 """Long enough that a loaded test machine never starves a loop this long; the outage below outlasts it."""
-
-
-@pytest.fixture
-def own_redis() -> Iterator[EmbeddedRedis]:
-    """A Redis of this test's own, so stopping it disturbs no other test."""
-    yield from running(EmbeddedRedis())
 
 
 def get(port: int, path: str) -> tuple[int, str]:

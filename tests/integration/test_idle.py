@@ -12,7 +12,7 @@ of three indexes and the backlog gauges); the bound is 5.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import pytest
@@ -23,8 +23,6 @@ from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import WorkerSettings
 from tests.orchestration import make_settings
 
-from .helpers import running
-
 if TYPE_CHECKING:
     from tests.conftest import MakeTopics
 
@@ -34,12 +32,6 @@ WARM_UP = 30.0
 WINDOW = 60.0
 """Seconds of idleness counted, after the warm-up: the safety sweeps' period (60 s) at least."""
 PER_SECOND = 5
-
-
-@pytest.fixture
-def own_redis() -> Iterator[EmbeddedRedis]:
-    """A Redis for this test alone: the server's counters are the worker's."""
-    yield from running(EmbeddedRedis())
 
 
 def calls(stats: Mapping[str, Mapping[str, int]]) -> dict[str, int]:

@@ -16,7 +16,6 @@ import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -59,17 +58,6 @@ Streams = Mapping[str, Sequence[TurnEvent]]
 
 
 # --- servers of our own -----------------------------------------------------------------
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    """A persistent Redis for one test: append-only file, fsynced on every write.
-
-    ``appendfsync always`` means a write the worker saw acknowledged is on disk before the
-    reply, so even an unclean stop could not lose it; the test stops it gracefully
-    (SIGTERM), and the restarted server loads the file before it answers PING.
-    """
-    yield from running(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
 
 
 @pytest.fixture
@@ -178,7 +166,7 @@ class _Handled:
 
 async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     kafka_bootstrap: str,
-    own_redis: EmbeddedRedis,
+    own_durable_redis: EmbeddedRedis,
     make_topics: MakeTopics,
     fake_llm: FakeLLMServer,
     caplog: pytest.LogCaptureFixture,
@@ -202,7 +190,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=PARTITIONS)
     settings = make_settings(
         kafka_bootstrap,
-        own_redis.url,
+        own_durable_redis.url,
         topics,
         worker=WORKER,
         retry=RETRY,
@@ -235,7 +223,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
                 "turns stored and a compaction waiting on its summary",
             )
             # Mid-stream: turns are being stored and a compaction is under way right now.
-            await asyncio.to_thread(own_redis.stop)
+            await asyncio.to_thread(own_durable_redis.stop)
             stopped_at, published_at_stop = time.monotonic(), published
             # Down until the worker was refused three times (its retries failed too) and
             # fifteen more rounds of turns went to the broker meanwhile.
@@ -243,7 +231,7 @@ async def test_redis_restart_mid_run_loses_and_duplicates_nothing(
                 lambda: refused() >= 3 and published >= published_at_stop + 15, 60, "the outage felt"
             )
             refused_during_outage = refused()
-            await asyncio.to_thread(own_redis.start)
+            await asyncio.to_thread(own_durable_redis.start)
             restarted_at, restarted_wall = time.monotonic(), time.time()
             fake_llm.set_delay(0)
             await publisher

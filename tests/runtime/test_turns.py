@@ -19,7 +19,7 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.contracts.fingerprints import legacy_fingerprint, turn_fingerprint
+from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.observability.logs import ContextFilter
 from compaction_worker.runtime import plan
 from compaction_worker.runtime import turns as turns_module
@@ -153,24 +153,6 @@ class TestTurns:
         assert (
             await parts.turns.handle(turn_bytes("c", 2, [assistant("ok")]), b"c")
         ).status is TurnStatus.APPENDED
-
-    async def test_turns_fingerprinted_by_an_older_release_take_their_redeliveries_as_duplicates(
-        self, parts: Parts, published: Published
-    ) -> None:
-        """Releases before 2026-11 stored another digest of the same turn: a redelivery is still a duplicate."""
-        first = turn_bytes("c", 1, [user("hi")])
-        await parts.turns.handle(first, b"c")
-        fingerprints = parts.store.keys("c").fingerprints
-        await parts.store.redis.hset(
-            fingerprints, "1", legacy_fingerprint(TurnEvent.model_validate_json(first))
-        )
-
-        again = await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"c")
-        other = await parts.turns.handle(turn_bytes("c", 1, [user("bye")]), b"c")
-
-        assert (again.status, other.reason) == (TurnStatus.DUPLICATE, "conflicting_duplicate")
-        assert len(published.on("conversation.turn.dlq")) == 1
-        assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["hi"]
 
     async def test_gap_is_held_until_filled_then_applied_in_order(self, parts: Parts) -> None:
         """Turns ahead of a gap wait; the missing turn releases them in order."""

@@ -12,18 +12,11 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import DeadLetter, TurnEvent
-from compaction_worker.contracts.fingerprints import legacy_fingerprint, turn_fingerprint
+from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import Settings
-from compaction_worker.state.gaps import (
-    CLAIM_LEASE_SECONDS,
-    GapIndex,
-    HeldTurn,
-    gaps_index_key,
-    held_value,
-    parse_held,
-)
-from compaction_worker.state.index import bucket_key
+from compaction_worker.state.gaps import CLAIM_LEASE_SECONDS, GapIndex, HeldTurn, held_value, parse_held
+from compaction_worker.state.keys import bucket_key, gaps_index_key
 from compaction_worker.testing import turn_bytes
 from tests import orchestration
 from tests.orchestration import Parts, Published, assistant, user
@@ -323,21 +316,6 @@ class TestConcurrency:
         assert published.events == []
         assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
-
-    async def test_a_held_copy_fingerprinted_by_an_older_release_is_the_stored_turn(
-        self, parts: Parts, published: Published
-    ) -> None:
-        """Releases before 2026-11 digested a turn another way: the same turn is still the same turn."""
-        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
-        await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
-        same = turn_bytes("c", 2, [assistant("two")])
-        old = legacy_fingerprint(TurnEvent.model_validate_json(same))
-        assert old != await parts.store.fingerprint("c", 2)
-        await parts.gaps.hold("c", 2, same, now=1000.0, fingerprint=old)
-
-        assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
-        assert letters(published) == []
-        assert await held_seqs(parts.gaps, "c") == []
 
     async def test_a_held_copy_of_a_stored_seq_with_other_content_is_a_conflicting_duplicate(
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis

@@ -1,5 +1,5 @@
 """The sharded indexes: buckets by conversation, merged sweeps and when to look next, counts,
-wake-up announcements, the pre-bucket key."""
+wake-up announcements."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.index import Scan, ShardedIndex, bucket_key, bucket_keys, shard_of
-from compaction_worker.state.jobs import JobQueue, jobs_index_key
-from compaction_worker.state.lock import Locks
+from compaction_worker.state.index import Scan, ShardedIndex
+from compaction_worker.state.keys import bucket_key, bucket_keys, shard_of
 from compaction_worker.state.wake import Wakes
 
 pytestmark = pytest.mark.integration
@@ -80,27 +79,6 @@ async def test_arming_announces_and_a_conditional_write_only_when_it_changes(
     assert (wake.conversation_id, wake.at_ms) == ("a", 3500)
     assert await wakes.next(0.01) is None
     assert await index.score("b") is None
-
-
-async def test_the_pre_bucket_key_is_swept_into_the_buckets(redis_client: RedisClient) -> None:
-    """A job indexed by a version before buckets is found and moved to its bucket; what is not due stays."""
-    queue = JobQueue(redis_client, "t", Locks(redis_client, 5), shards=4)
-    await redis_client.zadd(jobs_index_key("t"), {"old": 10, "later": 10**15})
-    assert await queue.pending_count() == 2  # counted before it moves
-    assert await queue.due(10) == ["old"]
-    assert await redis_client.zscore(jobs_index_key("t"), "old") is None
-    assert await redis_client.zscore(queue.index.key_of("old"), "old") == 10
-    assert await redis_client.zscore(jobs_index_key("t"), "later") == 10**15  # not due: left for later
-
-
-async def test_a_bucket_entry_is_not_overwritten_by_the_pre_bucket_key(redis_client: RedisClient) -> None:
-    """An entry the bucket already has keeps its score; the old key drains either way."""
-    index = ShardedIndex(redis_client, "t:outbox", 4)
-    await redis_client.zadd("t:outbox", {"x": 5, "y": 6})
-    await index.add("y", 7)
-    assert await index.due(10, 100) == ["x", "y"]
-    assert await index.score("y") == 7
-    assert await redis_client.zcard("t:outbox") == 0
 
 
 async def test_buckets_spread_over_the_cluster_primaries(redis_client: RedisClient) -> None:

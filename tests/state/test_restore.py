@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +15,7 @@ from compaction_worker.contracts.history import SummaryChunk
 from compaction_worker.errors import RewindError, StaleFenceError
 from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.restore import rewind, rewind_target
+from compaction_worker.state.restore import RewindResult, rewind, rewind_target
 from compaction_worker.state.store import Store
 from tests.state.helpers import append, chunk, msg
 
@@ -27,8 +26,11 @@ OVERHEAD = 3
 """What the summary turn costs beyond its chunks, in these tests."""
 
 
-def never_count(message: Mapping[str, Any]) -> int:
-    raise AssertionError(f"recounted {message}: the transcript stores its counts")
+def undo(
+    store: Store, lease: Lease, version: int | None = None, overhead: int = OVERHEAD
+) -> Awaitable[RewindResult]:
+    """Rewind conversation "c" under ``lease``: compaction ``version`` (default: the latest in effect)."""
+    return rewind(store, "c", fence=lease.fence, lock_token=lease.token, version=version, overhead=overhead)
 
 
 class TestRewind:
@@ -75,15 +77,7 @@ class TestRewind:
     ) -> None:
         """References 000 and 003 (originals preserved) and 004 (rewind): undoing the only compaction gives back every transcript message as appended, edits undone."""
         lease = await self._compacted(store, Locks(redis_client, 30))
-        result = await rewind(
-            store,
-            "c",
-            fence=lease.fence,
-            lock_token=lease.token,
-            version=None,
-            count=never_count,
-            overhead=OVERHEAD,
-        )
+        result = await undo(store, lease)
         assert (result.version, result.rewound, result.context_status) == (2, 1, ContextStatus.FULL)
         after = await store.snapshot("c")
         transcript = await store.transcript("c")
@@ -104,15 +98,7 @@ class TestRewind:
         """The total is the stored counts of the restored messages, whatever the total said before."""
         lease = await self._compacted(store, Locks(redis_client, 30))
         await store.set_meta("c", history_tokens=999_999)  # a drifted total is repaired too
-        result = await rewind(
-            store,
-            "c",
-            fence=lease.fence,
-            lock_token=lease.token,
-            version=1,
-            count=never_count,
-            overhead=OVERHEAD,
-        )
+        result = await undo(store, lease, version=1)
         assert result.history_tokens == 7 + 5 + 6 + 9 + 100 + 8
         assert (await store.meta("c")).history_tokens == 135
 
@@ -137,15 +123,7 @@ class TestRewind:
             status=ContextStatus.SUMMARIZED,
             record={"version": 2, "trigger": "manual", "chunks_before": [first.to_json()]},
         )
-        result = await rewind(
-            store,
-            "c",
-            fence=lease.fence,
-            lock_token=lease.token,
-            version=None,
-            count=never_count,
-            overhead=OVERHEAD,
-        )
+        result = await undo(store, lease)
         assert result.rewound == 2
         after = await store.snapshot("c")
         assert [c.id for c in after.history.chunks] == ["c1"]
@@ -166,41 +144,12 @@ class TestRewind:
             return await script(keys, lists, **header)
 
         monkeypatch.setattr(store, "_replace", append_first)
-        result = await rewind(
-            store,
-            "c",
-            fence=lease.fence,
-            lock_token=lease.token,
-            version=None,
-            count=never_count,
-            overhead=OVERHEAD,
-        )
+        result = await undo(store, lease)
         assert result.appended_during == 1
         after = await store.snapshot("c")
         assert [e.n for e in after.history.entries] == [1, 2, 3, 4, 5, 6, 7]
         assert after.history.entries[-1].message["content"] == "late"
         assert after.meta.history_tokens == 135 + 11
-
-    async def test_records_without_counts_are_counted_again(
-        self, store: Store, redis_client: redis.asyncio.Redis
-    ) -> None:
-        """Transcript records from before counts were stored are recounted with the given counter."""
-        lease = await self._compacted(store, Locks(redis_client, 30))
-        key = store.keys("c").transcript
-        for i, raw in enumerate(await redis_client.lrange(key, 0, -1)):
-            record = json.loads(raw)
-            del record["t"]
-            await redis_client.lset(key, i, json.dumps(record))
-        result = await rewind(
-            store,
-            "c",
-            fence=lease.fence,
-            lock_token=lease.token,
-            version=None,
-            count=lambda _m: 2,
-            overhead=OVERHEAD,
-        )
-        assert result.history_tokens == 6 * 2
 
     async def test_stale_fence_is_refused(self, store: Store, redis_client: redis.asyncio.Redis) -> None:
         """A rewinder whose lock expired and was taken over writes nothing (docs/design.md, invariant 3)."""
@@ -213,15 +162,7 @@ class TestRewind:
         await asyncio.sleep(0.3)
         assert await locks.acquire("c", store.keys("c")) is not None  # another worker takes over
         with pytest.raises(StaleFenceError, match="stale_fence"):
-            await rewind(
-                store,
-                "c",
-                fence=lease.fence,
-                lock_token=lease.token,
-                version=None,
-                count=never_count,
-                overhead=0,
-            )
+            await undo(store, lease, overhead=0)
         after = await store.snapshot("c")
         assert (after.meta, after.history) == (before.meta, before.history)
         assert len(await store.compactions("c")) == 1
@@ -234,25 +175,9 @@ class TestRewind:
         lease = await Locks(redis_client, 30).acquire("c", store.keys("c"))
         assert isinstance(lease, Lease)
         with pytest.raises(RewindError, match="nothing to undo"):
-            await rewind(
-                store,
-                "c",
-                fence=lease.fence,
-                lock_token=lease.token,
-                version=None,
-                count=never_count,
-                overhead=0,
-            )
+            await undo(store, lease, overhead=0)
         with pytest.raises(RewindError, match="no compaction version 3"):
-            await rewind(
-                store,
-                "c",
-                fence=lease.fence,
-                lock_token=lease.token,
-                version=3,
-                count=never_count,
-                overhead=0,
-            )
+            await undo(store, lease, version=3, overhead=0)
         assert (await store.meta("c")).version == 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import replace
 from unittest.mock import ANY
 
 import pytest
@@ -88,29 +87,6 @@ class TestAppend:
         rev = (await store.meta("c")).rev
         await store.set_meta("c", noop_tokens=5)
         assert (await store.meta("c")).rev == rev + 1
-
-    async def test_a_writer_that_bumps_no_revision_is_caught_by_the_count_and_version(
-        self, store: Store
-    ) -> None:
-        """An older release's append (or commit) bumps no revision: the message count (or the
-        history version) the caller computed from no longer matches, so nothing is written."""
-        await append(store, "c", 1, msg("a"))
-        meta = await store.meta("c")
-        # An older worker appends turn 2 without touching the revision.
-        await store.redis.hset(store.keys("c").meta, mapping={"last_seq": "2", "msg_count": "2"})
-        write = replace(
-            _write(3, msg("c"), rev=meta.rev, fields={"last_seq": "3"}), first_n=meta.msg_count + 1
-        )
-        assert (
-            await store.write_turn("c", write)
-        ).status is AppendStatus.STALE  # the count moved, not the revision
-        await store.redis.hset(
-            store.keys("c").meta, mapping={"last_seq": "1", "msg_count": "1", "version": "1"}
-        )
-        stale = TurnWrite(seq=2, messages=[msg("b")], first_n=2, fields={}, rev=meta.rev, now=time.time())
-        assert (await store.write_turn("c", stale)).status is AppendStatus.STALE
-        fresh = replace(stale, version=1)
-        assert (await store.write_turn("c", fresh)).status is AppendStatus.APPENDED
 
     async def test_reply_carries_what_the_caller_acts_on(self, store: Store) -> None:
         """An append returns its seq, the new revision and whether the next turn is held; a duplicate too."""

@@ -5,9 +5,8 @@
 --   their expiry moves with the rest (expiry.lua).
 -- A turn's arguments, by position from ARGV[at + 1] (it runs for every turn: a JSON header to
 --   decode was a fifth of its time):
---   seq, next (seq + 1), stamp ('<rev>/<msg_count>/<version>' of the meta the caller computed
---   its fields from; rev -1: none; all three must still be the stored ones, so that a writer that
---   does not bump the revision, such as an older release's in a rolling upgrade, is caught too),
+--   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none;
+--   it must still be the stored one: every writer of the meta bumps it),
 --   now_ms, retention_ms, fingerprint ('' for none), first ('1': the conversation's first
 --   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
 --   that many meta field/value texts (what the append changes), then the message count n and
@@ -68,7 +67,7 @@ local function turn(at, run, w)
   local records_at = fields_at + fields_n + 1
   local held_form = nil
   if not run then held_form = ARGV[records_at + 2 * n] end
-  local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'msg_count', 'version')
+  local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at')
   local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
   local seq = tonumber(seq_text)
   if run and seq ~= last + 1 then return nil end
@@ -92,9 +91,7 @@ local function turn(at, run, w)
     expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])))
     return {'held', last}
   end
-  local known_rev, known_count, known_version = string.match(ARGV[at + 3], '^(-?%d+)/(%d+)/(%d+)$')
-  if tonumber(known_rev) ~= rev or tonumber(known_count) ~= tonumber(state[4] or '0')
-      or tonumber(known_version) ~= tonumber(state[5] or '0') then
+  if tonumber(ARGV[at + 3]) ~= rev then
     if run then return nil end
     return {'stale', last, redis.call('HGETALL', meta)}
   end
@@ -108,12 +105,7 @@ local function turn(at, run, w)
   for i = records_at, records_at + n - 1 do w.records[#w.records + 1] = ARGV[i] end
   for i = records_at + n, records_at + 2 * n - 1 do w.entries[#w.entries + 1] = ARGV[i] end
   rev = rev + 1
-  local count, version = state[4], state[5]
-  for i = fields_at, fields_at + fields_n - 1, 2 do
-    local name, value = ARGV[i], ARGV[i + 1]
-    set_field(w, name, value)
-    if name == 'msg_count' then count = value elseif name == 'version' then version = value end
-  end
+  for i = fields_at, fields_at + fields_n - 1, 2 do set_field(w, ARGV[i], ARGV[i + 1]) end
   if fingerprint then
     w.fingerprints[#w.fingerprints + 1] = seq_text
     w.fingerprints[#w.fingerprints + 1] = fingerprint
@@ -129,7 +121,7 @@ local function turn(at, run, w)
     set_field(w, 'expires_at', string.format('%d', kept))
     w.renewed, deadline = kept, kept
   end
-  w.state = {rev, seq, deadline, count, version}
+  w.state = {rev, seq, deadline}
   local next_held = 0
   if waiting[2] then next_held = 1 end
   return {'appended', seq, rev, next_held, recorded}
