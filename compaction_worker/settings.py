@@ -105,6 +105,12 @@ class RedisSettings(_Section):
         le=1024,
         description="Buckets (hash slots) each shared index (jobs, gaps, outbox) is split into; same on every worker.",
     )
+    max_connections: int = Field(
+        default=16,
+        ge=2,
+        description="Connections a process opens to a single Redis, at most: a command waits for a free one "
+        "(up to the socket timeout) instead of opening another. A cluster client opens its own per node.",
+    )
 
     @property
     def uses_cluster(self) -> bool:

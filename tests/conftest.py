@@ -108,11 +108,13 @@ def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
     """The embedded three-primary cluster of a cluster run (skips the test on a single server)."""
     if not cluster_tests() or os.environ.get("COMPACTION_TEST_REDIS_URL"):
         pytest.skip("needs the embedded Redis Cluster: COMPACTION_TEST_REDIS_CLUSTER=1")
+    cluster = EmbeddedRedisCluster()
     try:
-        cluster = EmbeddedRedisCluster()
-        cluster.start()
+        cluster.nodes[0].binary_path()
     except ConfigError as e:
         pytest.skip(f"no embedded Redis Cluster: {e}")
+    # Asked for and installed: a cluster that does not start fails the run, it does not skip it.
+    cluster.start()
     try:
         yield cluster
     finally:

@@ -35,7 +35,7 @@ _LINE = re.compile(rb'\[\d+ (.*?)\] "([^"]*)"')
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """``INFO commandstats`` and the main thread's CPU at one moment, or the difference of two."""
+    """``INFO commandstats`` and the process's CPU (user + system) at one moment, or the difference of two."""
 
     calls: Counter[str]
     usec: Counter[str]
@@ -59,10 +59,9 @@ def parse_info(info: Mapping[str, Any]) -> Snapshot:
         if key.startswith("cmdstat_") and isinstance(value, Mapping):
             name = key.removeprefix("cmdstat_")
             calls[name], usec[name] = int(value["calls"]), int(value["usec"])
-    # The main thread's CPU (Redis 6.2+): command execution and network I/O, no background threads.
-    sys_cpu = info.get("used_cpu_sys_main_thread", info.get("used_cpu_sys", 0.0))
-    user_cpu = info.get("used_cpu_user_main_thread", info.get("used_cpu_user", 0.0))
-    return Snapshot(calls, usec, float(sys_cpu) + float(user_cpu))
+    # The process's CPU, user and system, every thread (what a Redis core has to give).
+    cpu = float(info.get("used_cpu_sys", 0.0)) + float(info.get("used_cpu_user", 0.0))
+    return Snapshot(calls, usec, cpu)
 
 
 @dataclass(slots=True)

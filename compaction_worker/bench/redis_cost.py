@@ -5,11 +5,19 @@ They are measured on the one-worker process of the throughput rows (this checkou
 topic and key prefix. Three phases follow, with nothing else using Redis (the end of a phase
 is read from the group's committed offsets on the broker):
 
-1. idle: the worker attached with nothing to do, its commands counted with ``MONITOR``;
-2. timed: 20 new conversations x 20 small turns, no compaction due, between two
-   ``INFO commandstats`` snapshots (the command time and the commands executed);
-3. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
+1. idle: the worker attached with nothing to do: the Redis CPU it costs per second (``INFO
+   cpu``), then its commands counted with ``MONITOR``;
+2. timed, a backlog: 20 new conversations x 20 small turns sent at once, no compaction due,
+   between two ``INFO cpu commandstats`` snapshots (the CPU, the command time and the
+   commands executed);
+3. agent pace: 20 other conversations x 20 turns, one turn per conversation at a time (each
+   round of 20 is sent once the round before it is committed), as agents produce them: every
+   turn is a script call of its own, where a backlog gives a call a run of turns;
+4. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
    clients sent from those run inside scripts.
+
+The CPU figures are the Redis process's (user + system), less what the idle worker costs
+over the same time.
 
 See ``meter.py`` for why each figure comes from where it does, and docs/performance.md.
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass, fields
 
@@ -27,9 +36,14 @@ from compaction_worker.bench.environment import BenchEnv, BenchError, WorkerSour
 from compaction_worker.bench.load import Attached, StoredCounter, make_input, wait_committed
 from compaction_worker.bench.meter import SCRIPT_CALLS, Meter, Monitored, Snapshot
 from compaction_worker.bench.report import Progress, Row
+from compaction_worker.runtime.connections import WORKER_CLIENT_NAME
 
 CONVERSATIONS, TURNS = 20, 20
 IDLE_SECONDS = 5.0
+PACED_CPU_TARGET = 30.0
+"""Redis CPU µs per stored turn at agent pace (issue 35)."""
+BACKLOG_CPU_TARGET = 15.0
+"""Redis CPU µs per stored turn in a backlog (issue 35)."""
 SETTLE_SECONDS = 1.0
 """Before the idle phase: the worker's chores after the turns it stored before are done."""
 
@@ -52,7 +66,14 @@ class TurnCost:
     usec: float
     """Command time, per stored turn: the time of the commands clients sent (a script's includes its calls)."""
     cpu_usec: float
-    """Redis's main-thread CPU, per stored turn: command time plus network I/O and the rest of the event loop."""
+    """Redis process CPU per stored turn in a backlog (phase 2), the idle worker's cost left out:
+    command time plus network I/O and the rest of the event loop."""
+    paced_cpu_usec: float
+    """Redis process CPU per stored turn at agent pace (phase 3), the idle worker's cost left out."""
+    paced_usec: float
+    """Command time per stored turn at agent pace (phase 3)."""
+    connections: float
+    """The Redis connections the worker process held after the backlog and the agent-pace phases (``CLIENT LIST``)."""
     idle_sent: float
     """Commands per second an idle worker sends."""
     idle_inside: float
@@ -85,14 +106,25 @@ def sent_time(stats: Snapshot, counted: Monitored) -> tuple[float, list[str], li
 
 
 def turn_cost(
-    turns: int, stats: Snapshot, counted: Monitored, idle: Monitored, idle_seconds: float
+    turns: int,
+    stats: Snapshot,
+    counted: Monitored,
+    idle: Monitored,
+    idle_seconds: float,
+    *,
+    paced: Snapshot,
+    idle_cpu: float = 0.0,
+    timed_seconds: float = 0.0,
+    paced_seconds: float = 0.0,
+    connections: int = 0,
 ) -> TurnCost:
-    """The figures of one run from its three phases."""
+    """The figures of one run from its phases; ``idle_cpu``: the idle worker's Redis CPU seconds per second."""
     usec, split, unseen = sent_time(stats, counted)
     detail = (
         f"per turn, sent: {_top(counted.sent, turns)}; inside scripts: {_top(counted.inside, turns)}; "
         f"idle, per second: {_top(idle.sent, idle_seconds)}"
     )
+    detail += f"; at agent pace, executed per turn: {_top(paced.calls, turns)}"
     if split:
         detail += f"; sent and inside scripts, time split by calls: {', '.join(sorted(split))}"
     if unseen:
@@ -102,7 +134,10 @@ def turn_cost(
         inside=counted.inside.total() / turns,
         executed=stats.calls.total() / turns,
         usec=usec / turns,
-        cpu_usec=stats.cpu_seconds * 1e6 / turns,
+        cpu_usec=max(0.0, stats.cpu_seconds - idle_cpu * timed_seconds) * 1e6 / turns,
+        paced_cpu_usec=max(0.0, paced.cpu_seconds - idle_cpu * paced_seconds) * 1e6 / turns,
+        paced_usec=sent_time(paced, counted)[0] / turns,
+        connections=connections,
         idle_sent=idle.sent.total() / idle_seconds,
         idle_inside=idle.inside.total() / idle_seconds,
         detail=detail,
@@ -116,36 +151,71 @@ def _top(counts: Counter[str], per: float, most: int = 6) -> str:
 
 
 async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, progress: Progress) -> TurnCost:
-    """The three phases on a worker attached and warmed up (see the module's docstring)."""
+    """The four phases on a worker attached and warmed up (see the module's docstring)."""
     if not isinstance(env.redis, Redis):
         raise BenchError("the Redis rows need a single Redis, not a cluster (MONITOR and INFO are per node)")
-    timed, counted_input = (
+    timed, paced, counted_input = (
         make_input(CONVERSATIONS, TURNS, "timed"),
+        make_input(CONVERSATIONS, TURNS, "paced"),
         make_input(CONVERSATIONS, TURNS, "counted"),
     )
     timed_built, counted_built = (
         worker.batches.build(timed.events),
         worker.batches.build(counted_input.events),
     )
+    # make_input gives each round of turns (one per conversation) after the one before it.
+    rounds = [
+        worker.batches.build(paced.events[i : i + CONVERSATIONS])
+        for i in range(0, len(paced.events), CONVERSATIONS)
+    ]
     topic, group, within = worker.topic, worker.group, 120.0
     async with Meter(env.redis) as meter:
         await asyncio.sleep(SETTLE_SECONDS)
-        progress(f"redis cost: idle for {idle_seconds:g} s")
+        progress(f"redis cost: idle for {idle_seconds:g} s, then counted for as long")
+        before, started = await meter.snapshot(), time.monotonic()
+        await asyncio.sleep(idle_seconds)
+        idle_cpu = (await meter.snapshot() - before).cpu_seconds / (time.monotonic() - started)
         async with meter.monitor() as idle:
             await asyncio.sleep(idle_seconds)
-        progress(f"redis cost: {timed.total} turns timed, then {counted_input.total} counted")
-        before = await meter.snapshot()
+        progress(
+            f"redis cost: {timed.total} turns as a backlog, {paced.total} at agent pace, then {counted_input.total} counted"
+        )
+        before, started = await meter.snapshot(), time.monotonic()
         ends = await worker.batches.send(topic, timed_built)
         await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
-        stats = await meter.snapshot() - before
+        stats, timed_seconds = await meter.snapshot() - before, time.monotonic() - started
+        connections = await worker_connections(env.redis)
+        before, started = await meter.snapshot(), time.monotonic()
+        for built in rounds:
+            ends = await worker.batches.send(topic, built)
+            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
+        paced_stats, paced_seconds = await meter.snapshot() - before, time.monotonic() - started
+        connections = max(connections, await worker_connections(env.redis))
         async with meter.monitor() as counted:
             ends = await worker.batches.send(topic, counted_built)
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
-    for data in (timed, counted_input):
+    for data in (timed, paced, counted_input):
         stored = await StoredCounter(env, worker.prefix, data.conversations).stored()
         if stored != data.total:
             raise BenchError(f"the worker committed {data.total} turns but Redis holds {stored}")
-    return turn_cost(timed.total, stats, counted, idle, idle_seconds)
+    return turn_cost(
+        timed.total,
+        stats,
+        counted,
+        idle,
+        idle_seconds,
+        paced=paced_stats,
+        idle_cpu=idle_cpu,
+        timed_seconds=timed_seconds,
+        paced_seconds=paced_seconds,
+        connections=connections,
+    )
+
+
+async def worker_connections(redis: Redis) -> int:
+    """The connections worker processes hold (named by ``connections.worker_client_name``)."""
+    clients = await redis.client_list()
+    return sum(1 for c in clients if str(c.get("name", "")).startswith(f"{WORKER_CLIENT_NAME}:"))
 
 
 def median_cost(runs: list[TurnCost]) -> TurnCost:
@@ -193,11 +263,28 @@ def cost_rows(
         row("Redis commands executed per stored turn (commandstats)", "executed", "commands", None),
         time_row,
         row(
-            "Redis main-thread CPU per stored turn",
+            "Redis CPU per stored turn, backlog",
             "cpu_usec",
             "µs",
+            BACKLOG_CPU_TARGET,
+            note=f"INFO cpu (process, user + system) less the idle worker's; {CONVERSATIONS} conversations' "
+            f"{TURNS} turns each sent at once; one Redis core: {_per_core(this.cpu_usec)} turns/s",
+        ),
+        row(
+            "Redis CPU per stored turn, agent pace",
+            "paced_cpu_usec",
+            "µs",
+            PACED_CPU_TARGET,
+            note=f"one turn per conversation at a time over {CONVERSATIONS} conversations (each turn its own "
+            f"script call); command time {this.paced_usec:.3g} µs; one Redis core: "
+            f"{_per_core(this.paced_cpu_usec)} turns/s",
+        ),
+        row(
+            "Redis connections a worker holds",
+            "connections",
+            "connections",
             None,
-            note=f"command time plus network I/O; one Redis core: {_per_core(this.cpu_usec)} turns/s",
+            note="CLIENT LIST after the backlog and the agent-pace phases; at most redis.max_connections per Redis",
         ),
         row(
             "Redis commands/s an idle worker sends",

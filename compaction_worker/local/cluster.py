@@ -14,12 +14,13 @@ import time
 from types import TracebackType
 from typing import Self
 
-from compaction_worker.local.embedded import EmbeddedRedis, EmbeddedStartError, free_port
+from compaction_worker.local.embedded import EmbeddedRedis, EmbeddedStartError, PortInUseError, free_port
 
 __all__ = ["EmbeddedRedisCluster"]
 
 _NODE_TIMEOUT_MS = 2000
 _POLL_SECONDS = 0.05
+_PORT_TRIES = 5
 
 
 class EmbeddedRedisCluster:
@@ -59,12 +60,25 @@ class EmbeddedRedisCluster:
 
     def start(self) -> None:
         """Start the primaries, assign the slots, and return once every node reports the cluster ok."""
-        for node in self.nodes:
-            node.start()
+        for i in range(len(self.nodes)):
+            self._start_node(i)
         if not self._state_ok(self.nodes[0].port):
             self._cli("--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                       "--cluster-replicas", "0", "--cluster-yes")  # fmt: skip
         self._wait_ok(self.ports)
+
+    def _start_node(self, index: int) -> None:
+        """Start node ``index``; on new ports when another process took its port or its bus port first
+        (parallel test processes each start a cluster)."""
+        for attempt in range(_PORT_TRIES):
+            try:
+                self.nodes[index].start()
+                return
+            except (PortInUseError, EmbeddedStartError):
+                if attempt == _PORT_TRIES - 1:
+                    raise
+                self.nodes[index].close()
+                self.nodes[index] = self._node()
 
     def restart(self, index: int, down_seconds: float = 0.0) -> None:
         """Stop one primary (cleanly: its data is written out), wait, start it again on its port."""

@@ -28,6 +28,7 @@ __all__ = [
     "EmbeddedKafka",
     "EmbeddedRedis",
     "EmbeddedStartError",
+    "PortInUseError",
     "free_port",
 ]
 
@@ -64,6 +65,10 @@ _POLL_SECONDS = 0.02
 # a restart on the same port waits this long for it before calling the port taken.
 _PORT_RELEASE_SECONDS = 5.0
 _LOG_TAIL_LINES = 30
+
+
+class PortInUseError(ConfigError):
+    """The port a server must listen on (its own, given or restarted on) is taken by another process."""
 
 
 class EmbeddedStartError(CompactionWorkerError):
@@ -106,6 +111,7 @@ class _EmbeddedServer(ABC):
     def __init__(
         self, port: int | None, binary: str | os.PathLike[str] | None, startup_timeout: float
     ) -> None:
+        self._any_port = port is None  # ours to choose: another free one if it is taken before we start
         self.port = port if port is not None else free_port()
         self.startup_timeout = startup_timeout
         self._binary = binary
@@ -128,6 +134,10 @@ class _EmbeddedServer(ABC):
     @abstractmethod
     def _is_ready(self) -> bool:
         """Whether the server answers on its port; called until true or timed out."""
+
+    def binary_path(self) -> str:
+        """The server's executable; ConfigError with the install hint if it is not installed."""
+        return self._resolve_binary()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -155,8 +165,12 @@ class _EmbeddedServer(ABC):
                 return
             self.stop()  # tidies up after a server that died on its own
             binary = self._resolve_binary()
+            if self._any_port and not self._has_run:
+                # Another process (a parallel test's server) may have taken the port since it was chosen.
+                while not _port_is_free(self.port):
+                    self.port = free_port()
             if not self._port_released(_PORT_RELEASE_SECONDS if self._has_run else 0.0):
-                raise ConfigError(f"embedded {self.name}: port {self.port} on 127.0.0.1 is already in use")
+                raise PortInUseError(f"embedded {self.name}: port {self.port} on 127.0.0.1 is already in use")
             self._log = open(self.log_path, "ab")  # noqa: SIM115  # closed in stop()
             argv = self._command(binary)
             if os.name == "posix":

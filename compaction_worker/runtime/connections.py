@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import ssl
 from typing import Any
 
 import hiredis
 from faststream.kafka.security import parse_security
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import DataError
@@ -54,8 +56,19 @@ def kafka_client_args(settings: KafkaSettings) -> dict[str, Any]:
     return dict(parse_security(security))
 
 
-def connect_redis(settings: RedisSettings) -> RedisClient:
-    """A Redis client from settings: URL, password, TLS; retries on connection errors.
+WORKER_CLIENT_NAME = "compaction-worker"
+"""The start of a worker process's Redis connection names (``CLIENT LIST``), then its host and process id."""
+
+
+def worker_client_name() -> str:
+    """This process's Redis connection name: ``compaction-worker:<host>:<pid>`` (no spaces: Redis refuses them)."""
+    host = "".join(ch if ch.isalnum() or ch in "-._" else "-" for ch in socket.gethostname())
+    return f"{WORKER_CLIENT_NAME}:{host}:{os.getpid()}"
+
+
+def connect_redis(settings: RedisSettings, name: str | None = None) -> RedisClient:
+    """A Redis client from settings: URL, password, TLS; retries on connection errors; each
+    connection named ``name`` (``CLIENT LIST`` shows whose it is).
 
     A Redis Cluster (``redis.cluster`` or a ``redis+cluster://`` URL) gets the cluster
     client, which follows the slot map and its redirections; the URL names any one node.
@@ -68,6 +81,8 @@ def connect_redis(settings: RedisSettings) -> RedisClient:
         "socket_connect_timeout": 5,
         "socket_timeout": 30,
     }
+    if name is not None:
+        kwargs["client_name"] = name
     if settings.password is not None:
         kwargs["password"] = settings.password.get_secret_value()
     if settings.ssl and not url.startswith("rediss://"):
@@ -76,10 +91,17 @@ def connect_redis(settings: RedisSettings) -> RedisClient:
         kwargs["ssl_ca_certs"] = str(settings.ssl_ca_certs)
     if settings.uses_cluster:
         return RedisCluster.from_url(url, **kwargs)
-    client = Redis.from_url(url, retry_on_timeout=True, **kwargs)
-    pool = client.connection_pool
+    # A bounded pool that waits for a free connection: without it every conversation in flight
+    # (batch_concurrency per consumer) held a connection of its own, hundreds per worker.
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=settings.max_connections,
+        timeout=kwargs["socket_timeout"],
+        retry_on_timeout=True,
+        **kwargs,
+    )
     pool.connection_class = hiredis_packing(pool.connection_class)
-    return client
+    return Redis.from_pool(pool)
 
 
 _PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}

@@ -26,7 +26,7 @@ from compaction_worker.observability.tracing import consume_span, inject_dict
 from compaction_worker.runtime.channels import declare, make_broker
 from compaction_worker.runtime.compactor import Summarizers
 from compaction_worker.runtime.components import Components, build_components
-from compaction_worker.runtime.connections import connect_redis
+from compaction_worker.runtime.connections import connect_redis, worker_client_name
 from compaction_worker.runtime.consumer import Record, TurnConsumer
 from compaction_worker.runtime.pool import CompactionPool
 from compaction_worker.runtime.runs import RUN_MAX, append_run
@@ -119,7 +119,7 @@ def build_worker(
     broker = make_broker(kafka, graceful_timeout=settings.worker.shutdown_grace_seconds)
     channels = declare(broker, settings.topics, kafka)
     publishers = channels.publishers
-    client = redis_client or connect_redis(settings.redis)
+    client = redis_client or connect_redis(settings.redis, worker_client_name())
 
     async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
         headers = {"content-type": "application/json"}

@@ -86,11 +86,12 @@ async def test_commandstats_deltas_count_every_executed_command_once_and_time_th
         await worker.aclose()
 
 
-def test_info_parses_into_counts_times_and_the_main_threads_cpu() -> None:
+def test_info_parses_into_counts_times_and_the_processs_cpu() -> None:
     info = {
-        "used_cpu_sys_main_thread": 1.5,
+        "used_cpu_sys_main_thread": 1.0,
         "used_cpu_user_main_thread": 0.25,
-        "used_cpu_sys": 9.0,
+        "used_cpu_sys": 1.5,
+        "used_cpu_user": 0.25,
         "cmdstat_evalsha": {"calls": 3, "usec": 90, "usec_per_call": 30.0},
         "cmdstat_client|setinfo": {"calls": 2, "usec": 1},
         "cmdstat_info": {"calls": 1, "usec": 20},

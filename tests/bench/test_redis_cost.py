@@ -15,7 +15,21 @@ TURNS = 400
 
 
 def _cost(**figures: float) -> TurnCost:
-    base = dict.fromkeys(("sent", "inside", "executed", "usec", "cpu_usec", "idle_sent", "idle_inside"), 1.0)
+    base = dict.fromkeys(
+        (
+            "sent",
+            "inside",
+            "executed",
+            "usec",
+            "cpu_usec",
+            "paced_cpu_usec",
+            "paced_usec",
+            "connections",
+            "idle_sent",
+            "idle_inside",
+        ),
+        1.0,
+    )
     return TurnCost(**{**base, **figures}, detail="d")
 
 
@@ -30,13 +44,27 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
         inside=Counter({"hgetall": TURNS, "pexpire": 10 * TURNS}),
     )
     idle = Monitored(sent=Counter({"zrangebyscore": 100, "zcard": 100}), inside=Counter({"zadd": 10}))
-    cost = turn_cost(TURNS, stats, counted, idle, idle_seconds=5.0)
+    paced = Snapshot(Counter({"evalsha": TURNS}), Counter({"evalsha": 50 * TURNS}), cpu_seconds=0.06)
+    cost = turn_cost(
+        TURNS,
+        stats,
+        counted,
+        idle,
+        idle_seconds=5.0,
+        paced=paced,
+        idle_cpu=0.001,
+        timed_seconds=2.0,
+        paced_seconds=8.0,
+    )
     assert cost.sent == pytest.approx(2.01)
     assert cost.inside == 11.0
     assert cost.executed == pytest.approx(13.02)
     # EVALSHA 40 (its calls inside), HGETALL's 4 split half sent, PEXPIRE only inside: 0, ZCARD not counted: sent.
     assert cost.usec == pytest.approx(40 + 2 + 16 / TURNS)
-    assert cost.cpu_usec == pytest.approx(75.0)
+    # The process's CPU less the idle worker's over the same time: (0.03 - 0.002) s, (0.06 - 0.008) s.
+    assert cost.cpu_usec == pytest.approx(70.0)
+    assert cost.paced_cpu_usec == pytest.approx(130.0)
+    assert cost.paced_usec == 50.0
     assert (cost.idle_sent, cost.idle_inside) == (40.0, 2.0)
     assert "time split by calls: hgetall" in cost.detail
     assert "taken as sent): zcard" in cost.detail

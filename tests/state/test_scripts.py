@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from importlib import resources
 from pathlib import Path
@@ -9,11 +10,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from compaction_worker.local.cluster import EmbeddedRedisCluster
+from compaction_worker.runtime.connections import connect_redis
+from compaction_worker.settings import RedisSettings
 from compaction_worker.state import scripts
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.scripts import Script
+from compaction_worker.state.scripts import PositionalScript, Script
+from tests.conftest import cluster_tests
 
 STATE = Path(scripts.__file__).parent
 
@@ -64,3 +69,52 @@ async def test_a_script_is_loaded_again_after_a_primary_restart(
     (held, remaining) = await acquire([lock, fence, meta], token="b", ttl_ms="60000")
     assert held == 0
     assert 0 < remaining <= 60000
+
+
+class InlinePositional(PositionalScript):
+    """A positional script whose body is given here."""
+
+    def __init__(self, redis: RedisClient, body: str) -> None:
+        super().__init__(redis)
+        self._script = redis.register_script(body)
+
+
+ECHO = (
+    "if ARGV[1] == 'bad' then return redis.error_reply('refused ' .. KEYS[1]) end return {KEYS[1], ARGV[1]}"
+)
+
+
+@pytest.mark.integration
+async def test_calls_made_together_travel_together_on_one_connection(redis_url: str) -> None:
+    """Twenty conversations' calls made in one turn of the loop: one connection, each its own reply;
+    a call the script refuses fails alone."""
+    if cluster_tests():
+        pytest.skip("a cluster client sends each call itself")
+    client = connect_redis(RedisSettings(url=redis_url))
+    counter = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        before = int((await counter.info("clients"))["connected_clients"])
+        script = InlinePositional(client, ECHO)
+        replies = await asyncio.gather(
+            *(script([f"{{c{i}}}:meta"], ["bad" if i == 7 else str(i)]) for i in range(20)),
+            return_exceptions=True,
+        )
+        assert int((await counter.info("clients"))["connected_clients"]) == before + 1
+        assert isinstance(replies[7], ResponseError)
+        assert "refused {c7}:meta" in str(replies[7])
+        assert [r for i, r in enumerate(replies) if i != 7] == [
+            [f"{{c{i}}}:meta".encode(), str(i).encode()] for i in range(20) if i != 7
+        ]
+    finally:
+        await client.aclose()
+        await counter.aclose()
+
+
+@pytest.mark.integration
+async def test_calls_after_the_script_cache_is_emptied_load_it_again(redis_client: RedisClient) -> None:
+    """A restarted or flushed Redis has no scripts: the calls of that round trip are sent again once it is loaded."""
+    script = InlinePositional(redis_client, ECHO)
+    assert await script(["{a}:k"], ["1"]) == [b"{a}:k", b"1"]
+    await redis_client.script_flush()
+    replies = await asyncio.gather(*(script([f"{{a{i}}}:k"], [str(i)]) for i in range(5)))
+    assert replies == [[f"{{a{i}}}:k".encode(), str(i).encode()] for i in range(5)]
