@@ -128,6 +128,10 @@ class TopicSettings(_Section):
     partitions: int = Field(default=8, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     create: bool = Field(default=False, description="Create missing topics at start-up.")
+    completed_summary: bool = Field(
+        default=False,
+        description="compaction.completed carries the summary text the history now starts with (off: only its size).",
+    )
 
 
 class BudgetSettings(_Section):

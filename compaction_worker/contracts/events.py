@@ -362,6 +362,12 @@ class CompactionCompleted(_Event):
         description="The instructions this compaction applied: the conversation's standing ones, then the "
         "request's, separated by a blank line; null when none.",
     )
+    summary: str | None = Field(
+        default=None,
+        description="The summary the effective history now starts with (every summary chunk, as the summary "
+        "turn holds them), when the worker is set to send it (topics.completed_summary); null otherwise, and "
+        "when the history holds no summary.",
+    )
 
 
 # --- conversation.turn.dlq --------------------------------------------------------------

@@ -155,6 +155,7 @@ class Compactor:
             started_at=started_at,
             circuit_open=circuit_open,
             instructions=applied_instructions(meta.instructions, job.instructions),
+            with_summary=self.settings.topics.completed_summary,
         )
         await self.publish(
             self.settings.topics.started, encode(run.started(meta, budget.threshold)), cid.encode()

@@ -19,6 +19,7 @@ from compaction_worker.contracts.events import (
     Outcome,
     Trigger,
 )
+from compaction_worker.contracts.history import summary_message_text
 from compaction_worker.state.meta import Meta
 
 
@@ -37,6 +38,8 @@ class Run:
     circuit_open: bool
     instructions: str | None = None
     """The instructions the run applies (the standing ones, then the request's), if any."""
+    with_summary: bool = False
+    """Whether a commit's event carries the summary text (``topics.completed_summary``)."""
 
     def started(self, meta: Meta, threshold: int) -> CompactionStarted:
         """The ``compaction.started`` event, from the meta the run read."""
@@ -91,6 +94,9 @@ class Run:
             standing_state=compacted.standing if compacted else None,
             notes=list(result.notes) if result else [],
             instructions=self.instructions,
+            summary=summary_message_text(compacted.draft.chunks)
+            if compacted and self.with_summary and compacted.draft.chunks
+            else None,
         )
 
     def unchanged(

@@ -6,6 +6,7 @@ import pytest
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import Outcome
+from compaction_worker.contracts.history import summary_message_text
 from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
@@ -24,13 +25,15 @@ WINDOW = 3000
 async def test_turns_twice_over_the_real_broker(
     kafka_bootstrap: str, redis_url: str, make_topics: object, fake_llm: FakeLLMServer
 ) -> None:
-    """240 turns of 4 conversations, each delivered twice: compacted, counted once, reported consistently."""
+    """240 turns of 4 conversations, each delivered twice: compacted, counted once, reported consistently;
+    each completion carries the summary the history then starts with (``topics.completed_summary``)."""
     topics = await make_topics("turn", "started", "completed", "dlq", partitions=4)  # type: ignore[operator]
     settings = make_settings(
         kafka_bootstrap,
         redis_url,
         topics,
         summarizer=fake_summarizer(fake_llm),
+        topics={"completed_summary": True},
     )
     await ensure_topics(settings)
     streams = {
@@ -80,6 +83,9 @@ async def test_turns_twice_over_the_real_broker(
 
             snapshot = await client.snapshot(cid)
             assert snapshot.meta.version == len(compacted)
+            # The last commit's event holds the summary the stored history starts with, word for word.
+            assert snapshot.history.chunks
+            assert compacted[-1].summary == summary_message_text(snapshot.history.chunks)
             assert coverage_problems(snapshot.history, len(expected)) == []
             assert int(snapshot.meta.total_tokens * snapshot.meta.calibration) < snapshot.meta.threshold
         assert await read_topic(settings, settings.topics.dlq, idle=0.5) == []

@@ -163,6 +163,7 @@ class TestCompactor:
         assert done.messages_after < done.messages_before
         assert done.summary_tokens == sum(c.tokens for c in after.history.chunks) > 0
         assert done.summarizer_model == "extractive"
+        assert done.summary is None  # the text only when the worker is set to send it (off by default)
 
 
 class TestStageSavings:
