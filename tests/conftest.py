@@ -19,7 +19,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -183,7 +183,17 @@ def own_durable_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     yield from _own(EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis-data"))
 
 
-def _own(server: EmbeddedRedis) -> Iterator[EmbeddedRedis]:
+@pytest.fixture
+def own_kafka() -> Iterator[EmbeddedKafka]:
+    """A broker of this test's own (memory storage: a restart empties it)."""
+    yield from _own(EmbeddedKafka())
+
+
+Server = TypeVar("Server", EmbeddedKafka, EmbeddedRedis)
+
+
+def _own(server: Server) -> Iterator[Server]:
+    """Start ``server`` (skip the test if its binary is not installed), yield it, close it."""
     try:
         server.start()
     except ConfigError as e:

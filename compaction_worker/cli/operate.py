@@ -200,19 +200,11 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
     async def go() -> None:
         from compaction_worker.client.client import Client
         from compaction_worker.contracts import cli_output
-        from compaction_worker.runtime.components import build_components
 
         # Kafka too: consumers learn of the new version from compaction.completed.
         async with Client.connect(settings) as client:
             await _stored_meta(client, conversation_id)
-            producer = client.producer
-            assert producer is not None  # connect() opened one
-
-            async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
-                await producer.send_and_wait(topic, payload, key=key)
-
-            parts = build_components(settings, client.store.redis, publish)
-            rewound = await parts.rewinder.rewind(conversation_id, version)
+            rewound = await client.rewind(conversation_id, version)
         done = rewound.completed
         if as_json:
             output = cli_output.Rewind(

@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -34,8 +34,12 @@ from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import Job, JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta, write_instructions
+from compaction_worker.state.restore import Version, versions
 from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
+
+if TYPE_CHECKING:
+    from compaction_worker.runtime.rewind import Rewound
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +353,33 @@ class Client:
     async def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
         """The log of committed compactions."""
         return await self.store.compactions(conversation_id)
+
+    async def versions(self, conversation_id: str) -> list[Version]:
+        """Every committed version, oldest first: what each compaction replaced (transcript
+        messages ``1..replaced_through_n``), when, why (its trigger), the tokens before and
+        after, and whether it is still in effect (what :meth:`rewind` can undo)."""
+        return versions(await self.store.compactions(conversation_id))
+
+    async def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
+        """Undo a compaction (default: the latest one in effect): the history from before it,
+        verbatim from the transcript, committed as a new version; ``compaction.started`` and
+        ``.completed`` (trigger ``rewind``) are published. ``compaction-worker rewind`` is this.
+
+        Needs the broker (a client connected with ``kafka=True``). Raises RewindError (nothing
+        to undo, or no such compaction), LockNotAcquiredError (a compaction is running: try
+        again) or StaleFenceError (the lock was lost before the commit; nothing written).
+        """
+        from compaction_worker.runtime.components import build_components  # noqa: PLC0415  # the worker's parts, on use
+
+        producer = self.producer
+        if producer is None:
+            raise ConfigError("a rewind publishes compaction.completed: connect the client with kafka=True")
+
+        async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
+            await producer.send_and_wait(topic, payload, key=key)
+
+        parts = build_components(self.settings, self.store.redis, publish)
+        return await parts.rewinder.rewind(conversation_id, version)
 
     async def artifacts(self, conversation_id: str) -> list[Artifact]:
         """Every artifact ever extracted from the conversation's compacted spans, first seen first.

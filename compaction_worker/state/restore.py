@@ -124,14 +124,49 @@ async def rewind(
     )
 
 
-def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapping[str, Any]:
-    """The compaction record a rewind undoes: ``version``'s, or the latest one still in effect.
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One committed version of a conversation's history, from its compaction log."""
 
-    Restoring the history from before compaction V also restores which compactions are in
-    effect: those that were just before V. So after "compact v1, compact v2, rewind", the
-    next default rewind undoes v1, like a repeated undo. Raises RewindError when there is
-    nothing to undo, no such version, or the version is itself a rewind.
-    """
+    version: int
+    trigger: str
+    """Why: ``threshold``, ``soft_threshold``, ``manual``, ``reactive`` or ``rewind``."""
+    at: float
+    """When it was committed (epoch seconds)."""
+    tokens_before: int
+    tokens_after: int
+    replaced_through_n: int
+    """The transcript messages 1..n its summary chunks cover (0: it summarized nothing)."""
+    stages: tuple[str, ...] = ()
+    rewound_version: int | None = None
+    """For a rewind: the compaction it undid."""
+    in_effect: bool = False
+    """A compaction the history still holds: ``rewind`` can undo it (the latest one by default)."""
+
+
+def versions(log: Sequence[Mapping[str, Any]]) -> list[Version]:
+    """Every committed version in the log, oldest first, each marked in effect or not."""
+    effective = {int(r["version"]) for r in _in_effect(log)}
+    return [
+        Version(
+            version=int(r["version"]),
+            trigger=str(r.get("trigger", "")),
+            at=float(r.get("at", 0.0)),
+            tokens_before=int(r.get("tokens_before", 0)),
+            tokens_after=int(r.get("tokens_after", 0)),
+            replaced_through_n=int(r.get("covered_through_n", 0)),
+            stages=tuple(r.get("stages", ())),
+            rewound_version=int(r["rewound_version"]) if "rewound_version" in r else None,
+            in_effect=int(r["version"]) in effective,
+        )
+        for r in log
+        if "version" in r
+    ]
+
+
+def _in_effect(log: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The compactions the history holds now, in order: after a rewind, those that were before
+    the compaction it undid."""
     in_effect: list[Mapping[str, Any]] = []
     before: dict[int, list[Mapping[str, Any]]] = {}
     for record in log:
@@ -142,6 +177,18 @@ def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapp
         else:
             before[int(record["version"])] = list(in_effect)
             in_effect.append(record)
+    return in_effect
+
+
+def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapping[str, Any]:
+    """The compaction record a rewind undoes: ``version``'s, or the latest one still in effect.
+
+    Restoring the history from before compaction V also restores which compactions are in
+    effect: those that were just before V. So after "compact v1, compact v2, rewind", the
+    next default rewind undoes v1, like a repeated undo. Raises RewindError when there is
+    nothing to undo, no such version, or the version is itself a rewind.
+    """
+    in_effect = _in_effect(log)
     if version is None:
         if not in_effect:
             raise RewindError("nothing to undo: no committed compaction is in effect")

@@ -10,7 +10,9 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.client import Client, SyncClient
-from compaction_worker.errors import CompactionWorkerError, WaitTimeoutError
+from compaction_worker.client.client import transcript_messages
+from compaction_worker.contracts.history import public_message
+from compaction_worker.errors import CompactionWorkerError, RewindError, WaitTimeoutError
 from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
@@ -103,3 +105,34 @@ async def test_sync_client_round_trip(running: Client, redis_client: redis.async
             return [m["content"] for m in client.messages("s")]
 
     assert await asyncio.to_thread(runtime) == ["first", "second"]
+
+
+async def test_rewind_from_the_client_undoes_every_compaction_back_to_the_transcript(running: Client) -> None:
+    """Client.versions lists what each compaction replaced and whether it is in effect; Client.rewind
+    undoes the latest one in effect, and once every one is undone the history is the transcript, verbatim."""
+    client = running
+    for event in synthetic_turns("r", 12, context_window=WINDOW):
+        await client.publish_turn(event)
+    await client.wait_for("r", 1, timeout=60)
+    await client.wait_for("r", timeout=60)
+
+    listed = await client.versions("r")
+    compactions = [v for v in listed if v.trigger != "rewind"]
+    assert compactions
+    assert all(v.in_effect and v.tokens_after < v.tokens_before for v in compactions)
+    assert [v.version for v in listed] == list(range(1, len(listed) + 1))
+    assert listed[0].replaced_through_n > 0
+
+    for expected in reversed(compactions):
+        rewound = await client.rewind("r")
+        assert rewound.rewound_version == expected.version
+    after = await client.versions("r")
+    assert not any(v.in_effect for v in after)
+    assert [v.rewound_version for v in after[len(listed) :]] == [v.version for v in reversed(compactions)]
+
+    messages = await client.messages("r")
+    transcript = transcript_messages(await client.transcript("r"))
+    assert [m["role"] for m in messages][:1] == ["system"]
+    assert [dict(m) for m in messages[1:]] == [public_message(m) for m in transcript]
+    with pytest.raises(RewindError, match="nothing to undo"):
+        await client.rewind("r")

@@ -8,17 +8,13 @@ import inspect
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted
 from compaction_worker.contracts.history import EffectiveHistory, render
-from compaction_worker.errors import ConfigError
-from compaction_worker.local.embedded import EmbeddedKafka, EmbeddedRedis
 from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
 from compaction_worker.state.keys import bucket_keys, jobs_index_key
@@ -218,18 +214,3 @@ def coverage_problems(history: EffectiveHistory, message_count: int) -> list[str
         problems.append(f"missing {missing[:10]}, covered twice {doubled[:10]}")
     problems.extend(provider_problems(render(history)))
     return problems
-
-
-Server = TypeVar("Server", EmbeddedKafka, EmbeddedRedis)
-
-
-def running(server: Server) -> Iterator[Server]:
-    """Start a test's own ``server`` (skip the test if its binary is missing), yield it, close it."""
-    try:
-        server.start()
-    except ConfigError as e:
-        pytest.skip(str(e))
-    try:
-        yield server
-    finally:
-        server.close()

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pytest
@@ -37,7 +37,6 @@ from .helpers import (
     group_offsets,
     poll_until,
     read_topic,
-    running,
 )
 
 if TYPE_CHECKING:
@@ -55,15 +54,6 @@ WORKER = {"lock_ttl_seconds": 2.0}
 RETRY = {"base_seconds": 0.5, "cap_seconds": 1.0}
 
 Streams = Mapping[str, Sequence[TurnEvent]]
-
-
-# --- servers of our own -----------------------------------------------------------------
-
-
-@pytest.fixture
-def own_kafka() -> Iterator[EmbeddedKafka]:
-    """An embedded broker for one test; its memory storage empties on restart."""
-    yield from running(EmbeddedKafka())
 
 
 # --- helpers ------------------------------------------------------------------------------

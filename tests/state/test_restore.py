@@ -15,7 +15,7 @@ from compaction_worker.contracts.history import SummaryChunk
 from compaction_worker.errors import RewindError, StaleFenceError
 from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.restore import RewindResult, rewind, rewind_target
+from compaction_worker.state.restore import RewindResult, rewind, rewind_target, versions
 from compaction_worker.state.store import Store
 from tests.state.helpers import append, chunk, msg
 
@@ -213,3 +213,28 @@ class TestRewindTarget:
         """A version the log lacks is refused, naming the versions there are."""
         with pytest.raises(RewindError, match=r"no compaction version 9 \(compactions: 1, 2\)"):
             rewind_target([record(1), record(2)], 9)
+
+
+def test_versions_say_what_each_compaction_replaced_and_which_are_in_effect() -> None:
+    """The log as a runtime reads it: after "1, 2, 3, undo 1, undo 3", 1 and 2 are back in effect."""
+    log = [
+        {**record(1), "at": 10.0, "tokens_before": 900, "tokens_after": 300, "covered_through_n": 12},
+        record(2),
+        record(3),
+        record(4, rewound=1),
+        record(5, rewound=3),
+    ]
+    listed = versions(log)
+    assert [(v.version, v.trigger, v.in_effect, v.rewound_version) for v in listed] == [
+        (1, "threshold", True, None),
+        (2, "threshold", True, None),
+        (3, "threshold", False, None),
+        (4, "rewind", False, 1),
+        (5, "rewind", False, 3),
+    ]
+    assert (listed[0].at, listed[0].tokens_before, listed[0].tokens_after, listed[0].replaced_through_n) == (
+        10.0,
+        900,
+        300,
+        12,
+    )
