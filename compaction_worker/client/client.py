@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -27,7 +27,9 @@ from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered, rendered
 from compaction_worker.observability.tracing import inject
 from compaction_worker.recall.search import Recall, RecallResult
+from compaction_worker.runtime.components import build_components
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
+from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.connection import RedisClient
@@ -37,9 +39,6 @@ from compaction_worker.state.meta import Meta, write_instructions
 from compaction_worker.state.restore import Version, versions
 from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
-
-if TYPE_CHECKING:
-    from compaction_worker.runtime.rewind import Rewound
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,8 +368,6 @@ class Client:
         to undo, or no such compaction), LockNotAcquiredError (a compaction is running: try
         again) or StaleFenceError (the lock was lost before the commit; nothing written).
         """
-        from compaction_worker.runtime.components import build_components  # noqa: PLC0415  # the worker's parts, on use
-
         producer = self.producer
         if producer is None:
             raise ConfigError("a rewind publishes compaction.completed: connect the client with kafka=True")
