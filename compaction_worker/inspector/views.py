@@ -16,12 +16,14 @@ from urllib.parse import quote
 
 from compaction_worker.budget.threshold import scale_of
 from compaction_worker.client.client import Artifact, Client, ContextStats, context_stats
+from compaction_worker.contracts.events import Trigger
 from compaction_worker.contracts.history import SummaryChunk, render
 from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
 from compaction_worker.state.keys import is_meta_key, meta_key_pattern
 from compaction_worker.state.meta import Meta
+from compaction_worker.state.restore import versions
 from compaction_worker.state.store import Snapshot
 from compaction_worker.summaries.artifacts import item_kind
 
@@ -258,11 +260,14 @@ def ledger_by_kind(items: Sequence[str]) -> dict[str, list[str]]:
 
 
 def rewind_commands(conversation_id: str, log: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, str]]:
-    """Each committed compaction of the log with the CLI command that undoes it (never run from here)."""
-    found = []
-    for rec in log:
-        if "version" in rec and rec.get("trigger") != "rewind":
-            version = int(rec["version"])
-            command = f"compaction-worker rewind {shlex.quote(conversation_id)} --version {version}"
-            found.append((version, str(rec.get("trigger", "?")), command))
-    return found[::-1]
+    """Each committed compaction of the log (``restore.versions``), newest first, with the CLI command
+    that undoes it (never run from here)."""
+    return [
+        (
+            v.version,
+            v.trigger,
+            f"compaction-worker rewind {shlex.quote(conversation_id)} --version {v.version}",
+        )
+        for v in reversed(versions(log))
+        if v.trigger != Trigger.REWIND.value
+    ]
