@@ -73,7 +73,7 @@ async def startup_rows(env: BenchEnv, progress: Progress) -> Sequence[Row]:
             max(0.0, start - join),
             "s",
             target=OWN_START_TARGET,
-            note="imports, wiring, Redis and broker connections; LiteLLM loads on a thread beside them",
+            note="imports, wiring, tokenizers, Redis and broker connections; LiteLLM loads on a thread after",
         ),
     ]
 

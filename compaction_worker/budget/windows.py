@@ -2,6 +2,10 @@
 
 Priority: the event's ``context_window``, ``budget.window_overrides``, LiteLLM's model map
 (under any of a model's spellings), ``budget.fallback_window``. Nothing here raises or logs.
+
+The map is LiteLLM's bundled file, read without importing LiteLLM (seconds a process); a name
+is looked up as LiteLLM's own provider rules would match it (``_lookup``), and
+``tests/budget/test_windows.py`` compares the result with ``litellm.get_model_info``.
 """
 
 from __future__ import annotations
@@ -54,10 +58,6 @@ _GEMINI = re.compile(r"^gemini-(?P<version>\d+(?:\.\d+)?)-(?P<tier>pro|flash-lit
 # Map entries that describe chat models (others, such as embeddings, share names with them).
 _CHAT_MODES = frozenset({"chat", "completion", "responses", None})
 
-# LiteLLM asks these providers' servers (or the Hugging Face Hub) when looking a model up;
-# the budget check must stay offline and fast, so for them only the bundled map counts.
-_DYNAMIC_PROVIDERS = frozenset({"ollama", "ollama_chat", "huggingface", "lemonade"})
-
 
 @dataclass(slots=True)
 class WindowInfo:
@@ -95,6 +95,12 @@ def is_known_model(model: str) -> bool:
     return _registry(model) is not None
 
 
+def known_window(model: str) -> int | None:
+    """``model``'s window in LiteLLM's bundled registry (under any of its spellings), None when unknown."""
+    known = _registry(model)
+    return known[0] if known else None
+
+
 def _override(model: str, overrides: dict[str, int]) -> int | None:
     if not overrides:
         return None
@@ -126,19 +132,37 @@ def _registry_cached(model: str) -> tuple[int, int | None] | None:
 
 
 def _lookup(name: str) -> tuple[int, int | None] | None:
-    provider = name.split("/", 1)[0].lower() if "/" in name else ""
-    try:
-        if provider in _DYNAMIC_PROVIDERS:
-            info = _litellm.load().model_cost.get(name) or {}
-        else:
-            info = _litellm.load().get_model_info(name)
-    except Exception:  # LiteLLM raises several types for unmapped or malformed names.
+    """``name``'s limits in the map: its own entry, or for "provider/model" the entry of
+    "model" when that entry belongs to the provider (LiteLLM's provider match)."""
+    entries = _litellm.model_map()
+    info = entries.get(name)
+    if info is None and "/" in name:
+        provider, rest = name.split("/", 1)
+        entry = entries.get(rest)
+        if entry is not None and _same_provider(provider.lower(), entry.get("litellm_provider")):
+            info = entry
+    if info is None:
         return None
     # Some entries exist with every limit set to None (e.g. "o1-mini"): not a match.
     window = _positive(info.get("max_input_tokens")) or _positive(info.get("max_tokens"))
     if window is None:
         return None
     return window, _positive(info.get("max_output_tokens"))
+
+
+def _same_provider(provider: str, listed: object) -> bool:
+    """Whether an entry listed under ``listed`` serves "provider/..." (LiteLLM's
+    ``_check_provider_match``: Vertex, Fireworks and Bedrock families, a LiteLLM proxy serves
+    any, Azure AI serves Azure's and OpenAI's)."""
+    if not isinstance(listed, str) or listed == provider:
+        return True
+    if provider in ("vertex_ai", "fireworks_ai"):
+        return listed.startswith(provider)
+    if provider.startswith("bedrock"):
+        return listed.startswith("bedrock")
+    if provider in ("litellm_proxy", "github"):
+        return True
+    return provider == "azure_ai" and listed in ("azure", "openai")
 
 
 def _positive(value: object) -> int | None:
@@ -230,8 +254,8 @@ def _base_index() -> dict[str, tuple[int, int | None]]:
     a tie): one host that caps the context far below the model's own must not decide.
     """
     found: defaultdict[str, list[tuple[int, int | None]]] = defaultdict(list)
-    for key, info in _litellm.load().model_cost.items():
-        if not isinstance(info, dict) or info.get("mode") not in _CHAT_MODES:
+    for key, info in _litellm.model_map().items():
+        if info.get("mode") not in _CHAT_MODES:
             continue
         window = _positive(info.get("max_input_tokens")) or _positive(info.get("max_tokens"))
         base = base_name(key)

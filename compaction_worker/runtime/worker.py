@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from faststream.kafka import KafkaBroker
 
 from compaction_worker import _litellm
 from compaction_worker.budget.tokens import counter_for
+from compaction_worker.budget.windows import resolve_window
 from compaction_worker.observability.health import HealthServer
 from compaction_worker.observability.metrics import record_lag
 from compaction_worker.observability.tracing import consume_span, inject_dict
@@ -70,8 +72,9 @@ class Worker:
     async def serve(self, on_consuming: Callable[[], None] | None = None) -> None:
         """Run until SIGINT/SIGTERM, then shut down gracefully; ``on_consuming`` once the consumers run.
 
-        LiteLLM loads beside the group join (``warm_up``), and the garbage collector is tuned there
-        once it has (a worker process's own choice: tests and the demo run in a process of their own).
+        LiteLLM loads on a thread of its own once the worker consumes (``start_loading_litellm``), and the
+        garbage collector is tuned there once it has (a worker process's own choice: tests and the
+        demo run in a process of their own).
         """
 
         self.tune_gc_at_start = True
@@ -177,10 +180,11 @@ def build_worker(
 
     @app.after_startup
     async def consume() -> None:
-        # After the broker: a turn's dead letter is published through it. LiteLLM and the tokenizers
-        # load beside the group join, off the loop, and the pool claims no conversation before: a
-        # load on the loop, or one holding the GIL, would stall a held lock's renewals (stale fence).
-        await consumer.start(ready=asyncio.to_thread(warm_up, settings, tune=worker.tune_gc_at_start))
+        # After the broker: a turn's dead letter is published through it. The tokenizers load beside
+        # the group join, off the loop (a load on the loop would stall a held lock's renewals: stale
+        # fence). LiteLLM, which only an LLM summary needs, goes on loading on its own thread.
+        await consumer.start(ready=asyncio.to_thread(warm_up, settings))
+        start_loading_litellm(settings, tune=worker.tune_gc_at_start)
         pool.start()
 
     @app.on_shutdown
@@ -193,15 +197,31 @@ def build_worker(
     return worker
 
 
-def warm_up(settings: Settings, *, tune: bool = False) -> None:
-    """Load what a first turn or compaction would otherwise load on the event loop, for seconds:
-    LiteLLM (window lookups, the summarizer) and the common tokenizers (o200k_base, cl100k_base);
-    then, with ``tune``, tune the garbage collector over what the process holds (:func:`tune_gc`)."""
-    _litellm.load()
+def warm_up(settings: Settings) -> None:
+    """Load what a first turn would otherwise load on the event loop: the common tokenizers
+    (o200k_base, cl100k_base) and LiteLLM's model map (the window registry)."""
     for model in ("gpt-4o", "gpt-4"):
         counter_for(model, settings.budget).text("warm up")
-    if tune:
-        tune_gc()
+    resolve_window("gpt-4o", settings.budget)
+
+
+def start_loading_litellm(settings: Settings, *, tune: bool = False) -> threading.Thread:
+    """Import LiteLLM when an LLM writes summaries (seconds, on a thread of its own, while turns
+    flow: ``_litellm.loaded`` makes a first compaction wait for it); then, with ``tune``, tune the
+    garbage collector over what the process holds (:func:`tune_gc`)."""
+
+    def load() -> None:
+        try:
+            if settings.summarizer.model is not None:
+                _litellm.load()
+        except Exception:  # the summarizer reports it (and falls back) at its first call
+            log.exception("LiteLLM did not load")
+        if tune:
+            tune_gc()
+
+    thread = threading.Thread(target=load, name="load-litellm", daemon=True)
+    thread.start()
+    return thread
 
 
 YOUNG_GC_THRESHOLD = 50_000
@@ -209,7 +229,7 @@ YOUNG_GC_THRESHOLD = 50_000
 
 
 def tune_gc() -> None:
-    """Exempt what the process holds at start (LiteLLM included) from garbage collection, and collect the young less often.
+    """Exempt what the process holds at start (LiteLLM, when loaded) from garbage collection, and collect the young less often.
 
     LiteLLM alone is ~300K objects that live as long as the process; every full collection
     walked them all, which cost a 500K-token compaction about a quarter of its time
@@ -221,7 +241,6 @@ def tune_gc() -> None:
     against 197 us with this, docs/performance.md). Cyclic garbage waits at most
     ``YOUNG_GC_THRESHOLD`` allocations.
     """
-    _litellm.load()
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()

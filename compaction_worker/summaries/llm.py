@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 
 from compaction_worker import _litellm
 from compaction_worker.budget.overflow import OverflowInfo, detect_overflow
+from compaction_worker.budget.windows import known_window
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.offload import off_loop
@@ -175,6 +176,7 @@ class LiteLLMSummarizer:
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         """Summarize with the first model that produces a valid summary."""
+        await _litellm.loaded()  # a worker's first compaction may come before its import ends
         models = self._models(request)
         system = self._instructions(request)
         usage = _Usage()
@@ -375,11 +377,8 @@ class LiteLLMSummarizer:
     def _input_limit(self, model: str, request: SummaryRequest) -> int | None:
         """Prompt tokens the model accepts: the configured cap, its window minus the reply, what it said."""
         limits = [self.settings.max_input_tokens] if self.settings.max_input_tokens else []
-        try:
-            window = _litellm.load().get_model_info(model).get("max_input_tokens")
-        except Exception:  # models unknown to LiteLLM's registry have no known window
-            window = None
-        if isinstance(window, int) and window > 0:
+        window = known_window(model)  # None for models the registry does not know
+        if window is not None:
             limits.append(window - request.max_summary_tokens)
         if model in self._learned:
             limits.append(self._learned[model])

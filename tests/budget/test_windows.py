@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import subprocess
+import sys
 import uuid
 from typing import Any
 
 import pytest
 
+from compaction_worker import _litellm
 from compaction_worker._litellm import litellm
 from compaction_worker.budget import windows
 from compaction_worker.budget.windows import (
@@ -30,6 +34,12 @@ def unknown_model() -> str:
 
 def bundled(model: str, field: str) -> Any:
     return litellm.model_cost[model][field]
+
+
+def _raw_map() -> dict[str, Any]:
+    path = _litellm._package_dir() / _litellm.MODEL_MAP_FILE
+    raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return raw
 
 
 def litellm_window(model: str) -> int | None:
@@ -108,15 +118,15 @@ class TestRegistry:
         assert not is_known_model(model)
 
     def test_lookups_are_cached(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """A second resolution of the same model does not consult LiteLLM again."""
+        """A second resolution of the same model does not read the map again."""
         calls: list[str] = []
-        real = litellm.get_model_info
+        real = windows._lookup
 
-        def counting(model: str, *args: Any, **kwargs: Any) -> Any:
-            calls.append(model)
-            return real(model, *args, **kwargs)
+        def counting(name: str) -> Any:
+            calls.append(name)
+            return real(name)
 
-        monkeypatch.setattr(litellm, "get_model_info", counting)
+        monkeypatch.setattr(windows, "_lookup", counting)
         windows._registry_cached.cache_clear()
 
         resolve_window("claude-3-5-sonnet-20241022", BudgetSettings())
@@ -125,6 +135,42 @@ class TestRegistry:
 
         assert first > 0
         assert first == len(calls)
+
+    def test_every_entry_litellm_maps_has_litellms_window(self) -> None:
+        """Issue 32: the registry reads LiteLLM's bundled map itself; for every chat entry LiteLLM's
+        own lookup maps, the window is LiteLLM's."""
+        differ = []
+        for key, entry in _litellm.model_map().items():
+            if entry.get("mode") != "chat":
+                continue
+            expected = litellm_window(key)  # 0 in a few entries: no window stated
+            if expected and resolve_window(key, BudgetSettings()).window != expected:
+                differ.append(key)
+
+        assert differ == []
+
+    def test_alias_entries_resolve_to_the_model_they_name(self) -> None:
+        """The map's "-latest" aliases ({"alias_of": ...}) have the window of the entry they name."""
+        aliases = {k: v["alias_of"] for k, v in _raw_map().items() if "alias_of" in v}
+        assert aliases
+        for alias, target in aliases.items():
+            assert windows._lookup(alias) == windows._lookup(target), alias
+
+    def test_resolving_a_window_does_not_import_litellm(self) -> None:
+        """Issue 32: a window lookup costs milliseconds, not LiteLLM's import (seconds a process)."""
+        code = (
+            "import sys\n"
+            "from compaction_worker.budget.windows import resolve_window\n"
+            "from compaction_worker.settings import BudgetSettings\n"
+            "for m in ('gpt-4o', 'openrouter/anthropic/claude-3.5-sonnet', 'bedrock/us.anthropic.claude-3-5-sonnet-20241022-v2:0'):\n"
+            "    assert resolve_window(m, BudgetSettings()).source == 'registry', m\n"
+            "print('litellm' in sys.modules)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        )
+
+        assert done.stdout.strip() == "False"
 
     def test_lookups_never_touch_the_network(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Providers LiteLLM would query live (Ollama, Hugging Face) are looked up offline."""
@@ -428,7 +474,7 @@ class TestAcrossHosts:
             "b/bar-2": {**chat, "max_input_tokens": 32_000},
             "a/baz-1": {"mode": "embedding", "max_input_tokens": 8_000},
         }
-        monkeypatch.setattr(litellm, "model_cost", cost)
+        monkeypatch.setattr(windows._litellm, "model_map", lambda: cost)
 
         found = [resolve_window(f"acme/{m}", BudgetSettings()) for m in ("foo-9b", "bar-2", "baz-1")]
 

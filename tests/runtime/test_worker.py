@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import gc
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -21,6 +24,7 @@ from faststream.kafka.annotations import KafkaMessage
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from compaction_worker import _litellm
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import DeadLetter, Outcome
 from compaction_worker.local.embedded import free_port
@@ -241,6 +245,7 @@ def test_a_serving_worker_freezes_what_it_loaded_at_start_and_collects_the_young
     """LiteLLM's objects live as long as the process: frozen, full collections stop walking them;
     a young collection waits for YOUNG_GC_THRESHOLD allocations, not CPython's 700."""
     before = gc.get_threshold()
+    _litellm.load()  # what a worker whose summaries an LLM writes loads at start
     try:
         tune_gc()
         assert gc.get_freeze_count() > 100_000  # LiteLLM alone is a few hundred thousand objects
@@ -248,3 +253,25 @@ def test_a_serving_worker_freezes_what_it_loaded_at_start_and_collects_the_young
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize(("model", "loads"), [(None, False), ("openai/gpt-4o-mini", True)])
+def test_a_worker_imports_litellm_only_when_an_llm_writes_its_summaries(model: str | None, loads: bool) -> None:
+    """Issue 32: what a first turn needs (tokenizers, the window registry) loads before the worker
+    consumes; LiteLLM (seconds) only when a summarizer model is set, and on a thread of its own."""
+    code = (
+        "import os, sys\n"
+        "from compaction_worker.runtime.worker import start_loading_litellm, warm_up\n"
+        "from compaction_worker.settings import Settings\n"
+        "settings = Settings()\n"
+        "warm_up(settings)\n"
+        "print('litellm' in sys.modules)\n"
+        "start_loading_litellm(settings).join()\n"
+        "print('litellm' in sys.modules)\n"
+    )
+    env = {**os.environ, "COMPACTION_SUMMARIZER__MODEL": model or ""}
+    if model is None:
+        env.pop("COMPACTION_SUMMARIZER__MODEL")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env, check=True)
+
+    assert done.stdout.split() == ["False", str(loads)]
