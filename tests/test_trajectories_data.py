@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from compaction_worker.contracts.events import TurnEvent
-from tests.trajectories import DATA, MESSAGE_FIELDS, Trajectory, load_trajectories, system_prompt, task
+from compaction_worker.replay.reader import AGENT_MESSAGE_FIELDS as MESSAGE_FIELDS
+from tests.trajectories import DATA, Trajectory, load_trajectories, system_prompt, task
 
 RUNS = load_trajectories()
 

@@ -11,19 +11,16 @@ not a message here.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from compaction_worker.contracts.history import text_of
+from compaction_worker.replay.reader import agent_message
 from compaction_worker.testing import turn_payload
 
 DATA = Path(__file__).parent / "data" / "trajectories"
 """One folder per agent project, holding its runs and its license."""
-
-MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
-"""The OpenAI chat message fields a run's messages keep."""
 
 
 @dataclass(frozen=True)
@@ -78,28 +75,10 @@ def load(path: Path) -> Trajectory:
         raw = data["history"]
     else:
         raw = data["messages"]
-    messages = tuple(chat_message(m) for m in raw if m["role"] != "exit")
+    messages = tuple(agent_message(m) for m in raw if m["role"] != "exit")
     stem = path.name.removesuffix(".json").removesuffix(".traj")
     agent = path.parent.name
     return Trajectory(name=f"{agent}.{stem}", agent=agent, path=path, messages=messages)
-
-
-def chat_message(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``raw`` with only OpenAI message fields, tool calls in OpenAI's shape; content untouched."""
-    message = {k: raw[k] for k in MESSAGE_FIELDS if raw.get(k) is not None}
-    # SWE-agent lists the ids a tool message answers; it answers exactly one in its runs.
-    if "tool_call_ids" in raw and "tool_call_id" not in message:
-        (message["tool_call_id"],) = raw["tool_call_ids"]
-    if "tool_calls" in message:
-        message["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
-            }
-            for call in message["tool_calls"]
-        ]
-    return message
 
 
 def system_prompt(trajectory: Trajectory) -> str:

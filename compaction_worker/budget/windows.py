@@ -14,9 +14,10 @@ import logging
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 from compaction_worker import _litellm
 from compaction_worker.settings import BudgetSettings
@@ -132,15 +133,8 @@ def _registry_cached(model: str) -> tuple[int, int | None] | None:
 
 
 def _lookup(name: str) -> tuple[int, int | None] | None:
-    """``name``'s limits in the map: its own entry, or for "provider/model" the entry of
-    "model" when that entry belongs to the provider (LiteLLM's provider match)."""
-    entries = _litellm.model_map()
-    info = entries.get(name)
-    if info is None and "/" in name:
-        provider, rest = name.split("/", 1)
-        entry = entries.get(rest)
-        if entry is not None and _same_provider(provider.lower(), entry.get("litellm_provider")):
-            info = entry
+    """``name``'s limits in the map (:func:`_entry`)."""
+    info = _entry(name)
     if info is None:
         return None
     # Some entries exist with every limit set to None (e.g. "o1-mini"): not a match.
@@ -148,6 +142,37 @@ def _lookup(name: str) -> tuple[int, int | None] | None:
     if window is None:
         return None
     return window, _positive(info.get("max_output_tokens"))
+
+
+def _entry(name: str) -> Mapping[str, Any] | None:
+    """``name``'s own entry, or for "provider/model" the entry of "model" when that entry
+    belongs to the provider (LiteLLM's provider match)."""
+    entries = _litellm.model_map()
+    info = entries.get(name)
+    if info is None and "/" in name:
+        provider, rest = name.split("/", 1)
+        entry = entries.get(rest)
+        if entry is not None and _same_provider(provider.lower(), entry.get("litellm_provider")):
+            info = entry
+    return info
+
+
+def priced_entry(model: str) -> Mapping[str, Any] | None:
+    """The map entry that prices ``model`` (under the first of its spellings listed with an
+    input price, as for its window), None when the map prices none of them."""
+    if len(model) > _MAX_MODEL_LEN:
+        return None
+    for name in _candidates(model):
+        entry = _entry(name)
+        if entry is not None and _positive_price(entry.get("input_cost_per_token")):
+            return entry
+    return None
+
+
+def _positive_price(value: object) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
 
 
 def _same_provider(provider: str, listed: object) -> bool:

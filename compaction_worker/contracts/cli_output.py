@@ -187,6 +187,41 @@ class ReplayRun(_Output):
     error: str | None
 
 
+class ReplayDollars(_Output):
+    """What a strategy's calls cost over a conversation, at LiteLLM's prices for its model."""
+
+    input: float = Field(
+        ge=0, description="New input at the input price (providers that bill no cache write)."
+    )
+    cached: float = Field(ge=0, description="Input the prompt cache served, at the cache-read price.")
+    write: float = Field(ge=0, description="New input at the cache-write price (Anthropic).")
+    output: float = Field(ge=0, description="The replies (the next turn's assistant messages).")
+    summarizer: float = Field(ge=0, description="The summary calls, at the summarizer model's prices.")
+    total: float = Field(ge=0)
+
+
+class ReplayCache(_Output):
+    """One strategy's calls over one conversation (one call per turn): what a prompt cache served."""
+
+    strategy: str = Field(
+        description="compaction-worker, or a peer: none, sliding window, summarize everything."
+    )
+    calls: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=0, description="Summed over the calls.")
+    cached_tokens: int = Field(
+        ge=0, description="Of those, the leading messages shared with the call before."
+    )
+    cached_share: float = Field(ge=0, le=1)
+    breaks: int = Field(ge=0, description="Calls whose prompt did not start with the whole previous prompt.")
+    breaks_per_100_turns: float = Field(ge=0)
+    peak_tokens: int = Field(ge=0, description="The largest prompt.")
+    summarizer_input_tokens: int = Field(ge=0)
+    summarizer_output_tokens: int = Field(ge=0)
+    dollars: ReplayDollars | None = Field(
+        description="Null when LiteLLM's map prices the model under none of its names."
+    )
+
+
 class ReplayFigures(_Output):
     """Totals of one replayed conversation, or of all of them."""
 
@@ -215,6 +250,9 @@ class ReplayConversation(ReplayFigures):
         description="The context after each turn's append, before compacting."
     )
     runs: list[ReplayRun]
+    cache: list[ReplayCache] = Field(
+        description="The calls a runtime would make (one per turn) with this product's history, then with the peers'."
+    )
 
 
 class Replay(_Output):

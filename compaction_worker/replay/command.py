@@ -16,6 +16,7 @@ from compaction_worker.contracts import cli_output
 from compaction_worker.contracts.events import Outcome
 from compaction_worker.contracts.history import render
 from compaction_worker.errors import CompactionWorkerError
+from compaction_worker.replay.cache import CacheFigures
 from compaction_worker.replay.plot import plot
 from compaction_worker.replay.reader import Format, ReplayInputError, read_paths
 from compaction_worker.replay.simulate import ConversationReport, Replay
@@ -166,6 +167,34 @@ def conversation_output(report: ConversationReport) -> cli_output.ReplayConversa
             )
             for c in report.runs
         ],
+        cache=[cache_output(f) for f in report.cache],
+    )
+
+
+def cache_output(figures: CacheFigures) -> cli_output.ReplayCache:
+    """One strategy's cache figures in the ``--json`` model."""
+    dollars = figures.dollars
+    return cli_output.ReplayCache(
+        strategy=figures.strategy,
+        calls=figures.calls,
+        prompt_tokens=figures.prompt_tokens,
+        cached_tokens=figures.cached_tokens,
+        cached_share=round(figures.cached_share, 4),
+        breaks=figures.breaks,
+        breaks_per_100_turns=round(figures.breaks_per_100_turns, 2),
+        peak_tokens=figures.peak_tokens,
+        summarizer_input_tokens=figures.summarizer_input_tokens,
+        summarizer_output_tokens=figures.summarizer_output_tokens,
+        dollars=None
+        if dollars is None
+        else cli_output.ReplayDollars(
+            input=dollars.input,
+            cached=dollars.cached,
+            write=dollars.write,
+            output=dollars.output,
+            summarizer=dollars.summarizer,
+            total=dollars.total,
+        ),
     )
 
 
@@ -207,12 +236,28 @@ def table(result: cli_output.Replay) -> list[str]:
             f"  {c.model}: window {c.window} ({c.window_source}), threshold {c.threshold}, target {c.target}; "
             f"final {c.final_tokens}" + _unproductive(c.runs)
         )
+        rows.extend(_cache_rows(c.cache))
     if len(result.conversations) > 1:
         rows.append(_row("total", result.total))
     if result.plot:
         rows.append(f"plot: {result.plot}")
     if result.output:
         rows.append(f"final histories: {result.output}")
+    return rows
+
+
+def _cache_rows(cache: Sequence[cli_output.ReplayCache]) -> list[str]:
+    """The calls a runtime would make with this history and with the peers': prompt tokens, the
+    share a prompt cache served, cache breaks per 100 turns, and dollars at the model's prices."""
+    rows = [
+        f"    {'calls with':<22} {'prompt':>10} {'cached':>7} {'breaks/100':>10} {'peak':>7} {'dollars':>9}"
+    ]
+    for f in cache:
+        dollars = f"{f.dollars.total:.4f}" if f.dollars is not None else "unpriced"
+        rows.append(
+            f"    {f.strategy:<22} {f.prompt_tokens:>10} {f.cached_share:>7.0%} {f.breaks_per_100_turns:>10.1f} "
+            f"{f.peak_tokens:>7} {dollars:>9}"
+        )
     return rows
 
 

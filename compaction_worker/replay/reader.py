@@ -4,6 +4,11 @@ A file holds either one message per line (the whole file is one conversation) or
 conversation per line (``{"messages": [...], "model": ...}``, or ``{"input": [...]}`` for
 Responses items). A bad line becomes a :class:`LineError` naming its file and line; the
 other lines are still read.
+
+A file that is one JSON document (not one per line) is an agent's published trajectory:
+SWE-agent's ``{"history": [...]}``, mini-swe-agent's ``{"messages": [...],
+"trajectory_format": ...}`` or a bare list of messages (:func:`agent_message` says what is
+kept of each message).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ _RESPONSES_KINDS = frozenset({"message", "function_call", "function_call_output"
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 _LANGCHAIN_TYPES = frozenset({"human", "ai", "system", "tool", "function", "chat"})
 _CONVERSATION_KEYS = ("messages", "input", "contents")
+AGENT_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+"""The chat message fields an agent trajectory's messages keep (the rest is the agent's own record)."""
 
 
 class ReplayInputError(CompactionWorkerError, ValueError):
@@ -89,24 +96,15 @@ def read_paths(paths: Iterable[Path], fmt: Format = "auto") -> ReadResult:
 def read_file(path: Path, fmt: Format = "auto") -> ReadResult:
     """The conversations in one JSONL file (see the module's docstring for the two layouts)."""
     result = ReadResult()
-    records: list[tuple[int, dict[str, Any]]] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         result.errors.append(LineError(path, 0, f"cannot read: {e}"))
         return result
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except ValueError as e:
-            result.errors.append(LineError(path, number, f"not JSON: {e}"))
-            continue
-        if not isinstance(data, dict):
-            result.errors.append(LineError(path, number, f"not a JSON object but {type(data).__name__}"))
-            continue
-        records.append((number, data))
+    lines = text.splitlines()
+    if len(lines) > 1 and (trajectory := _agent_trajectory(text)) is not None:
+        return _trajectory(trajectory, path)
+    records = _json_lines(lines, path, result.errors)
     if not records:
         if not result.errors:
             result.errors.append(LineError(path, 0, "no conversation in the file"))
@@ -124,6 +122,82 @@ def read_file(path: Path, fmt: Format = "auto") -> ReadResult:
     if messages:
         result.conversations.append(Conversation(path.stem, tuple(messages), source=str(path)))
     return result
+
+
+def _json_lines(
+    lines: Sequence[str], path: Path, errors: list[LineError]
+) -> list[tuple[int, dict[str, Any]]]:
+    """The file's JSON objects by line number; every other non-blank line is an error."""
+    records: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as e:
+            errors.append(LineError(path, number, f"not JSON: {e}"))
+            continue
+        if not isinstance(data, dict):
+            errors.append(LineError(path, number, f"not a JSON object but {type(data).__name__}"))
+            continue
+        records.append((number, data))
+    return records
+
+
+def _trajectory(messages: list[dict[str, Any]], path: Path) -> ReadResult:
+    """An agent trajectory's messages as the file's one conversation."""
+    result = ReadResult()
+    try:
+        result.conversations.append(_conversation({"messages": messages}, "openai", _stem(path), path))
+    except (ReplayInputError, ValueError) as e:
+        result.errors.append(LineError(path, 0, _reason(e)))
+    return result
+
+
+def _stem(path: Path) -> str:
+    """A trajectory's name: its file name without ``.json`` and ``.traj``."""
+    return path.name.removesuffix(".json").removesuffix(".traj").removesuffix(".jsonl")
+
+
+def _agent_trajectory(text: str) -> list[dict[str, Any]] | None:
+    """The messages of a file that is one JSON document in an agent's layout, else None."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None  # JSON lines, or not JSON: read line by line
+    if isinstance(data, dict) and isinstance(data.get("history"), list):
+        raw = data["history"]  # SWE-agent
+    elif isinstance(data, dict) and "trajectory_format" in data and isinstance(data.get("messages"), list):
+        raw = data["messages"]  # mini-swe-agent
+    elif isinstance(data, list) and data and all(isinstance(m, dict) and "role" in m for m in data):
+        raw = data
+    else:
+        return None
+    return [agent_message(m) for m in raw if isinstance(m, dict) and m.get("role") != "exit"]
+
+
+def agent_message(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """An agent's recorded message as a chat message: only :data:`AGENT_MESSAGE_FIELDS` (SWE-agent's
+    ``thought`` and ``action``, mini-swe-agent's ``extra`` go), SWE-agent's ``tool_call_ids``
+    as the ``tool_call_id`` it holds, tool calls in OpenAI's shape; the content untouched."""
+    message = {k: raw[k] for k in AGENT_MESSAGE_FIELDS if raw.get(k) is not None}
+    ids = raw.get("tool_call_ids")
+    if isinstance(ids, list) and len(ids) == 1 and "tool_call_id" not in message:
+        message["tool_call_id"] = ids[0]
+    if isinstance(message.get("tool_calls"), list):
+        message["tool_calls"] = [
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {
+                    "name": (call.get("function") or {}).get("name"),
+                    "arguments": (call.get("function") or {}).get("arguments"),
+                },
+            }
+            for call in message["tool_calls"]
+            if isinstance(call, dict)
+        ]
+    return message
 
 
 def _reason(error: Exception) -> str:

@@ -19,7 +19,8 @@ from compaction_worker.budget.threshold import calibrated_total, scale_of, thres
 from compaction_worker.budget.tokens import Budget, budget_for, conversation_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger
-from compaction_worker.contracts.history import EffectiveHistory, Entry, text_of
+from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
+from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, Prices, block, peer
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
@@ -74,6 +75,8 @@ class ConversationReport:
     source: str = ""
     points: list[TurnPoint] = field(default_factory=list)
     runs: list[Compaction] = field(default_factory=list)
+    cache: list[CacheFigures] = field(default_factory=list)
+    """The product's prompts and the peers' (:mod:`compaction_worker.replay.cache`), product first."""
 
     @property
     def compactions(self) -> list[Compaction]:
@@ -103,16 +106,24 @@ class ConversationReport:
 
 
 def split_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[list[dict[str, Any]]]]:
-    """The leading system messages (as the turn's ``system_prompt``) and the turns: a user message starts one."""
+    """The leading system messages (as the turn's ``system_prompt``) and the turns.
+
+    A user message starts a turn, and so does an assistant message after a tool result: an
+    agent's next step, which a runtime publishes as a turn of its own (a tool loop is one
+    user request but many model calls).
+    """
     start = 0
     while start < len(messages) and messages[start].get("role") == "system":
         start += 1
     system = "\n\n".join(text_of(m) for m in messages[:start]) or None
     turns: list[list[dict[str, Any]]] = []
+    previous: str | None = None
     for message in messages[start:]:
-        if not turns or message.get("role") == "user":
+        role = message.get("role")
+        if not turns or role == "user" or (role == "assistant" and previous == "tool"):
             turns.append([])
         turns[-1].append(dict(message))
+        previous = role
     return system, turns
 
 
@@ -159,6 +170,16 @@ class Replay:
         )
         self.history = EffectiveHistory(chunks=(), entries=(), system_prompt=system, tools=tools)
         self.transcript: list[Mapping[str, Any]] = []
+        # What each call sends (replay.cache): the tools lead every prompt, then the messages.
+        self.tools_block: list[Block] = [block({"tools": tools}, self.meta.tools_tokens)] if tools else []
+        system_block = (
+            [block({"role": "system", "content": system}, self.meta.system_tokens)] if system else []
+        )
+        self.head = [*self.tools_block, *system_block]
+        self.turn_blocks: list[list[Block]] = []
+        self.meter = CacheMeter()
+        self._tokens: dict[str, int] = {}
+        self._output_tokens = 0
         self.report = ConversationReport(
             self.name,
             model,
@@ -175,7 +196,48 @@ class Replay:
             await self.turn(seq, messages)
             on_turn()
         self.report.meta, self.report.history = self.meta, self.history
+        self.report.cache = self.cache_figures()
         return self.report
+
+    def cache_figures(self) -> list[CacheFigures]:
+        """The product's calls and the peers' on the same turns, priced at the conversation's model
+        (the product's summaries at the summarizer's model)."""
+        prices = Prices.of(self.meta.model)
+        output = self._output_tokens
+        configured = self.settings.summarizer.model
+        by = Prices.of(self.meta.model if configured in (None, "conversation") else configured)
+        usage = self.report.usage
+        figures = [
+            self.meter.figures(
+                "compaction-worker",
+                output,
+                prices,
+                summarizer=(usage.prompt_tokens, usage.completion_tokens),
+                summarizer_prices=by,
+            )
+        ]
+        budget = self.report.budget
+        for strategy in PEERS:
+            meter, spent = peer(
+                strategy,
+                self.head,
+                self.turn_blocks,
+                threshold=budget.threshold,
+                target=budget.target,
+                summary_tokens=int(budget.target * self.settings.pipeline.summary_share),
+            )
+            figures.append(meter.figures(strategy, output, prices, summarizer=spent))
+        return figures
+
+    def _prompt(self) -> list[Block]:
+        """The effective history as the runtime sends it next, as prompt blocks."""
+        blocks = list(self.tools_block)
+        for message in render(self.history, self.settings.pipeline.summary_placement):
+            digest, _ = block(message, 0)
+            if digest not in self._tokens:
+                self._tokens[digest] = self.counter.message(message)
+            blocks.append((digest, self._tokens[digest]))
+        return blocks
 
     def total(self) -> int:
         """The conversation's context as the threshold rule sees it (calibrated estimate)."""
@@ -187,6 +249,9 @@ class Replay:
         for message in messages:
             self.transcript.append(message)
             entries.append(Entry(len(self.transcript), seq, message, self.counter.message(message)))
+        self.turn_blocks.append([block(e.message, e.tokens) for e in entries])
+        if seq > 1:  # the previous call's reply
+            self._output_tokens += sum(e.tokens for e in entries if e.message.get("role") == "assistant")
         self.meta = replace(
             self.meta,
             last_seq=seq,
@@ -206,6 +271,7 @@ class Replay:
             # As Compactor._reschedule_if_still_over: another run while still over the threshold.
             trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
         self.report.points.append(TurnPoint(seq, tokens, self.total()))
+        self.meter.call(self._prompt())
 
     async def compact(self, seq: int, trigger: Trigger) -> Compaction:
         """One run as ``Compactor._compact`` does it (no lock, no events, no circuit breaker)."""

@@ -34,7 +34,7 @@ def test_replay_prints_the_figures_writes_the_png_and_the_final_history(tmp_path
     )
     report = cli_output.Replay.model_validate(data)
     (conversation,) = report.conversations
-    assert (conversation.name, conversation.turns, conversation.window) == ("agent_session", 24, 4000)
+    assert (conversation.name, conversation.turns, conversation.window) == ("agent_session", 48, 4000)
     compactions = conversation.compactions["threshold"]
     assert compactions >= 2
     assert report.total.compactions == {"threshold": compactions}
@@ -97,7 +97,7 @@ def test_bad_lines_are_named_and_the_rest_is_replayed(tmp_path: Path) -> None:
     assert f"{tmp_path / 'bad.jsonl'}:2: not JSON" in result.stderr
     data = json.loads(result.stdout)
     assert [c["name"] for c in data["conversations"]] == ["bad", "good"]
-    assert [c["turns"] for c in data["conversations"]] == [1, 24]
+    assert [c["turns"] for c in data["conversations"]] == [1, 48]
     assert data["errors"] == [
         f"{tmp_path / 'bad.jsonl'}:2: not JSON: Expecting value: line 1 column 29 (char 28)"
     ]

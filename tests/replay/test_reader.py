@@ -8,7 +8,9 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage, message_to_dict
 
+from compaction_worker.contracts.events import ChatMessage
 from compaction_worker.replay.reader import LineError, read_file, read_paths
+from tests.trajectories import load_trajectories
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -184,3 +186,17 @@ def test_a_directory_is_every_file_in_it(tmp_path: Path) -> None:
     result = read_paths([tmp_path])
     assert [c.name for c in result.conversations] == ["a", "b"]
     assert [str(e) for e in result.errors] == [f"{tmp_path / 'empty.jsonl'}: no conversation in the file"]
+
+
+def test_a_published_agent_trajectory_is_read_as_its_messages() -> None:
+    """Issue 36: SWE-agent's and mini-swe-agent's files replay as they are published (one JSON
+    document each), with the messages the trajectory loader of the tests reads."""
+    for trajectory in load_trajectories():
+        read = read_file(trajectory.path)
+
+        assert read.errors == []
+        (conversation,) = read.conversations
+        assert conversation.name == trajectory.path.name.removesuffix(".json").removesuffix(".traj")
+        assert conversation.messages == tuple(
+            ChatMessage.model_validate(m).to_dict() for m in trajectory.messages
+        )

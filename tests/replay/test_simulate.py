@@ -20,7 +20,7 @@ from tests.orchestration import Parts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
 WINDOW = 4000
-"""Small enough for the fixture (24 turns, ~11K tokens) to compact several times."""
+"""Small enough for the fixture (48 turns, ~11K tokens) to compact several times."""
 
 
 def _conversation() -> Conversation:
@@ -33,7 +33,9 @@ async def _replay(settings: Settings, window: int | None = WINDOW, **kw: str) ->
     return await replay.run()
 
 
-def test_a_user_message_starts_a_turn_and_leading_system_messages_are_the_prompt() -> None:
+def test_a_user_message_or_a_step_after_a_tool_result_starts_a_turn_and_leading_system_messages_are_the_prompt() -> (
+    None
+):
     system, turns = split_turns(
         [
             {"role": "system", "content": "a"},
@@ -43,10 +45,18 @@ def test_a_user_message_starts_a_turn_and_leading_system_messages_are_the_prompt
             {"role": "assistant", "content": "x"},
             {"role": "system", "content": "mid"},
             {"role": "user", "content": "2"},
+            {"role": "assistant", "content": "call", "tool_calls": [{"id": "c", "type": "function"}]},
+            {"role": "tool", "tool_call_id": "c", "content": "out"},
+            {"role": "assistant", "content": "next step"},
         ]
     )
     assert system == "a\n\nb"
-    assert [[m["content"] for m in t] for t in turns] == [["greeting"], ["1", "x", "mid"], ["2"]]
+    assert [[m["content"] for m in t] for t in turns] == [
+        ["greeting"],
+        ["1", "x", "mid"],
+        ["2", "call", "out"],
+        ["next step"],  # an agent's step after a tool result is a turn of its own
+    ]
 
 
 async def test_the_fixture_compacts_at_each_threshold_crossing_down_to_the_target() -> None:
@@ -54,7 +64,7 @@ async def test_the_fixture_compacts_at_each_threshold_crossing_down_to_the_targe
     report = await _replay(settings)
     budget = report.budget
     assert (budget.window, budget.threshold, budget.target) == (4000, 2400, 1500)
-    assert len(report.points) == 24
+    assert len(report.points) == 48  # 24 requests, each a tool call and the answer after it
     compactions = report.compactions
     assert len(compactions) >= 2
     assert report.by_trigger() == {"threshold": len(compactions)}
@@ -165,3 +175,24 @@ async def test_tools_and_the_system_prompt_are_fixed_tokens_that_stay() -> None:
     assert report.meta.system_tokens == counter.text(report.history.system_prompt or "") + 4
     assert report.history.tools == tools
     assert render(report.history)[0]["content"].startswith("You are a coding agent")
+
+
+async def test_the_replay_reports_the_calls_with_its_history_beside_the_peers() -> None:
+    """Issue 36: one call per turn with the effective history, and the same turns through the simple
+    strategies: the product first, and with no compaction nothing ever breaks the cache."""
+    report = await _replay(Settings())
+
+    assert [f.strategy for f in report.cache] == [
+        "compaction-worker",
+        "none",
+        "sliding window",
+        "summarize everything",
+    ]
+    ours, none = report.cache[0], report.cache[1]
+    assert ours.calls == none.calls == len(report.points)
+    assert none.breaks == 0
+    assert none.peak_tokens > report.budget.window
+    assert ours.breaks >= 1
+    assert ours.peak_tokens < none.peak_tokens
+    assert ours.dollars is not None
+    assert none.dollars is not None

@@ -256,7 +256,9 @@ def test_a_serving_worker_freezes_what_it_loaded_at_start_and_collects_the_young
 
 
 @pytest.mark.parametrize(("model", "loads"), [(None, False), ("openai/gpt-4o-mini", True)])
-def test_a_worker_imports_litellm_only_when_an_llm_writes_its_summaries(model: str | None, loads: bool) -> None:
+def test_a_worker_imports_litellm_only_when_an_llm_writes_its_summaries(
+    model: str | None, loads: bool
+) -> None:
     """Issue 32: what a first turn needs (tokenizers, the window registry) loads before the worker
     consumes; LiteLLM (seconds) only when a summarizer model is set, and on a thread of its own."""
     code = (
@@ -272,6 +274,8 @@ def test_a_worker_imports_litellm_only_when_an_llm_writes_its_summaries(model: s
     env = {**os.environ, "COMPACTION_SUMMARIZER__MODEL": model or ""}
     if model is None:
         env.pop("COMPACTION_SUMMARIZER__MODEL")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env, check=True
+    )
 
     assert done.stdout.split() == ["False", str(loads)]
