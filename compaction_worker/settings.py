@@ -143,6 +143,12 @@ class BudgetSettings(_Section):
     )
     trigger_fraction: float = Field(default=0.8, gt=0, le=1)
     soft_trigger_fraction: float | None = Field(default=None, gt=0, le=1)
+    soft_break_even_calls: float | None = Field(
+        default=None,
+        gt=0,
+        description="A soft-threshold compaction waits while it would need more later calls than this to pay "
+        "for the prompt cache it rewrites (at the model's prices; the hard threshold never waits); None: never waits.",
+    )
     target_fraction: float = Field(default=0.5, gt=0, le=1)
     reactive_target_fraction: float = Field(default=0.7, gt=0, le=1)
     floor_tokens: int = Field(default=1024, ge=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from compaction_worker.budget.economics import Prices, projected_break_even
 from compaction_worker.budget.tokens import Budget, BudgetFacts, conversation_budget
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.settings import BudgetSettings
@@ -28,6 +29,8 @@ class ThresholdFacts(BudgetFacts, TotalFacts, Protocol):
     def noop_tokens(self) -> int: ...
     @property
     def retry_after(self) -> float: ...
+    @property
+    def fixed_tokens(self) -> int: ...
 
 
 def scale_of(facts: TotalFacts) -> float:
@@ -48,7 +51,9 @@ def threshold_trigger(
     ``budget`` is the conversation's, when the caller has just computed it (the turn's plan).
 
     None while a failed run's backoff lasts, and while the total has not grown by
-    ``noop_regrowth_fraction`` of the budget since a run that could not shrink it.
+    ``noop_regrowth_fraction`` of the budget since a run that could not shrink it. The soft
+    threshold waits too while the compaction would not pay for the prompt cache it rewrites
+    within ``soft_break_even_calls`` later calls (:func:`~compaction_worker.budget.economics.projected_break_even`).
     """
     if not settings.auto_compact:
         return None  # manual and reactive requests travel with their turns, not through here
@@ -62,6 +67,14 @@ def threshold_trigger(
         return None  # the last attempt could not shrink this; wait for real growth
     if total >= budget.threshold:
         return Trigger.THRESHOLD
-    if budget.soft_threshold is not None and total >= budget.soft_threshold:
+    soft = budget.soft_threshold is not None and total >= budget.soft_threshold
+    # Not worth its cache yet: it waits while the total grows until it is, or the hard threshold.
+    horizon = settings.soft_break_even_calls
+    if soft and (horizon is None or _break_even(facts, total, budget) <= horizon):
         return Trigger.SOFT_THRESHOLD
     return None
+
+
+def _break_even(facts: ThresholdFacts, total: int, budget: Budget) -> float:
+    fixed = int(facts.fixed_tokens * scale_of(facts))
+    return projected_break_even(Prices.of(facts.model), total=total, target=budget.target, fixed=fixed)

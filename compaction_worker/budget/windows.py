@@ -162,6 +162,11 @@ def priced_entry(model: str) -> Mapping[str, Any] | None:
     input price, as for its window), None when the map prices none of them."""
     if len(model) > _MAX_MODEL_LEN:
         return None
+    return _priced_cached(model)
+
+
+@lru_cache(maxsize=1024)
+def _priced_cached(model: str) -> Mapping[str, Any] | None:
     for name in _candidates(model):
         entry = _entry(name)
         if entry is not None and _positive_price(entry.get("input_cost_per_token")):

@@ -288,6 +288,39 @@ class LlmUsage(BaseModel):
     cost_usd: float | None = Field(default=None, ge=0)
 
 
+class CompactionCost(BaseModel):
+    """What a compaction costs once and saves per later call at the conversation model's prices
+    (LiteLLM's), with the provider's prompt cache counted; null figures: the model is unpriced."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_serialization_defaults_required=True,
+        json_schema_mode_override="serialization",
+    )
+
+    tokens_removed: int = Field(default=0, ge=0, description="tokens_before - tokens_after.")
+    cache_write_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens of the new history after the leading messages it shares with the old one: the next "
+        "call sends them uncached (a cache write where the provider bills one).",
+    )
+    cache_write_cost: float | None = Field(
+        default=None, ge=0, description="What the next call pays for them beyond cache reads, in dollars."
+    )
+    saving_per_call: float | None = Field(
+        default=None,
+        ge=0,
+        description="What each later call no longer pays: the tokens removed at the cache-read price, in dollars.",
+    )
+    break_even_calls: float | None = Field(
+        default=None,
+        ge=0,
+        description="Later calls until the savings have paid the cache write and the summary calls "
+        "(llm_usage.cost_usd); null when unpriced or nothing was removed.",
+    )
+
+
 class CompactionStarted(_Event):
     """``compaction.started``: a compaction has begun (before any LLM call)."""
 
@@ -361,6 +394,9 @@ class CompactionCompleted(_Event):
         default=None,
         description="The instructions this compaction applied: the conversation's standing ones, then the "
         "request's, separated by a blank line; null when none.",
+    )
+    cost: CompactionCost | None = Field(
+        default=None, description="A commit's cost, saving per later call and break-even; null otherwise."
     )
     summary: str | None = Field(
         default=None,

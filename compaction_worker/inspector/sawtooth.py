@@ -145,6 +145,8 @@ def tooltip(record: Mapping[str, Any], seq: int) -> str:
             + (f", ${cost:.4f}" if isinstance(cost, int | float) else ""),
             f"duration: {event.get('duration_ms')} ms",
         ]
+        if isinstance(paid := event.get("cost"), dict):
+            lines.append(_cost_line(paid))
         if event.get("artifacts_dropped"):
             lines.append(f"artifacts no longer in the history: {event['artifacts_dropped']}")
         if isinstance(standing := event.get("standing_state"), dict):
@@ -152,6 +154,18 @@ def tooltip(record: Mapping[str, Any], seq: int) -> str:
         if event.get("error"):
             lines.append(f"note: {event['error']}")
     return "\n".join(lines)
+
+
+def _cost_line(cost: Mapping[str, Any]) -> str:
+    """The compaction's cost at the model's prices: the cache it rewrote, the saving per call, the break-even."""
+    line = f"cache rewritten: {cost.get('cache_write_tokens', 0)} tokens"
+    if isinstance(write := cost.get("cache_write_cost"), int | float):
+        line += f" (${write:.4f})"
+    if isinstance(saving := cost.get("saving_per_call"), int | float):
+        line += f"; saves ${saving:.4f} a call"
+    if isinstance(calls := cost.get("break_even_calls"), int | float):
+        line += f"; paid back after {calls:.1f} calls"
+    return line
 
 
 def svg(drawn: Series, *, threshold: int, target: int, window: int) -> str:

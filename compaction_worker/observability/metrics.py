@@ -59,6 +59,19 @@ TOKENS_AFTER = Instrument(
 TOKENS_SAVED = Instrument(
     "compaction.tokens.saved", "counter", "{token}", "Tokens removed from effective histories by compactions."
 )
+CACHE_WRITE_COST = Instrument(
+    "compaction.cache_write.cost",
+    "counter",
+    "USD",
+    "What the calls after committed compactions pay for the prompt they rewrote, beyond cache reads "
+    "(LiteLLM's prices for the conversation's model).",
+)
+BREAK_EVEN = Instrument(
+    "compaction.break_even",
+    "histogram",
+    "{call}",
+    "Later calls until a committed compaction has paid for its cache write and its summary calls.",
+)
 LLM_DURATION = Instrument(
     "gen_ai.client.operation.duration",
     "histogram",
@@ -138,6 +151,8 @@ METRICS: tuple[Instrument, ...] = (
     TOKENS_BEFORE,
     TOKENS_AFTER,
     TOKENS_SAVED,
+    CACHE_WRITE_COST,
+    BREAK_EVEN,
     LLM_DURATION,
     LLM_TOKENS,
     LLM_COST,
@@ -173,6 +188,10 @@ _tokens_after = _meter.create_histogram(TOKENS_AFTER.name, TOKENS_AFTER.unit, TO
 _tokens_saved = _meter.create_counter(TOKENS_SAVED.name, TOKENS_SAVED.unit, TOKENS_SAVED.description)
 _llm_duration = _meter.create_histogram(LLM_DURATION.name, LLM_DURATION.unit, LLM_DURATION.description)
 _llm_tokens = _meter.create_histogram(LLM_TOKENS.name, LLM_TOKENS.unit, LLM_TOKENS.description)
+_cache_write_cost = _meter.create_counter(
+    CACHE_WRITE_COST.name, CACHE_WRITE_COST.unit, CACHE_WRITE_COST.description
+)
+_break_even = _meter.create_histogram(BREAK_EVEN.name, BREAK_EVEN.unit, BREAK_EVEN.description)
 _llm_cost = _meter.create_counter(LLM_COST.name, LLM_COST.unit, LLM_COST.description)
 _llm_failures = _meter.create_counter(LLM_FAILURES.name, LLM_FAILURES.unit, LLM_FAILURES.description)
 _breaker_opens = _meter.create_counter(BREAKER_OPENS.name, BREAKER_OPENS.unit, BREAKER_OPENS.description)
@@ -193,13 +212,26 @@ def record_lag(topic: str, partition: int, lag: int) -> None:
     _lag.set(lag, {"topic": topic, "partition": str(partition)})
 
 
-def record_run(trigger: str, outcome: str, before: int | None = None, after: int | None = None) -> None:
-    """Count one compaction run; with token counts (a committed run), record them and the saving."""
+def record_run(
+    trigger: str,
+    outcome: str,
+    before: int | None = None,
+    after: int | None = None,
+    *,
+    cache_write_cost: float | None = None,
+    break_even: float | None = None,
+) -> None:
+    """Count one compaction run; with token counts (a committed run), record them and the saving,
+    and its cost where the model is priced."""
     _runs.add(1, {"trigger": trigger, "outcome": outcome})
     if before is not None and after is not None:
         _tokens_before.record(before)
         _tokens_after.record(after)
         _tokens_saved.add(max(0, before - after))
+    if cache_write_cost:
+        _cache_write_cost.add(cache_write_cost)
+    if break_even is not None:
+        _break_even.record(break_even)
 
 
 def record_llm_call(

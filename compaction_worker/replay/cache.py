@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compaction_worker.budget.windows import priced_entry
+from compaction_worker.budget.economics import Prices
 
 MIN_CACHED_TOKENS = 1024
 """The shortest prefix OpenAI's and Anthropic's caches serve."""
@@ -40,34 +40,6 @@ def block(message: Mapping[str, Any], tokens: int) -> Block:
     """``message`` as a prompt block: two messages are one block when their JSON is identical."""
     text = json.dumps(message, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest(), tokens
-
-
-@dataclass(frozen=True, slots=True)
-class Prices:
-    """Dollars per token for one model."""
-
-    input: float
-    cached: float
-    """A cache read; the input price where the map lists no cache price."""
-    write: float | None
-    """A cache write, where the provider bills one (Anthropic); None: new input costs ``input``."""
-    output: float
-
-    @classmethod
-    def of(cls, model: str) -> Prices | None:
-        """``model``'s prices in LiteLLM's map, None when it prices none of the model's names."""
-        entry = priced_entry(model)
-        if entry is None:
-            return None
-        price = float(entry["input_cost_per_token"])
-        cached = entry.get("cache_read_input_token_cost")
-        write = entry.get("cache_creation_input_token_cost")
-        return cls(
-            input=price,
-            cached=float(cached) if isinstance(cached, int | float) else price,
-            write=float(write) if isinstance(write, int | float) else None,
-            output=float(entry.get("output_cost_per_token") or 0.0),
-        )
 
 
 @dataclass(frozen=True, slots=True)

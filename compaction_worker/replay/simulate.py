@@ -15,12 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker import strategies
+from compaction_worker.budget.economics import Prices
 from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import Budget, budget_for, conversation_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
-from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, Prices, block, peer
+from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, block, peer
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for

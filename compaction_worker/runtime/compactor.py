@@ -13,10 +13,11 @@ from typing import Any
 from opentelemetry import trace
 
 from compaction_worker import strategies
+from compaction_worker.budget.economics import Prices, compaction_cost, rewritten_tokens
 from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
-from compaction_worker.contracts.history import EffectiveHistory
+from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
@@ -100,11 +101,14 @@ class Compactor:
                 }
             )
             compacted = completed.outcome is Outcome.COMPACTED
+            cost = completed.cost
             metrics.record_run(
                 job.trigger.value,
                 completed.outcome.value,
                 completed.tokens_before if compacted else None,
                 completed.tokens_after if compacted else None,
+                cache_write_cost=cost.cache_write_cost if cost else None,
+                break_even=cost.break_even_calls if cost else None,
             )
         await self.jobs.finish(claim)
         if completed is not None and completed.outcome is Outcome.COMPACTED:
@@ -245,8 +249,18 @@ class Compactor:
         counter = counter_for(meta.model, self.settings.budget)
         # Counting a large history is CPU: off the event loop, so other conversations' turns go on.
         history, token_delta = await off_loop(applied, snapshot.history, result, counter)
+        placement = self.settings.pipeline.summary_placement
+        rewritten = await off_loop(
+            rewritten_tokens, render(snapshot.history, placement), render(history, placement), counter.message
+        )
         status = context_status(result.draft)
         dropped = await self.archive.record(cid, snapshot.history, history, originals)
+        cost = compaction_cost(
+            Prices.of(meta.model),
+            tokens_removed=run.tokens_before - int(result.tokens_after * run.scale),
+            cache_write_tokens=int(rewritten * run.scale),
+            summary_cost=result.usage.cost_usd,
+        )
         # The commit succeeds only at exactly this version (the script checks it).
         completed = run.completed(
             Outcome.COMPACTED,
@@ -256,6 +270,7 @@ class Compactor:
             error=result.error,
             llm_failures=llm_failures,
             artifacts_dropped=dropped,
+            cost=cost,
         )
         record: Mapping[str, Any] = {
             "version": meta.version + 1,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from compaction_worker import strategies
 from compaction_worker.contracts.events import (
     CompactionCompleted,
+    CompactionCost,
     CompactionStarted,
     ContextStatus,
     LlmUsage,
@@ -65,8 +66,9 @@ class Run:
         error: str | None,
         llm_failures: int,
         artifacts_dropped: int = 0,
+        cost: CompactionCost | None = None,
     ) -> CompactionCompleted:
-        """The ``compaction.completed`` event; only a commit reports savings."""
+        """The ``compaction.completed`` event; only a commit reports savings and its ``cost``."""
         compacted = result if outcome is Outcome.COMPACTED else None
         return CompactionCompleted(
             conversation_id=self.conversation_id,
@@ -94,6 +96,7 @@ class Run:
             standing_state=compacted.standing if compacted else None,
             notes=list(result.notes) if result else [],
             instructions=self.instructions,
+            cost=cost if compacted else None,
             summary=summary_message_text(compacted.draft.chunks)
             if compacted and self.with_summary and compacted.draft.chunks
             else None,

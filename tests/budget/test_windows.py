@@ -474,7 +474,7 @@ class TestAcrossHosts:
             "b/bar-2": {**chat, "max_input_tokens": 32_000},
             "a/baz-1": {"mode": "embedding", "max_input_tokens": 8_000},
         }
-        monkeypatch.setattr(windows._litellm, "model_map", lambda: cost)
+        monkeypatch.setattr(_litellm, "model_map", lambda: cost)
 
         found = [resolve_window(f"acme/{m}", BudgetSettings()) for m in ("foo-9b", "bar-2", "baz-1")]
 

@@ -63,11 +63,14 @@ def test_the_tooltip_quotes_the_completion_event() -> None:
         "llm_usage": {"calls": 2, "prompt_tokens": 3000, "completion_tokens": 400, "cost_usd": 0.0125},
         "duration_ms": 812,
         "standing_state": {"kept": {"rule": 2, "constraint": 1}, "let_go": {"fact": 1}, "superseded": 1},
-    }
+        "cost": {"tokens_removed": 3800, "cache_write_tokens": 1100, "cache_write_cost": 0.0038,
+                 "saving_per_call": 0.0011, "break_even_calls": 14.8},
+    }  # fmt: skip
     record = {"version": 3, "trigger": "reactive", "stages": ["prune", "summarize"], "completed": event}
     text = sawtooth.tooltip(record, 41)
     for part in ("v3 (reactive) after turn 41", "prune, summarize", "5000 -> 1200", "80 -> 9",
                  "openai/fake", "2 calls, 3000 + 400 tokens, $0.0125", "812 ms",
+                 "cache rewritten: 1100 tokens ($0.0038); saves $0.0011 a call; paid back after 14.8 calls",
                  "standing state: 3 kept (rule 2, constraint 1), 1 let go (fact 1), 1 superseded"):  # fmt: skip
         assert part in text
 

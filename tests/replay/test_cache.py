@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import pytest
 
-from compaction_worker.budget.windows import priced_entry
-from compaction_worker.replay.cache import MIN_CACHED_TOKENS, PEERS, CacheMeter, Prices, block, peer
+from compaction_worker.budget.economics import Prices
+from compaction_worker.replay.cache import MIN_CACHED_TOKENS, PEERS, CacheMeter, block, peer
 
 
 def blocks(*sizes: int, tag: str = "m") -> list[tuple[str, int]]:
@@ -49,14 +49,7 @@ class TestMeter:
 class TestPrices:
     def test_openai_bills_new_input_at_the_input_price_and_cache_reads_at_its_own(self) -> None:
         prices = Prices.of("openrouter/openai/gpt-4o")
-        entry = priced_entry("gpt-4o")
         assert prices is not None
-        assert entry is not None
-        assert (prices.input, prices.cached, prices.write) == (
-            entry["input_cost_per_token"],
-            entry["cache_read_input_token_cost"],
-            None,
-        )
         meter = CacheMeter()
         meter.call(blocks(2000))
         meter.call(blocks(2000, 1000))
@@ -65,19 +58,20 @@ class TestPrices:
         assert dollars is not None
         assert dollars.cached == pytest.approx(2000 * prices.cached)
         assert dollars.input == pytest.approx(3000 * prices.input)
-        assert (dollars.write, dollars.output) == (0.0, pytest.approx(100 * prices.output))
+        assert dollars.write == 0.0
+        assert dollars.output == pytest.approx(100 * prices.output)
 
     def test_anthropic_bills_new_input_as_a_cache_write(self) -> None:
         prices = Prices.of("bedrock/us.anthropic.claude-3-5-sonnet-20241022-v2:0")
         assert prices is not None
         assert prices.write is not None
-        assert prices.write > prices.input > prices.cached
         meter = CacheMeter()
         meter.call(blocks(2000))
         dollars = meter.figures("x", output_tokens=0, prices=prices).dollars
 
         assert dollars is not None
-        assert (dollars.input, dollars.write) == (0.0, pytest.approx(2000 * prices.write))
+        assert dollars.input == 0.0
+        assert dollars.write == pytest.approx(2000 * prices.write)
 
     def test_an_unpriced_model_has_no_dollars(self) -> None:
         meter = CacheMeter()

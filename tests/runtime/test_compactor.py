@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from compaction_worker.budget.economics import Prices
 from compaction_worker.budget.tokens import budget_for, calibrate
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import (
@@ -73,6 +74,34 @@ class TestCompactor:
         covered = {n for c in snapshot.history.chunks for n in range(c.first_n, c.last_n + 1) if c.covers(n)}
         assert covered | {e.n for e in snapshot.history.entries} == set(range(1, 25))
         assert await parts.jobs.job("c") is None
+
+    async def test_a_commit_reports_its_cost_and_break_even_at_the_models_prices(
+        self, parts: Parts, published: Published
+    ) -> None:
+        """Issue 36: the tokens removed, what the next call rewrites in the provider's cache, and
+        after how many calls the compaction has paid for that (the conversation's model is priced)."""
+        for event in conversation(24):
+            await parts.turns.handle(event, b"c")
+        await run_job(parts.jobs, parts.compactor, "c")
+        (done,) = [CompactionCompleted.model_validate(e) for e in published.on("compaction.completed")]
+        meta = await parts.store.meta("c")
+        prices = Prices.of(meta.model)
+        assert prices is not None
+        cost = done.cost
+
+        assert cost is not None
+        assert cost.tokens_removed == done.tokens_before - done.tokens_after > 0
+        # The summary is the history's second message: everything after the system prompt is new.
+        assert 0 < cost.cache_write_tokens <= done.tokens_after
+        assert cost.saving_per_call == pytest.approx(cost.tokens_removed * prices.cached)
+        assert cost.cache_write_cost == pytest.approx(
+            cost.cache_write_tokens * (prices.uncached - prices.cached)
+        )
+        assert cost.cache_write_cost is not None
+        assert cost.saving_per_call is not None
+        assert cost.break_even_calls == pytest.approx(
+            (cost.cache_write_cost + (done.llm_usage.cost_usd or 0.0)) / cost.saving_per_call
+        )
 
     async def test_busy_lock_postpones(self, parts: Parts, redis_client: redis.asyncio.Redis) -> None:
         """Reference 003 (Decision 10, a per-conversation lock): when another worker holds the lock, the job is postponed until that lock would expire, not run twice."""
