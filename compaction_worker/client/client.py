@@ -285,22 +285,32 @@ class Client:
 
     @overload
     async def messages(
-        self, conversation_id: str, format: Literal["openai", "responses"] = "openai"
+        self, conversation_id: str, format: Literal["openai", "responses"] = "openai", *, cache: bool = False
     ) -> list[dict[str, Any]]: ...
     @overload
-    async def messages(self, conversation_id: str, format: Literal["anthropic"]) -> AnthropicMessages: ...
+    async def messages(
+        self, conversation_id: str, format: Literal["anthropic"], *, cache: bool = False
+    ) -> AnthropicMessages: ...
     @overload
-    async def messages(self, conversation_id: str, format: Literal["gemini"]) -> GeminiContents: ...
-    async def messages(self, conversation_id: str, format: HistoryFormat = "openai") -> Rendered:
+    async def messages(
+        self, conversation_id: str, format: Literal["gemini"], *, cache: bool = False
+    ) -> GeminiContents: ...
+    async def messages(
+        self, conversation_id: str, format: HistoryFormat = "openai", *, cache: bool = False
+    ) -> Rendered:
         """The provider-ready messages to send to the model next (with the configured summary placement).
 
         ``format`` is the runtime's own: ``openai`` chat messages, ``anthropic`` (``system``
         and ``messages``), ``responses`` input items or ``gemini`` contents. The verbatim
         tail's thinking blocks, reasoning items and signatures come back exactly as
-        published (:mod:`compaction_worker.formats.rendering`).
+        published (:mod:`compaction_worker.formats.rendering`). ``cache`` places Anthropic's
+        prompt-cache breakpoints after the system prompt, the summary and the last message
+        (the Messages API caches nothing unless told; OpenAI and Gemini cache a prompt's
+        prefix unasked, and for OpenAI ``prompt_cache_key=conversation_id`` keeps a
+        conversation's calls on one cache).
         """
         history = (await self.store.snapshot(conversation_id)).history
-        return rendered(history, format, self.settings.pipeline.summary_placement)
+        return rendered(history, format, self.settings.pipeline.summary_placement, cache=cache)
 
     async def set_instructions(self, conversation_id: str, text: str | None) -> None:
         """Set the conversation's standing compaction instructions (None or "" clears them).

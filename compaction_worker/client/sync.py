@@ -111,16 +111,22 @@ class SyncClient:
 
     @overload
     def messages(
-        self, conversation_id: str, format: Literal["openai", "responses"] = "openai"
+        self, conversation_id: str, format: Literal["openai", "responses"] = "openai", *, cache: bool = False
     ) -> list[dict[str, Any]]: ...
     @overload
-    def messages(self, conversation_id: str, format: Literal["anthropic"]) -> AnthropicMessages: ...
+    def messages(
+        self, conversation_id: str, format: Literal["anthropic"], *, cache: bool = False
+    ) -> AnthropicMessages: ...
     @overload
-    def messages(self, conversation_id: str, format: Literal["gemini"]) -> GeminiContents: ...
-    def messages(self, conversation_id: str, format: HistoryFormat = "openai") -> Rendered:
+    def messages(
+        self, conversation_id: str, format: Literal["gemini"], *, cache: bool = False
+    ) -> GeminiContents: ...
+    def messages(
+        self, conversation_id: str, format: HistoryFormat = "openai", *, cache: bool = False
+    ) -> Rendered:
         """See :meth:`Client.messages`."""
         # mypy joins the overloads' results for a union argument into a Sequence: each is a Rendered.
-        return self._call(self.client.messages(conversation_id, format))  # type: ignore[return-value]
+        return self._call(self.client.messages(conversation_id, format, cache=cache))  # type: ignore[return-value]
 
     def meta(self, conversation_id: str) -> Meta:
         """See :meth:`Client.meta`."""

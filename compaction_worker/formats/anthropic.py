@@ -265,3 +265,44 @@ def _joined(systems: list[System]) -> System | None:
     for system in systems:
         blocks += [{"type": "text", "text": system}] if isinstance(system, str) else system
     return blocks
+
+
+# --- prompt-cache breakpoints -------------------------------------------------------------
+
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+"""The ``cache_control`` of a breakpoint (Anthropic's default five-minute cache)."""
+
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
+"""Blocks the Messages API refuses a ``cache_control`` on."""
+
+
+def with_cache_breakpoints(rendered: AnthropicMessages, stable: int | None) -> AnthropicMessages:
+    """``rendered`` with prompt-cache breakpoints at its stable boundaries (three of the four the
+    API allows): the end of the system prompt, the end of message ``stable`` (the summary turn,
+    which stays until the next compaction), and the end of the last message (the next call reads
+    everything before its own new messages from the cache)."""
+    system = rendered.system
+    if isinstance(system, str) and system:
+        system = [{"type": "text", "text": system, "cache_control": EPHEMERAL}]
+    elif isinstance(system, list) and system:
+        system = [*system[:-1], {**system[-1], "cache_control": EPHEMERAL}]
+    messages = list(rendered.messages)
+    last = len(messages) - 1
+    for index in dict.fromkeys(i for i in (stable, last) if i is not None and 0 <= i <= last):
+        messages[index] = _marked(messages[index])
+    return AnthropicMessages(system, messages)
+
+
+def _marked(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``message`` with a breakpoint on its last block that takes one (text becomes a text block)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content, "cache_control": EPHEMERAL}]}
+    if not isinstance(content, list):
+        return dict(message)
+    blocks = list(content)
+    for i in range(len(blocks) - 1, -1, -1):
+        if isinstance(blocks[i], dict) and blocks[i].get("type") not in _UNMARKABLE:
+            blocks[i] = {**blocks[i], "cache_control": EPHEMERAL}
+            break
+    return {**message, "content": blocks}

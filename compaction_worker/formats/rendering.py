@@ -34,24 +34,47 @@ def rendered(
     history: EffectiveHistory,
     fmt: Literal["openai", "responses"] = "openai",
     placement: SummaryPlacement = "separate",
+    *,
+    cache: bool = False,
 ) -> list[dict[str, Any]]: ...
 @overload
 def rendered(
-    history: EffectiveHistory, fmt: Literal["anthropic"], placement: SummaryPlacement = "separate"
+    history: EffectiveHistory,
+    fmt: Literal["anthropic"],
+    placement: SummaryPlacement = "separate",
+    *,
+    cache: bool = False,
 ) -> AnthropicMessages: ...
 @overload
 def rendered(
-    history: EffectiveHistory, fmt: Literal["gemini"], placement: SummaryPlacement = "separate"
+    history: EffectiveHistory,
+    fmt: Literal["gemini"],
+    placement: SummaryPlacement = "separate",
+    *,
+    cache: bool = False,
 ) -> GeminiContents: ...
 def rendered(
-    history: EffectiveHistory, fmt: HistoryFormat = "openai", placement: SummaryPlacement = "separate"
+    history: EffectiveHistory,
+    fmt: HistoryFormat = "openai",
+    placement: SummaryPlacement = "separate",
+    *,
+    cache: bool = False,
 ) -> Rendered:
-    """``history`` as ``fmt`` takes it (see the module docstring); :class:`FormatError` for another name."""
+    """``history`` as ``fmt`` takes it (see the module docstring); :class:`FormatError` for another name.
+
+    ``cache`` places Anthropic's prompt-cache breakpoints (``cache_control``) after the system
+    prompt, the summary turn and the last message
+    (:func:`~compaction_worker.formats.anthropic.with_cache_breakpoints`); the other providers
+    cache a prompt's prefix without being told, and it changes nothing for them.
+    """
     messages = render(history, placement, private=True)
     if fmt == "openai":
         return openai_chat.from_openai(messages)
     if fmt == "anthropic":
-        return anthropic.from_openai(messages)
+        converted = anthropic.from_openai(messages)
+        return (
+            anthropic.with_cache_breakpoints(converted, 0 if history.chunks else None) if cache else converted
+        )
     if fmt == "responses":
         return responses.from_openai(messages)
     if fmt == "gemini":

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from litellm.types.llms.anthropic import AllAnthropicMessageValues, AnthropicSystemMessageContent
+from pydantic import TypeAdapter
 
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render
 from compaction_worker.formats import FormatError, anthropic, gemini, responses
@@ -35,6 +37,58 @@ def history(messages: list[dict[str, Any]], chunks: tuple[SummaryChunk, ...] = (
     """``messages`` as the entries after a summary of two earlier transcript messages."""
     entries = [Entry(n=i + 3, seq=2, message=m, tokens=5) for i, m in enumerate(stored(messages))]
     return EffectiveHistory(chunks, tuple(entries))
+
+
+MESSAGES_API = TypeAdapter(list[AllAnthropicMessageValues])
+"""The Messages API's request shape for ``messages``, as LiteLLM types it."""
+SYSTEM_BLOCKS = TypeAdapter(list[AnthropicSystemMessageContent])
+
+
+def breakpoints(value: object) -> list[str]:
+    """Where ``cache_control`` sits in a rendering (a path per breakpoint)."""
+    found: list[str] = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            if "cache_control" in node:
+                found.append(path)
+            for key, child in node.items():
+                walk(child, f"{path}.{key}")
+        elif isinstance(node, list | tuple):
+            for i, child in enumerate(node):
+                walk(child, f"{path}[{i}]")
+
+    walk(value, "")
+    return found
+
+
+class TestCacheBreakpoints:
+    """Issue 36: Anthropic caches nothing unless told; ``cache=True`` marks the stable boundaries."""
+
+    def test_after_the_system_prompt_the_summary_and_the_last_message(self) -> None:
+        h = history([{"role": "system", "content": "Be terse."}, *anthropic.to_openai(LOOP)])
+        system, messages = rendered(h, "anthropic", cache=True)
+
+        assert system == [{"type": "text", "text": "Be terse.", "cache_control": anthropic.EPHEMERAL}]
+        assert breakpoints(messages) == ["[0].content[0]", "[4].content[0]"]
+        assert messages[0]["content"][0]["type"] == "text"  # the summary, as a text block
+        SYSTEM_BLOCKS.validate_python(system, strict=True)
+        MESSAGES_API.validate_python(messages)
+
+    def test_thinking_blocks_are_never_marked(self) -> None:
+        """The API refuses ``cache_control`` on a thinking block: the last block that takes one is marked."""
+        _, messages = rendered(history(anthropic.to_openai(LOOP[:2])), "anthropic", cache=True)
+        assistant = messages[-1]["content"]
+
+        assert breakpoints(assistant) == ["[2]"]
+        assert assistant[0] == THINKING
+
+    def test_without_a_summary_only_the_ends_are_marked_and_off_by_default_nothing_is(self) -> None:
+        h = history([{"role": "system", "content": "Be terse."}, *anthropic.to_openai(LOOP)], chunks=())
+
+        assert len(breakpoints(rendered(h, "anthropic", cache=True))) == 2
+        assert breakpoints(rendered(h, "anthropic")) == []
+        assert rendered(h, "openai", cache=True) == rendered(h, "openai")
 
 
 class TestRendered:
