@@ -188,6 +188,23 @@ def test_rewind_undoes_the_latest_compaction(compacted: tuple[str, Settings]) ->
     assert (history["version"], history["chunks"], len(history["messages"])) == (2, [], 12)
 
 
+def test_compact_dry_run_shows_the_compaction_and_writes_nothing(compacted: tuple[str, Settings]) -> None:
+    """Issue 37: `compact --dry-run` prints what a manual compaction would do; the history stays."""
+    cid, _ = compacted
+    before = _json_output(["history", cid, "--json"], "history")
+    text = CliRunner().invoke(main, ["compact", cid, "--dry-run"])
+    data = _json_output(
+        ["compact", cid, "--dry-run", "--json", "--instructions", "keep the points"], "compact-dry-run"
+    )
+
+    assert text.exit_code == 0, text.output
+    assert f"{cid} (version 1): a manual compaction would be" in text.output
+    assert "(nothing written)" in text.output
+    assert (data["conversation_id"], data["version"]) == (cid, 1)
+    assert data["outcome"] in ("compacted", "noop")
+    assert _json_output(["history", cid, "--json"], "history") == before
+
+
 def test_rewind_json_and_refusals(compacted: tuple[str, Settings]) -> None:
     """--json prints the result; nothing left to undo and unknown versions fail with a clear message."""
     cid, _ = compacted

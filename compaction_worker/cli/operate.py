@@ -11,6 +11,7 @@ from compaction_worker.cli.common import json_output, run_async, settings_of
 
 if TYPE_CHECKING:
     from compaction_worker.client.client import Client
+    from compaction_worker.runtime.preview import Preview
     from compaction_worker.settings import SummarizerSettings
     from compaction_worker.state.breaker import BreakerState
     from compaction_worker.state.meta import Meta
@@ -163,9 +164,18 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("conversation_id")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Compute the compaction here and print what it would change; write nothing.",
+)
+@click.option("--instructions", default=None, help="With --dry-run: what the summary should keep first.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: machine-readable output.")
 @click.pass_context
-def compact(ctx: click.Context, conversation_id: str) -> None:
-    """Ask the workers to compact a conversation now (a manual compaction)."""
+def compact(
+    ctx: click.Context, conversation_id: str, dry_run: bool, instructions: str | None, as_json: bool
+) -> None:
+    """Ask the workers to compact a conversation now (a manual compaction), or preview it."""
     settings = settings_of(ctx)
 
     async def go() -> None:
@@ -175,11 +185,45 @@ def compact(ctx: click.Context, conversation_id: str) -> None:
 
         async with Client.connect(settings, kafka=False) as client:
             await _stored_meta(client, conversation_id)
+            if dry_run:
+                _print_preview(await client.preview_compaction(conversation_id, instructions), as_json)
+                return
             parts = build_components(settings, client.store.redis, _no_publisher)
             await parts.jobs.schedule(conversation_id, Trigger.MANUAL)
             click.echo(f"manual compaction of {conversation_id} scheduled")
 
     run_async(go())
+
+
+def _print_preview(found: Preview, as_json: bool) -> None:
+    from compaction_worker.contracts import cli_output
+
+    if as_json:
+        output = cli_output.CompactionPreview(
+            conversation_id=found.conversation_id,
+            version=found.version,
+            outcome=found.outcome,
+            tokens_before=found.tokens_before,
+            tokens_after=found.tokens_after,
+            stages=list(found.stages),
+            replaced=found.replaced,
+            summary=found.summary,
+            standing_state=found.standing,
+            error=found.error,
+            messages=found.messages,
+        )
+        click.echo(json_output(output))
+        return
+    click.echo(
+        f"{found.conversation_id} (version {found.version}): a manual compaction would be "
+        f"{found.outcome.value}, ~{found.tokens_before} -> ~{found.tokens_after} tokens, "
+        f"{found.replaced} messages replaced, stages: {', '.join(found.stages) or '-'} (nothing written)"
+    )
+    if found.error:
+        click.echo(f"note: {found.error}")
+    if found.summary:
+        click.echo("summary it would write:")
+        click.echo(found.summary)
 
 
 @click.command()

@@ -27,8 +27,9 @@ from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered, rendered
 from compaction_worker.observability.tracing import inject
 from compaction_worker.recall.search import Recall, RecallResult
-from compaction_worker.runtime.components import build_components
+from compaction_worker.runtime.components import build_components, configured_summarizers
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
+from compaction_worker.runtime.preview import Preview, preview
 from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
@@ -387,6 +388,21 @@ class Client:
 
         parts = build_components(self.settings, self.store.redis, publish)
         return await parts.rewinder.rewind(conversation_id, version)
+
+    async def preview_compaction(self, conversation_id: str, instructions: str | None = None) -> Preview:
+        """What a manual compaction would do now, computed and not applied: the history it would
+        leave, the summary and standing state it would write, the tokens before and after and the
+        messages it would replace (:mod:`compaction_worker.runtime.preview`). Nothing is written;
+        with the extractive summarizer a manual compaction then commits exactly this history
+        while no turn arrives; an LLM summarizer is called for it. ``compact --dry-run`` is this.
+        """
+        return await preview(
+            self.store,
+            self.settings,
+            configured_summarizers(self.settings),
+            conversation_id,
+            instructions=instructions,
+        )
 
     async def artifacts(self, conversation_id: str) -> list[Artifact]:
         """Every artifact ever extracted from the conversation's compacted spans, first seen first.

@@ -21,9 +21,12 @@ from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered
 from compaction_worker.recall.search import RecallResult
+from compaction_worker.runtime.preview import Preview
+from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
 from compaction_worker.state.meta import Meta
+from compaction_worker.state.restore import Version
 from compaction_worker.state.store import Snapshot
 
 T = TypeVar("T")
@@ -151,6 +154,18 @@ class SyncClient:
     def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
         """See :meth:`Client.compactions`."""
         return self._call(self.client.compactions(conversation_id))
+
+    def preview_compaction(self, conversation_id: str, instructions: str | None = None) -> Preview:
+        """See :meth:`Client.preview_compaction`."""
+        return self._call(self.client.preview_compaction(conversation_id, instructions))
+
+    def versions(self, conversation_id: str) -> list[Version]:
+        """See :meth:`Client.versions`."""
+        return self._call(self.client.versions(conversation_id))
+
+    def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
+        """See :meth:`Client.rewind`."""
+        return self._call(self.client.rewind(conversation_id, version))
 
     def artifacts(self, conversation_id: str) -> list[Artifact]:
         """See :meth:`Client.artifacts`."""

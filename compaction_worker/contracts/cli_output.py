@@ -12,7 +12,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from compaction_worker.contracts.events import CompactionCompleted, ContextStatus, Outcome, Trigger
+from compaction_worker.contracts.events import (
+    CompactionCompleted,
+    ContextStatus,
+    Outcome,
+    StandingStateReport,
+    Trigger,
+)
 from compaction_worker.contracts.history import SummaryChunk
 
 CLI_GENERATED_NOTE = (
@@ -154,6 +160,22 @@ class ArchivedArtifact(_Output):
 
 class Artifacts(RootModel[list[ArchivedArtifact]]):
     """``artifacts --json``: every archived artifact, first seen first."""
+
+
+class CompactionPreview(_Output):
+    """``compact --dry-run --json``: what a manual compaction would do now; nothing is written."""
+
+    conversation_id: str
+    version: int = Field(ge=0, description="The history version it was computed from.")
+    outcome: Outcome = Field(description="compacted: it would commit; noop: the history would stay as it is.")
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    stages: list[str]
+    replaced: int = Field(ge=0, description="Messages the history would no longer carry verbatim.")
+    summary: str | None = Field(description="The summary the history would start with.")
+    standing_state: StandingStateReport | None
+    error: str | None
+    messages: list[dict[str, Any]] = Field(description="The effective history it would leave (chat form).")
 
 
 class Rewind(_Output):
@@ -298,6 +320,7 @@ CLI_MODELS: dict[str, type[BaseModel]] = {
     "status": Status,
     "artifacts": Artifacts,
     "rewind": Rewind,
+    "compact-dry-run": CompactionPreview,
     "demo": CompactionCompleted,
     "replay": Replay,
 }

@@ -7,22 +7,21 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
 
 from compaction_worker import strategies
 from compaction_worker.budget.economics import Prices, compaction_cost, rewritten_tokens
-from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
-from compaction_worker.budget.tokens import TokenCounter, conversation_budget, counter_for
-from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.budget.threshold import calibrated_total, threshold_trigger
+from compaction_worker.budget.tokens import TokenCounter, counter_for
+from compaction_worker.contracts.events import CompactionCompleted, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
-from compaction_worker.runtime.limits import estimate, limits_for, reactive_target
+from compaction_worker.runtime.limits import run_limits
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.runtime.reports import Run, context_status, llm_failed
 from compaction_worker.settings import Settings
@@ -128,19 +127,14 @@ class Compactor:
         snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
         counter = counter_for(meta.model, self.settings.budget)
-        info, budget = conversation_budget(meta, self.settings.budget)
-        # Limits are in our estimate's units; calibration converts provider tokens back.
-        target, scale = budget.target, scale_of(meta)
-        if job.trigger is Trigger.REACTIVE:
-            target, scale = reactive_target(job, meta, budget)
-        limits = limits_for(self.settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
-        if job.trigger is Trigger.REACTIVE:
-            # The provider's own limit may lie below our window: no ceiling past its target. And
-            # as it refused this history, "already under the target" is our estimate's mistake
-            # (no numbers to calibrate with, or beyond the clamp): compact anyway, as far as the
-            # pipeline goes, instead of a no-op.
-            under = estimate(snapshot, counter) <= limits.target
-            limits = replace(limits, ceilings=(), force=limits.force or under)
+        planned = run_limits(self.settings, snapshot, counter, job)
+        info, budget, target, scale, limits = (
+            planned.info,
+            planned.budget,
+            planned.target,
+            planned.scale,
+            planned.limits,
+        )
         summarizers = list(self.summarizers(meta.model, counter))
         # Without a fallback there is nothing to switch to: no breaker then.
         llm = breaker_model(summarizers[0].name, meta.model) if len(summarizers) > 1 else None

@@ -2,14 +2,51 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from compaction_worker import strategies
 from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.budget.threshold import scale_of
-from compaction_worker.budget.tokens import CALIBRATION_BOUNDS, Budget, TokenCounter
+from compaction_worker.budget.tokens import CALIBRATION_BOUNDS, Budget, TokenCounter, conversation_budget
+from compaction_worker.budget.windows import WindowInfo
+from compaction_worker.contracts.events import Trigger
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class RunLimits:
+    """What one run of ``job`` on a snapshot works to."""
+
+    info: WindowInfo
+    budget: Budget
+    target: int
+    """In provider tokens."""
+    scale: float
+    """Provider tokens per estimated token."""
+    limits: strategies.Limits
+    """The pipeline's, in estimate units."""
+
+
+def run_limits(settings: Settings, snapshot: Snapshot, counter: TokenCounter, job: Job) -> RunLimits:
+    """The limits a run of ``job`` compacts ``snapshot`` to (the compactor's run and a preview share them)."""
+    meta = snapshot.meta
+    info, budget = conversation_budget(meta, settings.budget)
+    # Limits are in our estimate's units; calibration converts provider tokens back.
+    target, scale = budget.target, scale_of(meta)
+    if job.trigger is Trigger.REACTIVE:
+        target, scale = reactive_target(job, meta, budget)
+    limits = limits_for(settings, meta, budget, target, scale, force=job.trigger is Trigger.MANUAL)
+    if job.trigger is Trigger.REACTIVE:
+        # The provider's own limit may lie below our window: no ceiling past its target. And
+        # as it refused this history, "already under the target" is our estimate's mistake
+        # (no numbers to calibrate with, or beyond the clamp): compact anyway, as far as the
+        # pipeline goes, instead of a no-op.
+        under = estimate(snapshot, counter) <= limits.target
+        limits = replace(limits, ceilings=(), force=limits.force or under)
+    return RunLimits(info, budget, target, scale, limits)
 
 
 def limits_for(

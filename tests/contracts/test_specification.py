@@ -43,7 +43,10 @@ class TestDrift:
         assert set(render_all()) == (
             {f"{topic}.json" for topic in TOPICS}
             | {ASYNCAPI_FILE}
-            | {f"cli/{name}.json" for name in ("history", "history-full", "status", "artifacts", "rewind")}
+            | {
+                f"cli/{name}.json"
+                for name in ("history", "history-full", "status", "artifacts", "rewind", "compact-dry-run")
+            }
             | {f"cli/{name}.json" for name in ("demo", "replay", "bench")}
         )
 
