@@ -24,6 +24,10 @@ class LockNotAcquiredError(CompactionWorkerError):
     """Another worker holds the conversation's lock."""
 
 
+class PinError(CompactionWorkerError):
+    """A pin that cannot be set: no such turn or message, or a summary already replaced it."""
+
+
 class RewindError(CompactionWorkerError):
     """A rewind that cannot be done: nothing to undo, or no such compaction version."""
 

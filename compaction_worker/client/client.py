@@ -29,6 +29,7 @@ from compaction_worker.observability.tracing import inject
 from compaction_worker.recall.search import Recall, RecallResult
 from compaction_worker.runtime.components import build_components, configured_summarizers
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
+from compaction_worker.runtime.pins import set_pinned
 from compaction_worker.runtime.preview import Preview, preview
 from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
@@ -352,9 +353,13 @@ class Client:
         """The conversation's pending compaction, if any."""
         return await self._jobs().job(conversation_id)
 
+    def _locks(self) -> Locks:
+        return Locks(self.store.redis, self.settings.worker.lock_ttl_seconds)
+
     def _jobs(self) -> JobQueue:
-        locks = Locks(self.store.redis, self.settings.worker.lock_ttl_seconds)
-        return JobQueue(self.store.redis, self.store.prefix, locks, shards=self.settings.redis.index_shards)
+        return JobQueue(
+            self.store.redis, self.store.prefix, self._locks(), shards=self.settings.redis.index_shards
+        )
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""
@@ -388,6 +393,21 @@ class Client:
 
         parts = build_components(self.settings, self.store.redis, publish)
         return await parts.rewinder.rewind(conversation_id, version)
+
+    async def pin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
+        """Pin the messages of turn ``turn_seq`` (or only its ``index``-th, from 0) after the fact:
+        every later compaction keeps them verbatim (:mod:`compaction_worker.runtime.pins`).
+        Returns their transcript ordinals. Raises PinError (no such turn or message, or a summary
+        already replaced it) or LockNotAcquiredError (a compaction is running: try again)."""
+        return await set_pinned(
+            self.store, self._locks(), conversation_id, turn_seq, index=index, pinned=True
+        )
+
+    async def unpin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
+        """Undo :meth:`pin` (or a pin the turn was published with): the messages compact as any other."""
+        return await set_pinned(
+            self.store, self._locks(), conversation_id, turn_seq, index=index, pinned=False
+        )
 
     async def preview_compaction(self, conversation_id: str, instructions: str | None = None) -> Preview:
         """What a manual compaction would do now, computed and not applied: the history it would

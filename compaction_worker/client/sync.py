@@ -155,6 +155,14 @@ class SyncClient:
         """See :meth:`Client.compactions`."""
         return self._call(self.client.compactions(conversation_id))
 
+    def pin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
+        """See :meth:`Client.pin`."""
+        return self._call(self.client.pin(conversation_id, turn_seq, index))
+
+    def unpin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
+        """See :meth:`Client.unpin`."""
+        return self._call(self.client.unpin(conversation_id, turn_seq, index))
+
     def preview_compaction(self, conversation_id: str, instructions: str | None = None) -> Preview:
         """See :meth:`Client.preview_compaction`."""
         return self._call(self.client.preview_compaction(conversation_id, instructions))

@@ -1,0 +1,57 @@
+"""Pin (or unpin) a message after the turn that sent it: ``Client.pin`` / ``Client.unpin``.
+
+A pinned message is kept verbatim by every compaction path (the pipeline reads the
+message's ``pinned`` field, as for a message the runtime pinned when it published it). The
+flag is written on the message's entry in the effective history, under the conversation's
+lock: a compaction running at that moment would commit a history read before the pin, so the
+pin waits for it instead (LockNotAcquiredError: try again). Only a message the effective
+history still carries can be pinned; one a summary already replaced cannot (rewind first).
+"""
+
+from __future__ import annotations
+
+from compaction_worker.contracts.history import Entry
+from compaction_worker.errors import LockNotAcquiredError, PinError
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.store import Store
+
+
+async def set_pinned(
+    store: Store, locks: Locks, conversation_id: str, turn_seq: int, *, index: int | None, pinned: bool
+) -> list[int]:
+    """Pin (``pinned``) or unpin the messages of turn ``turn_seq`` (only its ``index``-th, from 0,
+    when given); returns their transcript ordinals."""
+    keys = store.keys(conversation_id)
+    ordinals = [
+        record["n"] for record in await store.transcript(conversation_id) if record.get("seq") == turn_seq
+    ]
+    if not ordinals:
+        raise PinError(f"{conversation_id} has no turn {turn_seq}")
+    if index is not None:
+        if not 0 <= index < len(ordinals):
+            raise PinError(
+                f"turn {turn_seq} of {conversation_id} has {len(ordinals)} messages, no index {index}"
+            )
+        ordinals = [ordinals[index]]
+    async with locks.held(conversation_id, keys) as lease:
+        if lease is None:
+            raise LockNotAcquiredError(f"{conversation_id} is being compacted right now; try again shortly")
+        # Under the lock nothing rewrites the entries (a commit or a rewind would hold it); appends
+        # only push new ones at the end, so the indexes read here stay right for the writes.
+        raw = await store.redis.lrange(keys.entries, 0, -1)
+        at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
+        gone = [n for n in ordinals if n not in at]
+        if gone:
+            raise PinError(
+                f"message {', '.join(map(str, gone))} of {conversation_id} (turn {turn_seq}) is already "
+                "summarized: rewind the compaction that replaced it first"
+            )
+        async with store.redis.pipeline(transaction=True) as pipe:
+            for n in ordinals:
+                i, entry = at[n]
+                message = {**entry.message, "pinned": pinned}
+                pipe.lset(
+                    keys.entries, i, Entry(entry.n, entry.seq, message, entry.tokens, entry.edit).to_json()
+                )
+            await pipe.execute()
+    return ordinals

@@ -1,0 +1,115 @@
+"""Tests for pinning a message after the fact (compaction_worker.runtime.pins), through a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction_worker.budget.tokens import TokenCounter
+from compaction_worker.client.client import Client
+from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.contracts.history import render
+from compaction_worker.errors import LockNotAcquiredError, PinError
+from compaction_worker.runtime.pool import run_job
+from compaction_worker.settings import Settings
+from compaction_worker.state.lock import Lease
+from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.extractive import ExtractiveSummarizer
+from compaction_worker.testing import turn_bytes
+from tests.orchestration import Parts, Published, assistant, compactor_with, user
+
+pytestmark = pytest.mark.integration
+
+NOTE = "Deployed build 7731 to staging; the rollback command is in runbook section 4."
+"""An assistant message: not the user's words, so nothing but a pin keeps it verbatim."""
+
+
+class Down:
+    """An LLM summarizer in an outage: every call fails (the extractive fallback writes)."""
+
+    name = "openai/down"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        raise SummarizerError("connection refused")
+
+
+def outage(_model: str, counter: TokenCounter) -> list[Summarizer]:
+    return [Down(), ExtractiveSummarizer(counter.text)]
+
+
+async def turns(parts: Parts, first: int, last: int) -> None:
+    for seq in range(first, last + 1):
+        message = (
+            user(f"question {seq}: " + "detail " * 60)
+            if seq % 2
+            else assistant(f"answer {seq}: " + "so " * 60)
+        )
+        await parts.turns.handle(turn_bytes("c", seq, [message]), b"c")
+
+
+async def compact(parts: Parts, published: Published, *, fallback: bool = False) -> CompactionCompleted:
+    compactor = compactor_with(parts, published, outage) if fallback else parts.compactor
+    await parts.jobs.schedule("c", Trigger.MANUAL)
+    done = await run_job(parts.jobs, compactor, "c")
+    assert done is not None
+    return done
+
+
+def rendered_texts(parts_history: list[dict[str, object]]) -> list[object]:
+    return [m.get("content") for m in parts_history]
+
+
+async def test_a_message_pinned_later_is_verbatim_after_five_compactions_one_a_fallback(
+    parts: Parts, settings: Settings, published: Published
+) -> None:
+    """Issue 37: `Client.pin` at turn 3 (after it was published unpinned) keeps it verbatim through
+    five manual compactions, the third written by the fallback during an LLM outage."""
+    await turns(parts, 1, 2)
+    await parts.turns.handle(turn_bytes("c", 3, [assistant(NOTE)]), b"c")
+    await turns(parts, 4, 20)
+    client = Client(settings, parts.store, None)
+
+    assert await client.pin("c", 3) == [3]
+    for round_ in range(5):  # without the pin, the first round summarizes it (the unpin test)
+        done = await compact(parts, published, fallback=round_ == 2)
+        history = (await parts.store.snapshot("c")).history
+        messages = render(history, settings.pipeline.summary_placement)
+
+        assert done.outcome is Outcome.COMPACTED, done.error
+        assert NOTE in rendered_texts(messages), f"round {round_ + 1}"
+        if round_ == 2:
+            assert done.summarizer_model == "extractive"
+        await turns(parts, 21 + 10 * round_, 30 + 10 * round_)
+
+
+async def test_unpinned_it_compacts_as_any_other_message(
+    parts: Parts, settings: Settings, published: Published
+) -> None:
+    await turns(parts, 1, 2)
+    await parts.turns.handle(turn_bytes("c", 3, [{**assistant(NOTE), "pinned": True}]), b"c")
+    await turns(parts, 4, 20)
+    client = Client(settings, parts.store, None)
+
+    assert await client.unpin("c", 3, index=0) == [3]
+    await compact(parts, published)
+    messages = render((await parts.store.snapshot("c")).history, settings.pipeline.summary_placement)
+
+    assert NOTE not in rendered_texts(messages)
+
+
+async def test_what_cannot_be_pinned_is_refused_with_the_reason(
+    parts: Parts, settings: Settings, published: Published
+) -> None:
+    await turns(parts, 1, 20)
+    client = Client(settings, parts.store, None)
+    await compact(parts, published)
+
+    with pytest.raises(PinError, match="has no turn 99"):
+        await client.pin("c", 99)
+    with pytest.raises(PinError, match="1 messages, no index 2"):
+        await client.pin("c", 4, index=2)
+    with pytest.raises(PinError, match="already summarized"):
+        await client.pin("c", 4)
+    held = await parts.locks.acquire("c", parts.store.keys("c"))
+    assert isinstance(held, Lease)
+    with pytest.raises(LockNotAcquiredError):
+        await client.pin("c", 20)
