@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.budget.threshold import calibrated_total, scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
-from compaction_worker.contracts.events import CompactionMode, CompactionRequest, TurnEvent
+from compaction_worker.contracts.events import CompactionMode, CompactionRequest, ContextStatus, TurnEvent
 from compaction_worker.errors import ConfigError, WaitTimeoutError
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
@@ -323,6 +323,15 @@ class Client:
         """
         keys = self.store.keys(conversation_id)
         await write_instructions(self.store.redis, keys.meta, text, self.store.retention_ms)
+
+    async def span_attributes(self, conversation_id: str) -> dict[str, str | bool]:
+        """The GenAI conventions' attributes for the runtime's own inference span of this
+        conversation: ``gen_ai.conversation.id``, and ``gen_ai.conversation.compacted`` (true,
+        never false) once the history it sends has been compacted."""
+        attributes: dict[str, str | bool] = {"gen_ai.conversation.id": conversation_id}
+        if (await self.store.meta(conversation_id)).context_status is ContextStatus.SUMMARIZED:
+            attributes["gen_ai.conversation.compacted"] = True
+        return attributes
 
     async def meta(self, conversation_id: str) -> Meta:
         """The conversation's metadata (last seq, token totals, version)."""

@@ -131,6 +131,10 @@ class SyncClient:
         # mypy joins the overloads' results for a union argument into a Sequence: each is a Rendered.
         return self._call(self.client.messages(conversation_id, format, cache=cache))  # type: ignore[return-value]
 
+    def span_attributes(self, conversation_id: str) -> dict[str, str | bool]:
+        """See :meth:`Client.span_attributes`."""
+        return self._call(self.client.span_attributes(conversation_id))
+
     def meta(self, conversation_id: str) -> Meta:
         """See :meth:`Client.meta`."""
         return self._call(self.client.meta(conversation_id))

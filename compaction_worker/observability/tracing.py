@@ -97,8 +97,17 @@ SPANS: tuple[SpanInfo, ...] = (
     SpanInfo(
         RUN_SPAN,
         "internal",
-        "One compaction; continues the trace of the turn that scheduled it (traceparent stored with the job).",
-        ("compaction.trigger", "compaction.outcome", "compaction.tokens.before", "compaction.tokens.after"),
+        "One compaction; continues the trace of the turn that scheduled it (traceparent stored with the job). "
+        "A commit sets the GenAI conventions' `gen_ai.conversation.compacted` (true only, never false).",
+        (
+            "gen_ai.conversation.id",
+            "compaction.trigger",
+            "compaction.outcome",
+            "compaction.tokens.before",
+            "compaction.tokens.after",
+            "gen_ai.conversation.compacted",
+            "compaction.break_even_calls",
+        ),
     ),
     SpanInfo(
         f"{STAGE_SPAN}.{{stage}}",

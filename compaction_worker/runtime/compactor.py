@@ -101,6 +101,10 @@ class Compactor:
             )
             compacted = completed.outcome is Outcome.COMPACTED
             cost = completed.cost
+            if compacted:  # the GenAI conventions set it true only, never false
+                span.set_attribute("gen_ai.conversation.compacted", True)
+            if cost is not None and cost.break_even_calls is not None:
+                span.set_attribute("compaction.break_even_calls", cost.break_even_calls)
             metrics.record_run(
                 job.trigger.value,
                 completed.outcome.value,

@@ -29,7 +29,10 @@ async def run_job(jobs: JobQueue, compactor: Compactor, conversation_id: str) ->
     reads the job again under the lock).
     """
     parent = tracing.context_of(await jobs.traceparent(conversation_id)) if tracing.enabled() else None
-    attributes = {"messaging.message.conversation_id": conversation_id}
+    attributes = {
+        "messaging.message.conversation_id": conversation_id,
+        "gen_ai.conversation.id": conversation_id,
+    }
     with (
         bound(conversation_id=conversation_id),
         tracing.span(tracing.RUN_SPAN, attributes, context=parent) as span,

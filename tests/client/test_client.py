@@ -126,3 +126,20 @@ async def test_artifacts_are_listed_with_whether_the_history_carries_them(
     assert all(a.text not in shown for a in lost if a.kind in {"cmd", "id"})
     assert all(a.text in shown for a in found if a.in_history and a.kind in {"cmd", "id"})
     assert await Client(settings, store, None).artifacts("unknown") == []
+
+
+@pytest.mark.integration
+async def test_span_attributes_say_compacted_only_once_the_history_was(
+    redis_client: redis.asyncio.Redis, settings: Settings, published: Published
+) -> None:
+    """Issue 36: the GenAI conventions' attributes for the runtime's inference span; `compacted`
+    is set true only, never false."""
+    _, parts = await compact_mentions(redis_client, settings, published)
+    client = Client(settings, parts.store, None)
+    await parts.turns.handle(turn_bytes("fresh", 1, [user("hello")]), b"fresh")
+
+    assert await client.span_attributes("a") == {
+        "gen_ai.conversation.id": "a",
+        "gen_ai.conversation.compacted": True,
+    }
+    assert await client.span_attributes("fresh") == {"gen_ai.conversation.id": "fresh"}

@@ -127,6 +127,16 @@ class TestCompactionSpans:
         assert attributes["compaction.trigger"] == "threshold"
         assert attributes["compaction.outcome"] == "compacted"
         assert attributes["compaction.tokens.after"] < attributes["compaction.tokens.before"]
+        # Issue 36: the GenAI conventions' conversation attributes (compacted: true only, never false).
+        assert (attributes["gen_ai.conversation.id"], attributes["gen_ai.conversation.compacted"]) == (
+            "c",
+            True,
+        )
+        assert (
+            attributes["compaction.break_even_calls"] == completed.cost.break_even_calls
+            if completed.cost
+            else True
+        )
         names = [s.name for s in children(spans, run)]
         assert tracing.LOCK_SPAN in names
         stages = [s for s in spans if s.name.startswith(tracing.STAGE_SPAN + ".")]
