@@ -276,11 +276,20 @@ _UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
 """Blocks the Messages API refuses a ``cache_control`` on."""
 
 
-def with_cache_breakpoints(rendered: AnthropicMessages, stable: int | None) -> AnthropicMessages:
+def with_cache_breakpoints(
+    rendered: AnthropicMessages, stable: int | None, chunks: Sequence[str] = ()
+) -> AnthropicMessages:
     """``rendered`` with prompt-cache breakpoints at its stable boundaries (three of the four the
-    API allows): the end of the system prompt, the end of message ``stable`` (the summary turn,
-    which stays until the next compaction), and the end of the last message (the next call reads
-    everything before its own new messages from the cache)."""
+    API allows): the end of the system prompt, the end of the summary chunks in message
+    ``stable`` (the summary turn), and the end of the last message (the next call reads
+    everything before its own new messages from the cache).
+
+    ``chunks`` are the summary chunks' texts as the summary turn holds them, in order: the turn
+    is sent as one text block per chunk, then one for the rest (the standing state, the restored
+    working state), with the breakpoint on the last chunk's. A compaction that adds a chunk
+    leaves the earlier blocks as they were, and the cache serves them (it looks back from a
+    breakpoint for the longest prefix it holds); the rest changes at every compaction.
+    """
     system = rendered.system
     if isinstance(system, str) and system:
         system = [{"type": "text", "text": system, "cache_control": EPHEMERAL}]
@@ -288,9 +297,26 @@ def with_cache_breakpoints(rendered: AnthropicMessages, stable: int | None) -> A
         system = [*system[:-1], {**system[-1], "cache_control": EPHEMERAL}]
     messages = list(rendered.messages)
     last = len(messages) - 1
-    for index in dict.fromkeys(i for i in (stable, last) if i is not None and 0 <= i <= last):
-        messages[index] = _marked(messages[index])
+    if stable is not None and 0 <= stable <= last:
+        messages[stable] = _chunked(messages[stable], chunks) if chunks else _marked(messages[stable])
+    if last >= 0 and last != stable:
+        messages[last] = _marked(messages[last])
     return AnthropicMessages(system, messages)
+
+
+def _chunked(message: Mapping[str, Any], chunks: Sequence[str]) -> dict[str, Any]:
+    """The summary turn as one text block per chunk, then the rest, the breakpoint on the last
+    chunk's; marked whole (:func:`_marked`) when its text does not start with the chunks."""
+    content = message.get("content")
+    joined = "\n\n".join(chunks)
+    if not isinstance(content, str) or not content.startswith(joined):
+        return _marked(message)
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text} for text in chunks]
+    blocks[-1]["cache_control"] = EPHEMERAL
+    rest = content[len(joined) :].removeprefix("\n\n")
+    if rest:
+        blocks.append({"type": "text", "text": rest})
+    return {**message, "content": blocks}
 
 
 def _marked(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeAlias, get_args, overload
 
-from compaction_worker.contracts.history import EffectiveHistory, SummaryPlacement, render
+from compaction_worker.contracts.history import (
+    EffectiveHistory,
+    SummaryPlacement,
+    render,
+    summary_message_text,
+)
 from compaction_worker.formats import anthropic, gemini, openai_chat, responses
 from compaction_worker.formats._common import FormatError
 from compaction_worker.formats.anthropic import AnthropicMessages
@@ -63,7 +68,7 @@ def rendered(
     """``history`` as ``fmt`` takes it (see the module docstring); :class:`FormatError` for another name.
 
     ``cache`` places Anthropic's prompt-cache breakpoints (``cache_control``) after the system
-    prompt, the summary turn and the last message
+    prompt, the summary chunks (one text block each) and the last message
     (:func:`~compaction_worker.formats.anthropic.with_cache_breakpoints`); the other providers
     cache a prompt's prefix without being told, and it changes nothing for them.
     """
@@ -72,9 +77,14 @@ def rendered(
         return openai_chat.from_openai(messages)
     if fmt == "anthropic":
         converted = anthropic.from_openai(messages)
-        return (
-            anthropic.with_cache_breakpoints(converted, 0 if history.chunks else None) if cache else converted
-        )
+        if not cache:
+            return converted
+        if not history.chunks:
+            return anthropic.with_cache_breakpoints(converted, None)
+        # The summary turn: its first chunk carries the summary's heading (summary_message_text).
+        texts = [c.render_text() for c in history.chunks]
+        texts[0] = f"{summary_message_text(history.chunks[:0])}{texts[0]}"
+        return anthropic.with_cache_breakpoints(converted, 0, texts if placement == "separate" else ())
     if fmt == "responses":
         return responses.from_openai(messages)
     if fmt == "gemini":

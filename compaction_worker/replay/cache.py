@@ -2,9 +2,10 @@
 
 The model of a conversation's calls: one call per turn, made once the turn is stored (and
 compacted), with the effective history as its prompt; the next turn's assistant messages are
-that call's output. A provider serves from its cache the leading messages a call shares with
-the call before it (OpenAI and Anthropic cache a prefix of at least
-:data:`MIN_CACHED_TOKENS`); the rest of the prompt is new input, which Anthropic bills as a
+that call's output. A provider serves from its cache the leading blocks (messages, a text
+message's paragraphs: :func:`message_blocks`) a call shares with the call before it (OpenAI
+and Anthropic cache a prefix of at least :data:`MIN_CACHED_TOKENS`); the rest of the prompt is
+new input, which Anthropic bills as a
 cache write (1.25x input) and OpenAI and Gemini as input. A call whose prompt does not start
 with the whole previous prompt is a cache break: something before the end of what the
 provider had cached changed. Prices are LiteLLM's (its bundled map, per token).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +39,29 @@ Block = tuple[str, int]
 
 def block(message: Mapping[str, Any], tokens: int) -> Block:
     """``message`` as a prompt block: two messages are one block when their JSON is identical."""
-    text = json.dumps(message, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest(), tokens
+    return _digest(message), tokens
+
+
+def message_blocks(message: Mapping[str, Any], tokens: int, count: Callable[[str], int]) -> list[Block]:
+    """``message`` as prompt blocks: a text message one block per paragraph, any other whole.
+
+    A provider's cache serves a prompt's prefix to the token (OpenAI, in 128-token steps); a
+    paragraph is how finely this measure resolves it, so a summary message that keeps its earlier
+    chunks and adds one shares them with the previous prompt. The first block carries the
+    message's framing; ``count`` counts a paragraph's tokens.
+    """
+    content = message.get("content")
+    if not isinstance(content, str) or "\n\n" not in content or message.get("tool_calls"):
+        return [block(message, tokens)]
+    paragraphs = content.split("\n\n")
+    rest = [(_digest({"paragraph": p}), count(p)) for p in paragraphs[1:]]
+    first = {**message, "content": paragraphs[0]}
+    return [(_digest(first), max(0, tokens - sum(t for _, t in rest))), *rest]
+
+
+def _digest(value: Mapping[str, Any]) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

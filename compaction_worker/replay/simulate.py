@@ -21,7 +21,7 @@ from compaction_worker.budget.tokens import Budget, budget_for, conversation_bud
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
-from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, block, peer
+from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, block, message_blocks, peer
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
@@ -179,7 +179,7 @@ class Replay:
         self.head = [*self.tools_block, *system_block]
         self.turn_blocks: list[list[Block]] = []
         self.meter = CacheMeter()
-        self._tokens: dict[str, int] = {}
+        self._blocks: dict[str, list[Block]] = {}
         self._output_tokens = 0
         self.report = ConversationReport(
             self.name,
@@ -235,9 +235,11 @@ class Replay:
         blocks = list(self.tools_block)
         for message in render(self.history, self.settings.pipeline.summary_placement):
             digest, _ = block(message, 0)
-            if digest not in self._tokens:
-                self._tokens[digest] = self.counter.message(message)
-            blocks.append((digest, self._tokens[digest]))
+            if digest not in self._blocks:
+                self._blocks[digest] = message_blocks(
+                    message, self.counter.message(message), self.counter.text
+                )
+            blocks += self._blocks[digest]
         return blocks
 
     def total(self) -> int:
@@ -250,7 +252,9 @@ class Replay:
         for message in messages:
             self.transcript.append(message)
             entries.append(Entry(len(self.transcript), seq, message, self.counter.message(message)))
-        self.turn_blocks.append([block(e.message, e.tokens) for e in entries])
+        self.turn_blocks.append(
+            [b for e in entries for b in message_blocks(e.message, e.tokens, self.counter.text)]
+        )
         if seq > 1:  # the previous call's reply
             self._output_tokens += sum(e.tokens for e in entries if e.message.get("role") == "assistant")
         self.meta = replace(

@@ -8,7 +8,14 @@ import pytest
 from litellm.types.llms.anthropic import AllAnthropicMessageValues, AnthropicSystemMessageContent
 from pydantic import TypeAdapter
 
-from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render
+from compaction_worker.contracts.history import (
+    STANDING,
+    EffectiveHistory,
+    Entry,
+    SummaryChunk,
+    render,
+    summary_message_text,
+)
 from compaction_worker.formats import FormatError, anthropic, gemini, responses
 from compaction_worker.formats.rendering import rendered
 from tests.formats.helpers import stored
@@ -73,6 +80,32 @@ class TestCacheBreakpoints:
         assert breakpoints(messages) == ["[0].content[0]", "[4].content[0]"]
         assert messages[0]["content"][0]["type"] == "text"  # the summary, as a text block
         SYSTEM_BLOCKS.validate_python(system, strict=True)
+        MESSAGES_API.validate_python(messages)
+
+    def test_the_summary_turn_is_one_block_per_chunk_and_the_breakpoint_follows_the_last_chunk(self) -> None:
+        """A compaction that adds a chunk leaves the earlier chunks' blocks as they were: the cache
+        serves them; the standing state after them changes at every compaction."""
+        second = SummaryChunk(
+            "c2", "Then: fixed the lockfile.", 3, 4, 2, 3, 10, "2026-11-25T00:01:00Z", "extractive"
+        )
+        state = Entry(
+            n=0, seq=0, message={"role": "user", "content": "Standing: use uv."}, tokens=5, edit=STANDING
+        )
+        h = history(anthropic.to_openai(LOOP), chunks=(CHUNK, second))
+        h = EffectiveHistory(h.chunks, (state, *h.entries))
+        plain = rendered(h, "anthropic").messages[0]["content"]
+        _, messages = rendered(h, "anthropic", cache=True)
+        summary = messages[0]["content"]
+
+        assert [b["text"] for b in summary] == [
+            summary_message_text((CHUNK,)),
+            second.render_text(),
+            "Standing: use uv.",
+        ]
+        assert "\n\n".join(b["text"] for b in summary) == plain
+        assert breakpoints(summary) == ["[1]"]
+        earlier = rendered(history(anthropic.to_openai(LOOP)), "anthropic", cache=True).messages[0]["content"]
+        assert earlier[0]["text"] == summary[0]["text"]  # the first chunk's block, unchanged
         MESSAGES_API.validate_python(messages)
 
     def test_thinking_blocks_are_never_marked(self) -> None:

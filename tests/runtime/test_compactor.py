@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from compaction_worker.bench.agent_data import agent_turn
 from compaction_worker.budget.economics import Prices
 from compaction_worker.budget.tokens import budget_for, calibrate
 from compaction_worker.client.client import Client
@@ -23,7 +24,7 @@ from compaction_worker.contracts.events import (
     Outcome,
     Trigger,
 )
-from compaction_worker.contracts.history import Entry, render, text_of
+from compaction_worker.contracts.history import Entry, render, summary_message_text, text_of
 from compaction_worker.runtime.compactor import Compactor, context_status, llm_failed
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.turns import TurnHandler
@@ -535,3 +536,42 @@ class TestArchive:
         )
         assert await archive.all("x") == [first, ArchivedArtifact("id: AB-1", 9, 17)]
         assert await redis_client.pexpiretime(archive.key("x")) == deadline
+
+
+@pytest.mark.integration
+async def test_two_compactions_in_a_row_leave_the_prompt_prefix_through_the_earlier_chunks_byte_identical(
+    parts: Parts, settings: Settings
+) -> None:
+    """Issue 36: a compaction adds a chunk after the earlier ones, so the prompt up to the end of
+    those stays byte-identical (what a provider's cache serves), unless it had to fold them, which
+    its stages say. Agent-shaped steps on a 128K window, where chunks have room to accumulate."""
+
+    def step(i: int) -> list[bytes]:
+        window = {"context_window": 128_000, "system_prompt": "You are the team's SRE agent."}
+        return [turn_bytes("c", 2 * i - 1, agent_turn(i)[:4], **window),
+                turn_bytes("c", 2 * i, agent_turn(i)[4:], **window)]  # fmt: skip
+
+    settings.pipeline.prune = False  # agent steps' tool outputs would be pruned first: summaries wanted
+    renders, stages = [], []
+    i = 0
+    while len(renders) < 2:
+        i += 1
+        for raw in step(i):
+            await parts.turns.handle(raw, b"c")
+        if await parts.jobs.job("c") is not None:
+            done = await run_job(parts.jobs, parts.compactor, "c")
+            assert done is not None
+            assert done.outcome is Outcome.COMPACTED, done.error
+            stages.append(done.stages)
+            renders.append(render((await parts.store.snapshot("c")).history))
+    first, second = renders
+    earlier = (await parts.store.snapshot("c")).history.chunks[:-1]
+
+    assert "summarize" in stages[0]
+    assert "summarize" in stages[1]
+    assert "fold" not in stages[1], "a fold would rewrite the earlier chunks (and say so): nothing to test"
+    assert len(earlier) >= 1
+    shared = summary_message_text(earlier)
+    assert first[0] == second[0]  # the system prompt
+    assert first[1]["content"].startswith(shared)
+    assert second[1]["content"].startswith(shared + "\n\n")
