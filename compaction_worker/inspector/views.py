@@ -17,7 +17,7 @@ from urllib.parse import quote
 from compaction_worker.budget.threshold import scale_of
 from compaction_worker.client.client import Artifact, Client, ContextStats, context_stats
 from compaction_worker.contracts.events import Trigger
-from compaction_worker.contracts.history import SummaryChunk, render
+from compaction_worker.contracts.history import Entry, SummaryChunk, render
 from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
@@ -223,15 +223,24 @@ async def conversation(
         messages=render(snapshot.history, settings.pipeline.summary_placement),
         page=page,
         counts=await counts.read(conversation_id),
-        transcript=transcript_items(
-            records, chunks, {e.n: e.edit for e in snapshot.history.entries if e.edit}
-        ),
+        transcript=transcript_items(records, chunks, history_marks(snapshot.history.entries)),
         chunks=[(c, ledger_by_kind(c.artifacts)) for c in chunks],
         log=log,
         artifacts=await client.artifacts(conversation_id),
         job=await client.job(conversation_id),
         rewinds=rewind_commands(conversation_id, log),
     )
+
+
+def history_marks(entries: Sequence[Entry]) -> dict[int, str]:
+    """What the effective history did with each verbatim message, by ordinal: its non-LLM edit
+    (pruned, de-duplicated, truncated) and whether it is pinned (published so, or ``Client.pin``)."""
+    marks: dict[int, str] = {}
+    for e in entries:
+        pinned = e.role != "system" and bool(e.message.get("pinned"))
+        if e.edit or pinned:
+            marks[e.n] = ", ".join(m for m in (e.edit, "pinned" if pinned else None) if m)
+    return marks
 
 
 def transcript_items(

@@ -93,6 +93,17 @@ async def test_the_conversation_page_shows_every_section(http: httpx.AsyncClient
         )
 
 
+async def test_a_message_pinned_later_is_marked(http: httpx.AsyncClient, compacted: Parts) -> None:
+    """Issue 37: a message pinned with ``Client.pin`` says so beside it in the transcript."""
+    meta = await compacted.store.meta("c")
+    await client_for(compacted).pin("c", meta.last_seq)
+
+    text = (await http.get("/c/c")).text
+
+    assert f'id="msg-{meta.msg_count}"' in text
+    assert '<div class="edited">in the history: pinned</div>' in text
+
+
 async def test_conversation_content_is_escaped(http: httpx.AsyncClient) -> None:
     page = await http.get("/c/c")
     assert SCRIPT not in page.text
