@@ -18,6 +18,7 @@ SCENARIO_NAMES = (
     "compaction",
     "long_conversation",
     "recall",
+    "cache",
 )
 """For ``--help`` only; the runner's SCENARIOS is the list (a test keeps the two equal)."""
 

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from redis.asyncio import Redis
 
 from compaction_worker.bench import costs
+from compaction_worker.bench.cache import cache_rows
 from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.recall import recall_rows
 from compaction_worker.bench.report import Progress, Row
@@ -39,6 +40,7 @@ SCENARIOS: dict[str, Scenario] = {
     "head_of_line": head_of_line_rows,
     **{scenario.__name__.removesuffix("_rows"): cost_scenario(scenario) for scenario in costs.ROWS},
     "recall": recall_rows,
+    "cache": cache_rows,
 }
 """Every scenario, in the order the table shows them; ``--only`` takes these names."""
 

@@ -50,6 +50,9 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
     cold = rows["worker: cold start (process start to consuming)"]
     assert min(cold["value"], cold["baseline"]) > 0  # the bare consumer's join measured beside it
     assert rows["worker: cold start beyond the group join"]["target"] == 3.0
+    for model in ("claude-sonnet-4-20250514", "gpt-4o"):  # issue 36: the product beside a sliding window
+        assert 0 < rows[f"prompt cache: share of prompt tokens served ({model})"]["baseline"] <= 1
+        assert rows[f"prompt cache: dollars per session ({model})"]["value"] > 0
 
 
 def test_an_unknown_scenario_is_a_usage_error() -> None:

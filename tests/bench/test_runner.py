@@ -14,7 +14,7 @@ def test_help_names_every_scenario_in_order() -> None:
 
 
 def test_every_cost_scenario_is_a_bench_scenario() -> None:
-    assert len(SCENARIOS) == 3 + len(costs.ROWS) + 1  # startup, throughput, head_of_line; recall
+    assert len(SCENARIOS) == 3 + len(costs.ROWS) + 2  # startup, throughput, head_of_line; recall, cache
 
 
 def test_recall_is_a_scenario_of_its_own() -> None:

@@ -547,12 +547,13 @@ async def test_two_compactions_in_a_row_leave_the_prompt_prefix_through_the_earl
     its stages say. Agent-shaped steps on a 128K window, where chunks have room to accumulate."""
 
     def step(i: int) -> list[bytes]:
-        window = {"context_window": 128_000, "system_prompt": "You are the team's SRE agent."}
-        return [turn_bytes("c", 2 * i - 1, agent_turn(i)[:4], **window),
-                turn_bytes("c", 2 * i, agent_turn(i)[4:], **window)]  # fmt: skip
+        prompt = "You are the team's SRE agent."
+        return [turn_bytes("c", 2 * i - 1, agent_turn(i)[:4], context_window=128_000, system_prompt=prompt),
+                turn_bytes("c", 2 * i, agent_turn(i)[4:], context_window=128_000, system_prompt=prompt)]  # fmt: skip
 
     settings.pipeline.prune = False  # agent steps' tool outputs would be pruned first: summaries wanted
-    renders, stages = [], []
+    renders: list[list[dict[str, Any]]] = []
+    stages: list[list[str]] = []
     i = 0
     while len(renders) < 2:
         i += 1
