@@ -5,7 +5,8 @@ message's ``pinned`` field, as for a message the runtime pinned when it publishe
 flag is written on the message's entry in the effective history, under the conversation's
 lock: a compaction running at that moment would commit a history read before the pin, so the
 pin waits for it instead (LockNotAcquiredError: try again). Only a message the effective
-history still carries can be pinned; one a summary already replaced cannot (rewind first).
+history still carries can be pinned; one a summary already replaced cannot (rewind first), and
+one a cheap stage edited (a pruned tool output) stays pinned as the history holds it.
 """
 
 from __future__ import annotations
