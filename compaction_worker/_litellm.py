@@ -4,8 +4,8 @@ Importing this module is cheap: it fixes the environment LiteLLM and tiktoken re
 local model map, the bundled tokenizer files) without importing LiteLLM, which takes
 seconds. ``model_map()`` reads LiteLLM's bundled model map without importing it (the window
 registry needs nothing else); ``load()`` imports LiteLLM the first time an LLM call needs it
-(a worker starts that on a thread at start, ``runtime.worker.warm_up``, and ``loaded()``
-waits for it off the event loop).
+(a worker starts that on a thread once it consumes, ``runtime.worker.start_loading_litellm``,
+and ``loaded()`` waits for it off the event loop).
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def load() -> Any:
 async def loaded() -> Any:
     """LiteLLM, imported on a thread the first time so that the event loop keeps running.
 
-    A worker starts the import at start-up (``runtime.worker.warm_up``) and consumes before it
-    ends; a compaction that needs LiteLLM waits here for it instead of importing it on the loop
-    (which stalled lock renewals for seconds).
+    A worker starts the import once it consumes (``runtime.worker.start_loading_litellm``); a
+    compaction that needs LiteLLM before it ends waits here for it instead of importing it on the
+    loop (which stalled lock renewals for seconds).
     """
     if load.cache_info().currsize:
         return load()
