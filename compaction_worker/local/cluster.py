@@ -82,9 +82,17 @@ class EmbeddedRedisCluster:
 
     def restart(self, index: int, down_seconds: float = 0.0) -> None:
         """Stop one primary (cleanly: its data is written out), wait, start it again on its port."""
-        node = self.nodes[index]
-        node.stop()
+        self.stop_primary(index)
         time.sleep(down_seconds)
+        self.start_primary(index)
+
+    def stop_primary(self, index: int) -> None:
+        """Stop one primary, cleanly (its data is written out): its slots are unreachable."""
+        self.nodes[index].stop()
+
+    def start_primary(self, index: int) -> None:
+        """Start a stopped primary again on its port; return once the cluster reports it ok."""
+        node = self.nodes[index]
         node.start()
         self._wait_ok([node.port])
 
