@@ -189,8 +189,16 @@ def text_with_calls(message: Mapping[str, Any], mark: str = "") -> str:
 
 def summary_message_text(chunks: Sequence[SummaryChunk]) -> str:
     """The text of the single user message that carries every summary chunk."""
-    body = "\n\n".join(chunk.render_text() for chunk in chunks)
-    return f"{SUMMARY_HEADER}\n{SUMMARY_INTRO}\n\n{body}"
+    return "\n\n".join(summary_chunk_texts(chunks))
+
+
+def summary_chunk_texts(chunks: Sequence[SummaryChunk]) -> list[str]:
+    """The summary turn's text by chunk, in order, the summary's heading leading the first (a
+    format with content blocks sends one block each: a chunk added later leaves the others as
+    they were)."""
+    heading = f"{SUMMARY_HEADER}\n{SUMMARY_INTRO}\n\n"
+    texts = [chunk.render_text() for chunk in chunks]
+    return [heading + texts[0], *texts[1:]] if texts else [heading]
 
 
 def is_summary_text(text: str) -> bool:

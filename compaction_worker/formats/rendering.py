@@ -18,7 +18,7 @@ from compaction_worker.contracts.history import (
     EffectiveHistory,
     SummaryPlacement,
     render,
-    summary_message_text,
+    summary_chunk_texts,
 )
 from compaction_worker.formats import anthropic, gemini, openai_chat, responses
 from compaction_worker.formats._common import FormatError
@@ -81,10 +81,8 @@ def rendered(
             return converted
         if not history.chunks:
             return anthropic.with_cache_breakpoints(converted, None)
-        # The summary turn: its first chunk carries the summary's heading (summary_message_text).
-        texts = [c.render_text() for c in history.chunks]
-        texts[0] = f"{summary_message_text(history.chunks[:0])}{texts[0]}"
-        return anthropic.with_cache_breakpoints(converted, 0, texts if placement == "separate" else ())
+        texts = summary_chunk_texts(history.chunks) if placement == "separate" else []
+        return anthropic.with_cache_breakpoints(converted, 0, texts)
     if fmt == "responses":
         return responses.from_openai(messages)
     if fmt == "gemini":

@@ -302,7 +302,7 @@ class Replay:
         except Exception as e:  # as in the worker: a failed compaction is an outcome, the replay goes on
             self.meta = replace(meta, failures=meta.failures + 1)
             return Compaction(seq, trigger, Outcome.FAILED, before, before, error=f"{type(e).__name__}: {e}")
-        if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
+        if result.shrinks:
             self.history, delta = applied(history, result, counter)
             # What the commit script writes (replace.lua): new totals and version, the no-op mark cleared.
             self.meta = replace(

@@ -180,7 +180,7 @@ class Compactor:
             failed = llm_failed(result, len(summarizers), circuit_open)
             if llm is not None and failed is not None:
                 llm_failures = await self._record_llm_health(cid, llm, failed)
-            if result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before:
+            if result.shrinks:
                 completed = await self._commit(
                     run,
                     snapshot,

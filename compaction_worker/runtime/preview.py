@@ -76,7 +76,7 @@ async def preview(
         instructions=applied_instructions(meta.instructions, instructions),
     )
     # As the compactor: only a result that shrinks the history is committed.
-    commits = result.outcome is Outcome.COMPACTED and result.tokens_after < result.tokens_before
+    commits = result.shrinks
     history = applied(snapshot.history, result, counter)[0] if commits else snapshot.history
     verbatim = {e.n for e in history.entries if e.edit is None}
     scale = planned.scale

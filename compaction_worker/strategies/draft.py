@@ -213,6 +213,12 @@ class CompactionResult:
     standing: StandingStateReport | None = None
     """What the committed draft keeps of the user's standing state, by kind."""
 
+    @property
+    def shrinks(self) -> bool:
+        """Whether it is a commit to make: compacted, and smaller (a forced run can turn a short span
+        into a summary turn that costs more than the span did)."""
+        return self.outcome is Outcome.COMPACTED and self.tokens_after < self.tokens_before
+
 
 def add_usage(a: LlmUsage, b: LlmUsage) -> LlmUsage:
     """The sum of two usages (cost stays unknown only if both are)."""
