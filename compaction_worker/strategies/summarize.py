@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 STAGE = "summarize"
 MIN_SUMMARY_TOKENS = 32
 """Below this much room a summary is not worth an LLM call."""
+PIECE_SUMMARY_TOKENS = 256
+"""The least room a piece's own chunk is given when a span is read in pieces; below it (its share
+of the room), the pieces are chained instead: each request carries the summary so far, and writes the
+one chunk anew with the whole room (a share of 63 tokens for 6K read says nothing)."""
 ALLOCATION_TRIES = 3
 """Allocations the stage tries when the cuts overshoot their shares (strategies/allocation.py)."""
 
@@ -62,6 +66,8 @@ class _Piece:
     frame: int
     """Tokens of the chunk around its summary: heading and ledger."""
     replaced: int
+    carried: int
+    """Tokens of this span's chunk so far that the piece carries and rewrites (chained pieces)."""
 
 
 @dataclass(slots=True)
@@ -82,22 +88,40 @@ class _Span:
     fold_allowance: int
     conversation_id: str
     conversation_model: str
+    writers: list[str] = field(default_factory=list)
+    """Who wrote each piece's summary, in order (a chained chunk has several writers)."""
+    chain: bool = False
+    """Pieces are chained (:data:`PIECE_SUMMARY_TOKENS`): each rewrites the one chunk with the room."""
     chunks: list[SummaryChunk] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
     """The user's sentences the summaries quoted as standing items, each found in a user message."""
 
+    def carried(self, start: int) -> tuple[SummaryChunk, ...]:
+        """The earlier summaries a piece starting at ``start`` rewrites: the chunks it folds (the first
+        piece), or, chained, this span's chunk so far."""
+        if start == 0:
+            return self.folded
+        return tuple(self.chunks) if self.chain else ()
+
+    def share(self, start: int, stop: int) -> int:
+        """The room a piece's own summary would have as one of several additive chunks."""
+        replaced = sum(e.tokens for e in self.head[start:stop]) + sum(c.tokens for c in self.carried(start))
+        return self.space * replaced // max(1, self.replaced)
+
     def piece(self, start: int, stop: int) -> _Piece | str:
         """The request for ``messages[start:stop]`` (folding, if it is the first); a reason if none fits."""
         ctx, count = self.ctx, self.ctx.count
-        folded = self.folded if start == 0 else ()
+        folded = self.carried(start)
+        carried = sum(c.tokens for c in folded) if start > 0 else 0
         entries, messages = self.head[start:stop], self.messages[start:stop]
         replaced = sum(e.tokens for e in entries) + sum(c.tokens for c in folded)
         # A share of the space by what the piece replaces; what earlier pieces left unused
-        # passes on, and the last piece gets all that remains.
-        space = self.space if stop >= len(self.head) else self.space * replaced // max(1, self.replaced)
+        # passes on, and the last piece gets all that remains. A chained piece has all of it.
+        whole = stop >= len(self.head) or self.chain
+        space = self.space + carried if whole else self.share(start, stop)
         # The ledger takes at most half of what is left beyond a minimal summary, both of the
         # room and of what the chunk replaces: the summary always keeps the larger share.
-        allowance = self.fold_allowance if folded else self.allowance
+        allowance = self.fold_allowance if folded and not carried else self.allowance
         cap = max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
         ledger_budget, ledger = plan_ledger(
             messages, folded, allowance=allowance, cap=cap, count=count, terms=ctx.terms
@@ -117,7 +141,7 @@ class _Span:
             ledger=ledger,
             instructions=ctx.instructions,
         )
-        return _Piece(start, stop, folded, request, ledger_budget, heading + ledger_tokens, replaced)
+        return _Piece(start, stop, folded, request, ledger_budget, heading + ledger_tokens, replaced, carried)
 
     def add(self, piece: _Piece, summary: SummaryResult) -> None:
         """The piece's chunk, its ledger completed with what the summary lost; the user's sentences
@@ -143,7 +167,11 @@ class _Span:
         low = self.head[piece.start].n if piece.start > 0 else -1
         high = self.head[piece.stop].n if piece.stop < len(self.head) else math.inf
         kept = [e for e in self.pinned if low <= e.n < high]
-        stages = ("summarize", "fold") if piece.folded else ("summarize",)
+        chained = piece.carried > 0
+        if chained:
+            stages = piece.folded[0].stages  # the chain's first chunk says whether it folded
+        else:
+            stages = ("summarize", "fold") if piece.folded else ("summarize",)
         # The ledger keeps what the summary lost; it may use what the summary left of its share.
         summary_room = min(request.max_summary_tokens, request.replaced_tokens)
         chunk_cap = piece.frame + summary_room
@@ -177,9 +205,14 @@ class _Span:
             artifacts=ledger,
             kept=kept,
         )
+        if chained:
+            # One chunk rewritten, not a fold: its level is the one it carries.
+            chunk = replace(chunk, level=max((c.level for c in piece.folded), default=0))
+            self.chunks.clear()
         self.chunks.append(chunk)
-        self.space -= chunk.tokens
-        self.replaced -= piece.replaced
+        self.space += piece.carried - chunk.tokens
+        self.replaced -= piece.replaced - piece.carried
+        self.writers.append(summary.model)
 
 
 @dataclass(slots=True)
@@ -235,6 +268,8 @@ async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple
         if limit is not None and costs is None:
             costs = await off_loop(transcript_costs, span.messages, span.ctx.count)
         stop = len(span.messages) if costs is None else piece_end(costs, cuts, start, limit)
+        if start == 0 and stop < len(span.messages) and span.share(start, stop) < PIECE_SUMMARY_TOKENS:
+            span.chain = True  # the span's share for each piece is too small for a summary
         piece = await off_loop(span.piece, start, stop)
         if isinstance(piece, str):
             return attempts, piece
@@ -271,7 +306,7 @@ def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> 
     probe = SummaryRequest(
         conversation_id=span.conversation_id,
         messages=(),
-        previous_summaries=[c.text for c in span.folded] if start == 0 else [],
+        previous_summaries=[c.text for c in span.carried(start)],
         # The largest reply a piece may ask for: the limit found holds for any piece.
         max_summary_tokens=span.ctx.limits.max_summary_tokens,
         conversation_model=span.conversation_model,
@@ -367,12 +402,13 @@ async def summarize(
             short_of_room=stopped is not None and not span.chunks and failures == 0,
         )
     chunks = tuple(span.chunks)
-    if len(chunks) > 1:
+    if len(span.writers) > 1:
+        how = "each request carrying the summary so far" if span.chain else "each read whole"
         notes += (
             f"the {plural(len(head), 'message')} summarized did not fit the summarizer's input in one "
-            f"request: summarized in {len(chunks)} pieces, each read whole",
+            f"request: summarized in {len(span.writers)} pieces, {how}",
         )
-    writers = ", ".join(dict.fromkeys(c.model for c in chunks))
+    writers = ", ".join(dict.fromkeys(span.writers))
     summary_tokens = sum(c.tokens for c in chunks)
     return StageOutcome(
         Draft((*kept_chunks, *chunks), (*pinned, *tail)),

@@ -14,6 +14,7 @@ from compaction_worker.contracts.history import EffectiveHistory, Entry
 from compaction_worker.strategies.draft import Draft
 from compaction_worker.strategies.pipeline import compact
 from compaction_worker.strategies.summarize import summarize
+from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.prompts import transcript_costs
 from compaction_worker.testing import Chat
 
@@ -160,21 +161,22 @@ class TestPieces:
     """Issue 9: a span over the summarizer's input is read whole, in pieces that fit."""
 
     async def test_every_message_is_read_by_a_request_within_the_limit(self) -> None:
-        """60 messages, a 400-token limit: consecutive additive chunks, each message sent exactly once."""
-        draft = chat(30).draft()
-        limited = Limited(400)
-        out = await summarize(draft, ctx_with(), [limited])
+        """80 messages, a 600-token limit: consecutive additive chunks, each message sent exactly once."""
+        draft = chat(40).draft()
+        limited = Limited(600)
+        out = await summarize(draft, ctx_with(target=3_000), [limited])
         assert out.report is not None
         chunks = out.draft.chunks
         assert len(chunks) == len(limited.requests) > 3
-        assert all(sum(transcript_costs(r.messages, COUNTER.text)) <= 400 for r in limited.requests)
+        assert all(sum(transcript_costs(r.messages, COUNTER.text)) <= 600 for r in limited.requests)
         assert sorted(sent(limited)) == sorted(head_of(draft, out))
+        assert all(r.previous_summaries == [] for r in limited.requests)
         assert (chunks[0].first_n, chunks[0].level) == (1, 0)
         assert all(a.last_n + 1 == b.first_n for a, b in itertools.pairwise(chunks))
         assert chunks[-1].last_n + 1 == out.draft.entries[0].n
         assert (out.summarizer, out.tried, out.failures) == ("limited", 1, 0)
-        assert f"summarized in {len(chunks)} pieces" in out.notes[-1]
-        assert ctx_with().fits(out.draft)
+        assert f"summarized in {len(chunks)} pieces, each read whole" in out.notes[-1]
+        assert ctx_with(target=3_000).fits(out.draft)
 
     async def test_tool_calls_and_results_stay_together(self) -> None:
         """A piece never ends between a call and its result (ids reused per turn, as runtimes do)."""
@@ -249,11 +251,70 @@ class TestPieces:
 
     async def test_pieces_share_the_space_and_fit_together(self) -> None:
         """Summaries that fill their caps: all the chunks together still fit under the target."""
-        ctx = ctx_with(target=1_400)
-        out = await summarize(chat(30).draft(), ctx, [Limited(300, words=None)])
+        ctx = ctx_with(target=3_000)
+        out = await summarize(chat(40).draft(), ctx, [Limited(600, words=None)])
         assert out.report is not None
         assert len(out.draft.chunks) > 3
         assert ctx.fits(out.draft)
+
+
+class TestChainedPieces:
+    """Issue 33: pieces whose share of the room is too small for a summary are chained, not starved."""
+
+    async def test_a_small_share_chains_the_pieces_into_one_chunk(self) -> None:
+        """A 400-token limit at a 2,000 target: eight pieces, each request carrying the summary so far and
+        given the whole room, every message read once, one chunk that fits."""
+        draft = chat(30).draft()
+        limited = Limited(400)
+        ctx = ctx_with()
+        out = await summarize(draft, ctx, [limited])
+        assert out.report is not None
+        (chunk,) = out.draft.chunks
+        first, *rest = limited.requests
+        assert len(rest) > 3
+        assert first.previous_summaries == []
+        assert all(len(r.previous_summaries) == 1 for r in rest)
+        assert chunk.text == " ".join(f"s{i}" for i in range(20))  # the last request's summary
+        assert {r.max_summary_tokens for r in limited.requests} == {ctx.limits.max_summary_tokens}
+        assert sorted(sent(limited)) == sorted(head_of(draft, out))
+        assert (chunk.first_n, chunk.level, chunk.stages) == (1, 0, ("summarize",))
+        assert chunk.last_n + 1 == out.draft.entries[0].n
+        assert "each request carrying the summary so far" in out.notes[-1]
+        assert ctx.fits(out.draft)
+
+    async def test_a_chain_that_starts_with_a_fold_stays_a_fold(self) -> None:
+        """The first piece folds the earlier chunks; the pieces after it carry that fold on."""
+        chunks = (old_chunk(1, 1, 61, "first summary"), old_chunk(2, 2, 40, "second summary", level=1))
+        limited = Limited(300)
+        out = await summarize(chat(30, start=3).draft(chunks), ctx_with(), [limited])
+        assert out.report is not None
+        (chunk,) = out.draft.chunks
+        assert limited.requests[0].previous_summaries == ["first summary", "second summary"]
+        assert (chunk.first_n, chunk.level, chunk.stages) == (1, 2, ("summarize", "fold"))
+        assert out.stages == ("summarize", "fold")
+
+    async def test_a_fallback_mid_chain_carries_what_the_model_wrote(self) -> None:
+        """The model fails at the third piece: the fallback goes on from there with the summary so far,
+        and both are named as writers."""
+
+        class FailsThird(Limited):
+            async def summarize(self, request: SummaryRequest) -> SummaryResult:
+                if len(self.requests) == 2:
+                    self.requests.append(request)
+                    raise SummarizerError("cut off")
+                return await super().summarize(request)
+
+        draft = chat(30).draft()
+        model, fallback = FailsThird(400), Scripted(name="fallback")
+        out = await summarize(draft, ctx_with(), [model, fallback])
+        assert out.report is not None
+        (chunk,) = out.draft.chunks
+        (request,) = fallback.requests
+        assert request.previous_summaries == [" ".join(f"s{i}" for i in range(20))]
+        assert (out.summarizer, out.failures) == ("limited, fallback", 1)
+        assert chunk.model == "fallback"
+        read = [str(m["content"]) for r in model.requests[:2] for m in r.messages] + sent(fallback)
+        assert sorted(read) == sorted(head_of(draft, out))
 
 
 class TestFailureLogs:
