@@ -209,19 +209,23 @@ def is_summary_text(text: str) -> bool:
 def render(
     history: EffectiveHistory, placement: SummaryPlacement = "separate", *, private: bool = False
 ) -> list[dict[str, Any]]:
-    """Provider-ready messages: one system message, the summary, then the entries.
+    """Provider-ready messages: one system message, the summary, then the entries, in transcript order.
 
     System-role entries are hoisted into the leading system message (a second system
     message mid-history is rejected by some providers); the restored working state
-    (``RESTORED``) follows the summary chunks in the summary turn. The summary never becomes a
-    system message; it is tagged with ``SUMMARY_HEADER`` in either placement:
+    (``RESTORED``) follows the summary chunks in the summary turn. Entries older than every
+    chunk (the task, a message pinned early) come before the summary turn, where they were
+    said: they never change from one compaction to the next, so they stay in the prefix a
+    provider's prompt cache serves. The summary never becomes a system message; it is tagged
+    with ``SUMMARY_HEADER`` in either placement:
 
     - ``separate`` (reference 000): a user message, followed by a short assistant
       acknowledgment unless the next message is already the assistant's, so roles keep
       alternating.
-    - ``merge`` (reference 001): when the first kept non-system message is a user message
-      with text, the summary is prepended to that text (string content, or the first text
-      part of list content) and no acknowledgment is needed; otherwise as ``separate``.
+    - ``merge`` (reference 001): when the first non-system message after the summary's place
+      is a user message with text, the summary is prepended to that text (string content, or
+      the first text part of list content) and no acknowledgment is needed; otherwise as
+      ``separate``.
 
     ``private`` keeps the entries' private fields (``native``), for a format adapter to render
     the history in the runtime's own format (:mod:`compaction_worker.formats.rendering`).
@@ -229,6 +233,7 @@ def render(
     """
     system_texts = [history.system_prompt] if history.system_prompt else []
     body: list[dict[str, Any]] = []
+    ordinals: list[int] = []
     standing: list[str] = []
     restored: list[str] = []
     for entry in history.entries:
@@ -240,10 +245,14 @@ def render(
             restored.append(text_of(entry.message))
         else:
             body.append(dict(entry.message) if private else public_message(entry.message))
+            ordinals.append(entry.n)
     out: list[dict[str, Any]] = []
     if system_texts:
         out.append({"role": "system", "content": "\n\n".join(system_texts)})
     if history.chunks:
+        lead = _lead(body, ordinals, history.chunks[0].first_n)
+        out.extend(body[:lead])
+        body = body[lead:]
         summary = "\n\n".join([summary_message_text(history.chunks), *standing, *restored])
         merged = _prepend_text(body[0], summary) if placement == "merge" and body else None
         if merged is not None:
@@ -254,6 +263,16 @@ def render(
                 out.append({"role": "assistant", "content": SUMMARY_ACK})
     out.extend(body)
     return out
+
+
+def _lead(body: Sequence[Mapping[str, Any]], ordinals: Sequence[int], first_n: int) -> int:
+    """How many of ``body``'s messages go before the summary turn: those older than the chunks
+    (``first_n``: the first one's start), when they start with the user's and leave no tool call
+    open; else none."""
+    lead = next((i for i, n in enumerate(ordinals) if n >= first_n), len(body))
+    if not lead or body[0].get("role") != "user" or body[lead - 1].get("tool_calls"):
+        return 0
+    return lead
 
 
 def _prepend_text(message: dict[str, Any], text: str) -> dict[str, Any] | None:

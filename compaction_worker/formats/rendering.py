@@ -12,11 +12,13 @@ claims to hold a signed block it could not reproduce.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias, get_args, overload
 
 from compaction_worker.contracts.history import (
     EffectiveHistory,
     SummaryPlacement,
+    is_summary_text,
     render,
     summary_chunk_texts,
 )
@@ -82,9 +84,20 @@ def rendered(
         if not history.chunks:
             return anthropic.with_cache_breakpoints(converted, None)
         texts = summary_chunk_texts(history.chunks) if placement == "separate" else []
-        return anthropic.with_cache_breakpoints(converted, 0, texts)
+        turn = next((i for i, m in enumerate(converted.messages) if _summarizes(m)), None)
+        return anthropic.with_cache_breakpoints(converted, turn, texts)
     if fmt == "responses":
         return responses.from_openai(messages)
     if fmt == "gemini":
         return gemini.from_openai(messages)
     raise FormatError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
+
+
+def _summarizes(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is the summary turn (or, merged, carries it first)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = next(
+            (b.get("text") for b in content if isinstance(b, Mapping) and b.get("type") == "text"), ""
+        )
+    return isinstance(content, str) and is_summary_text(content)

@@ -79,6 +79,45 @@ class TestSeparatePlacement:
         assert sum(m["content"] == text for m in out) == 1
 
 
+class TestTranscriptOrder:
+    """Issue 36: what is older than every chunk (the task) comes before the summary turn, where it
+    was said, so that it stays in the prefix a provider's cache serves."""
+
+    def test_the_task_before_the_summary(self) -> None:
+        h = history(entry(1, "user", "the task"), entry(5, "user", "next"), entry(6, "assistant", "ok"),
+                    chunks=(chunk(2, 4),))  # fmt: skip
+        out = render(h)
+        assert [m["content"] for m in out] == [
+            "the task",
+            summary_message_text(h.chunks),
+            SUMMARY_ACK,
+            "next",
+            "ok",
+        ]
+        assert provider_problems(out) == []
+
+    def test_merged_into_the_first_user_message_after_its_place(self) -> None:
+        h = history(entry(1, "user", "the task"), entry(5, "user", "next"), chunks=(chunk(2, 4),))
+        out = render(h, "merge")
+        assert [m["content"] for m in out] == ["the task", f"{summary_message_text(h.chunks)}\n\nnext"]
+
+    @pytest.mark.parametrize(
+        "older",
+        [
+            (entry(1, "assistant", "I start"),),
+            (
+                entry(0, "user", "go"),
+                entry(1, "assistant", None, tool_calls=[{"id": "a", "type": "function"}]),
+            ),
+        ],
+        ids=["assistant first", "a call left open"],
+    )
+    def test_older_messages_that_cannot_lead_follow_the_summary(self, older: tuple[Entry, ...]) -> None:
+        """A history may not start with the assistant's, nor leave a call unanswered before the summary."""
+        h = history(*older, entry(5, "user", "next"), chunks=(chunk(2, 4),))
+        assert is_summary_text(render(h)[0]["content"])
+
+
 class TestMergePlacement:
     def test_prepended_to_string_content(self) -> None:
         """Reference 001: the summary is merged into the first kept user message; no acknowledgment."""

@@ -108,6 +108,17 @@ class TestCacheBreakpoints:
         assert earlier[0]["text"] == summary[0]["text"]  # the first chunk's block, unchanged
         MESSAGES_API.validate_python(messages)
 
+    def test_the_breakpoint_follows_the_chunks_when_the_task_comes_first(self) -> None:
+        """The task, older than the chunks, leads; the summary turn after it carries the breakpoint."""
+        task = Entry(n=0, seq=1, message={"role": "user", "content": "Fix CI."}, tokens=5)
+        h = history(anthropic.to_openai(LOOP))
+        _, messages = rendered(EffectiveHistory(h.chunks, (task, *h.entries)), "anthropic", cache=True)
+
+        assert messages[0] == {"role": "user", "content": "Fix CI."}
+        assert breakpoints(messages) == ["[1].content[0]", "[5].content[0]"]
+        assert messages[1]["content"][0]["text"] == summary_message_text((CHUNK,))
+        MESSAGES_API.validate_python(messages)
+
     def test_thinking_blocks_are_never_marked(self) -> None:
         """The API refuses ``cache_control`` on a thinking block: the last block that takes one is marked."""
         _, messages = rendered(history(anthropic.to_openai(LOOP[:2])), "anthropic", cache=True)

@@ -52,7 +52,8 @@ def test_replay_prints_the_figures_writes_the_png_and_the_final_history(tmp_path
     assert history.chunks
     for message in history.messages:
         ChatMessage.model_validate(message)
-    assert is_summary_text(history.messages[1]["content"])
+    assert history.messages[1]["content"].startswith("Step 1:")  # the task, where it was said
+    assert is_summary_text(history.messages[2]["content"])
     assert strategies.provider_problems(history.messages) == []
 
     text = CliRunner().invoke(main, args)

@@ -542,8 +542,8 @@ class TestArchive:
 async def test_two_compactions_in_a_row_leave_the_prompt_prefix_through_the_earlier_chunks_byte_identical(
     parts: Parts, settings: Settings
 ) -> None:
-    """Issue 36: a compaction adds a chunk after the earlier ones, so the prompt up to the end of
-    those stays byte-identical (what a provider's cache serves), unless it had to fold them, which
+    """Issue 36: the task comes before the summary turn and a compaction adds a chunk after the
+    earlier ones, so the prompt up to the end of those stays byte-identical (what a provider's cache serves), unless it had to fold them, which
     its stages say. Agent-shaped steps on a 128K window, where chunks have room to accumulate."""
 
     def step(i: int) -> list[bytes]:
@@ -574,5 +574,7 @@ async def test_two_compactions_in_a_row_leave_the_prompt_prefix_through_the_earl
     assert len(earlier) >= 1
     shared = summary_message_text(earlier)
     assert first[0] == second[0]  # the system prompt
-    assert first[1]["content"].startswith(shared)
-    assert second[1]["content"].startswith(shared + "\n\n")
+    assert first[1] == second[1]  # the task, where it was said: before the summary
+    assert first[1]["content"].startswith("Turn 1:")
+    assert first[2]["content"].startswith(shared)
+    assert second[2]["content"].startswith(shared + "\n\n")
