@@ -19,13 +19,15 @@ from compaction_worker.budget.economics import Prices
 from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import Budget, budget_for, conversation_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
-from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger
+from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger, TurnEvent
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
 from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, block, message_blocks, peer
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
+from compaction_worker.runtime.plan import plan_append
 from compaction_worker.settings import Settings
+from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.meta import Meta
 from compaction_worker.strategies.draft import add_usage
 
@@ -257,15 +259,16 @@ class Replay:
         )
         if seq > 1:  # the previous call's reply
             self._output_tokens += sum(e.tokens for e in entries if e.message.get("role") == "assistant")
-        self.meta = replace(
-            self.meta,
-            last_seq=seq,
-            msg_count=len(self.transcript),
-            history_tokens=self.meta.history_tokens + sum(e.tokens for e in entries),
+        # The worker's own decision about a turn (runtime/plan.py), on the meta the replay keeps.
+        event = TurnEvent.model_construct(conversation_id=self.name, turn_seq=seq, model=self.meta.model)
+        new = [NewMessage(e.message, e.tokens) for e in entries]
+        plan = plan_append(
+            event, self.meta, new, None, counter=self.counter, settings=self.settings.budget, now=_NOW
         )
+        self.meta = plan.after
         self.history = self.history.with_parts(self.history.chunks, (*self.history.entries, *entries))
         tokens = self.total()
-        trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
+        trigger = plan.job.trigger if plan.job is not None else None
         for _ in range(MAX_RUNS_PER_TURN):
             if trigger is None:
                 break

@@ -16,7 +16,7 @@ from compaction_worker.budget.threshold import threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, budget_for, calibrate
 from compaction_worker.contracts.events import Trigger, TurnEvent
 from compaction_worker.settings import BudgetSettings
-from compaction_worker.state.appends import NewMessage, first_fields
+from compaction_worker.state.appends import NewMessage, TurnWrite, first_fields
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.meta import Meta, stored_text
 
@@ -32,10 +32,30 @@ class AppendPlan:
     """The meta once the append is stored (its revision included)."""
     job: JobRequest | None
     """The request the append records: the one the turn carries, else a threshold's."""
-    threshold: Trigger | None
-    """The threshold the total crosses with this turn (None for a turn carrying a request)."""
     notes: tuple[str, ...] = ()
     """Warnings for the log, once the append is stored."""
+    seq: int = 0
+    first_n: int = 1
+    """The ordinal of the turn's first message: the message count of the meta it was planned on, plus one."""
+    first: bool = False
+    """Whether it is the conversation's first append (its keys are created with it)."""
+
+    def write(
+        self, new: Sequence[NewMessage], fingerprint: str, *, rev: int, held: bytes | None = None
+    ) -> TurnWrite:
+        """What the per-turn script takes to apply this plan (``rev``: the revision it was planned on)."""
+        return TurnWrite(
+            seq=self.seq,
+            messages=new,
+            first_n=self.first_n,
+            fields=self.fields,
+            rev=rev,
+            now=self.after.updated_at,
+            fingerprint=fingerprint,
+            job=self.job,
+            held=held,
+            first=self.first,
+        )
 
 
 def plan_append(
@@ -120,7 +140,15 @@ def plan_append(
     threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
     request = _with_instructions(request, event)
     job = request if request is not None else _threshold_job(threshold, traceparent)
-    return AppendPlan(fields, after, job, threshold, tuple(notes))
+    return AppendPlan(
+        fields,
+        after,
+        job,
+        tuple(notes),
+        seq=event.turn_seq,
+        first_n=meta.msg_count + 1,
+        first=meta.last_seq == 0,
+    )
 
 
 def _standing_instructions(event: TurnEvent) -> dict[str, Any]:

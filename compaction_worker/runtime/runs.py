@@ -127,18 +127,7 @@ def _planned(handler: TurnHandler, events: Sequence[tuple[TurnEvent, bytes]], me
                 handler.failed_in_run.clear()
             handler.failed_in_run[raw] = 1
             break
-        write = TurnWrite(
-            seq=event.turn_seq,
-            messages=new,
-            first_n=meta.msg_count + 1,
-            fields=plan.fields,
-            rev=meta.rev,
-            now=plan.after.updated_at,
-            fingerprint=fingerprint_of(event, new),
-            job=plan.job,
-            first=meta.last_seq == 0,
-        )
-        planned.append(_Planned(event, plan, write))
+        planned.append(_Planned(event, plan, plan.write(new, fingerprint_of(event, new), rev=meta.rev)))
         meta = plan.after
     return planned
 

@@ -34,7 +34,7 @@ from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan, plan_append
 from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
+from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
 from compaction_worker.state.jobs import JobQueue, JobRequest
 from compaction_worker.state.meta import Meta
@@ -259,18 +259,12 @@ class TurnHandler:
                 plan = self.plan(event, meta, new, request, counter)
                 if plan.job is not None:
                     span.set_attribute("compaction.trigger", plan.job.trigger.value)
-            write = TurnWrite(
-                seq=seq,
-                messages=new,
-                first_n=meta.msg_count + 1,
-                fields=plan.fields,
+            write = plan.write(
+                new,
+                fingerprint,
                 # Unknown: a first turn is taken for a new conversation's (revision 0).
                 rev=meta.rev if known is not None or seq == 1 else UNKNOWN_REV,
-                now=plan.after.updated_at,
-                fingerprint=fingerprint,
-                job=plan.job,
                 held=held_value(raw, held_ms, fingerprint) if send_held else None,
-                first=meta.last_seq == 0,
             )
             with tracing.span(tracing.APPEND_SPAN) as span:
                 reply = await self.store.write_turn(cid, write)
@@ -321,11 +315,9 @@ class TurnHandler:
         for note in plan.notes:
             log.warning("%s", note)
         trigger = plan.job.trigger if plan.job is not None else None
-        carried = plan.threshold is None and plan.job is not None
         # The job hash first (in the script), then the index: a crash between the two is
         # repaired by the turn's redelivery (a duplicate whose job is pending is indexed).
-        # A carried request is made due even when a stronger job was pending: someone asked.
-        if reply.job or carried:
+        if reply.job:  # the script's verdict: due now
             await self.jobs.mark_due(cid)
             log.info("compaction of %s requested (%s)", cid, trigger.value if trigger else "")
         if trigger is not None:

@@ -94,7 +94,8 @@ class AppendReply:
     next_held: bool = False
     """After an append: turn ``seq + 1`` is held; after a duplicate: turn ``last_seq + 1`` is."""
     job: bool = False
-    """After an append: the request was recorded; after a duplicate: a job is pending."""
+    """After an append: the job is due now (the request was recorded, or it was asked for and a
+    stronger one is pending); after a duplicate: a job is pending. Either way: index it."""
     kept: str | None = None
     """For a conflict: the fingerprint of the turn stored or held first (None: it has none)."""
     meta: Mapping[str, str] | None = None
@@ -137,7 +138,9 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
         str(retention_ms),
         write.fingerprint or "",
         "1" if write.first else "0",
-        encode(write.job.fields()) if write.job is not None else "",
+        encode(write.job.fields() | {"asked": "1"} if write.job.asked else write.job.fields())
+        if write.job is not None
+        else "",
         str(len(fields)),
         *fields,
         str(len(records)),
@@ -165,8 +168,8 @@ def reply_of(raw: Sequence[Any]) -> AppendReply:
     status, last_seq = AppendStatus(as_text(raw[0])), int(raw[1])
     match status:
         case AppendStatus.APPENDED:
-            rev, next_held, recorded = int(raw[2]), bool(int(raw[3])), bool(int(raw[4]))
-            return AppendReply(status, last_seq, rev=rev, next_held=next_held, job=recorded)
+            rev, next_held, due = int(raw[2]), bool(int(raw[3])), bool(int(raw[4]))
+            return AppendReply(status, last_seq, rev=rev, next_held=next_held, job=due)
         case AppendStatus.DUPLICATE:
             return AppendReply(status, last_seq, next_held=bool(int(raw[3])), job=bool(int(raw[2])))
         case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:

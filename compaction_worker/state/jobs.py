@@ -68,6 +68,11 @@ class JobRequest:
     instructions: str | None = None
     """See :attr:`Job.instructions`."""
 
+    @property
+    def asked(self) -> bool:
+        """Whether someone asked for it (a turn's request: manual or reactive), not a threshold."""
+        return self.trigger in (Trigger.MANUAL, Trigger.REACTIVE)
+
     def fields(self) -> dict[str, str]:
         """The job hash a new job gets (strings only, as the scripts store them)."""
         return {

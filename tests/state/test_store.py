@@ -10,11 +10,12 @@ from unittest.mock import ANY
 import pytest
 import redis.asyncio
 
-from compaction_worker.contracts.events import ChatMessage, ContextStatus
+from compaction_worker.contracts.events import ChatMessage, ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, encode_messages
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value
+from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
@@ -99,6 +100,16 @@ class TestAppend:
         assert (await store.meta("c")).history_tokens == 8
         again = await store.append_turn("c", 1, [msg("a", tokens=7)])
         assert again == AppendReply(AppendStatus.DUPLICATE, last_seq=2, next_held=True, job=False)
+
+    async def test_the_reply_says_when_the_job_is_due(self, store: Store) -> None:
+        """Issue 34: the script's verdict is the one Python acts on. A recorded request is due; a
+        threshold's, with a stronger job pending, is not; an asked-for one is, stronger job or not."""
+        reactive = JobRequest(Trigger.REACTIVE, "prompt is too long")
+        assert (await store.append_turn("c", 1, [msg("a")], request=reactive)).job is True
+        threshold = await store.append_turn("c", 2, [msg("b")], request=JobRequest(Trigger.THRESHOLD))
+        manual = await store.append_turn("c", 3, [msg("c")], request=JobRequest(Trigger.MANUAL))
+        assert (threshold.job, manual.job) == (False, True)
+        assert await store.redis.hget(store.keys("c").job, "trigger") == b"reactive"  # the stronger stays
 
     async def test_a_turn_writes_only_what_it_changes(self, store: Store) -> None:
         """Creation-time fields are written by the first append only; later appends leave them."""

@@ -15,7 +15,9 @@
 --   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
 --   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
 --   {'stale', last_seq, meta hash}: the caller's revision is not the stored one; nothing written
---   {'appended', seq, rev, next_held, job_recorded}
+--   {'appended', seq, rev, next_held, job_due}: job_due is 1 when the job is to be indexed now: the
+--   request was recorded, or it was asked for (a manual or reactive request, `asked`) and a
+--   stronger job is pending: someone asked, so that one is made due at once.
 -- With `run` set, only a plain append is made: a turn that would get any other reply (or
 -- that a held turn with its seq waits for) is left alone and nil returned, for the caller to
 -- send it again on its own.
@@ -110,10 +112,12 @@ local function turn(at, run, w)
     w.fingerprints[#w.fingerprints + 1] = seq_text
     w.fingerprints[#w.fingerprints + 1] = fingerprint
   end
-  local recorded = 0
+  local due = 0
   if ARGV[at + 8] ~= '' then
-    recorded = set_job(job, cjson.decode(ARGV[at + 8]))
-    if recorded == 1 then expire_with(job, deadline) end
+    local request = cjson.decode(ARGV[at + 8])
+    due = set_job(job, request)
+    if due == 1 then expire_with(job, deadline) end
+    if request.asked == '1' then due = 1 end
   end
   if ARGV[at + 7] == '1' then w.first = deadline end
   local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
@@ -124,5 +128,5 @@ local function turn(at, run, w)
   w.state = {rev, seq, deadline}
   local next_held = 0
   if waiting[2] then next_held = 1 end
-  return {'appended', seq, rev, next_held, recorded}
+  return {'appended', seq, rev, next_held, due}
 end
