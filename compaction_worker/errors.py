@@ -28,6 +28,10 @@ class PinError(CompactionWorkerError):
     """A pin that cannot be set: no such turn or message, or a summary already replaced it."""
 
 
+class ProposalError(CompactionWorkerError):
+    """An apply or discard of a proposal that is not pending (applied, discarded or replaced already)."""
+
+
 class RewindError(CompactionWorkerError):
     """A rewind that cannot be done: nothing to undo, or no such compaction version."""
 

@@ -8,11 +8,12 @@ at import time. Precedence: explicit arguments, then the environment, then the Y
 from __future__ import annotations
 
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,7 +21,13 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
+from compaction_worker.contracts.events import (
+    COMPLETED_TOPIC,
+    DLQ_TOPIC,
+    PROPOSED_TOPIC,
+    STARTED_TOPIC,
+    TURNS_TOPIC,
+)
 from compaction_worker.errors import ConfigError
 from compaction_worker.retry import RetrySettings
 
@@ -124,6 +131,7 @@ class TopicSettings(_Section):
     turns: str = TURNS_TOPIC
     started: str = STARTED_TOPIC
     completed: str = COMPLETED_TOPIC
+    proposed: str = PROPOSED_TOPIC
     dlq: str = DLQ_TOPIC
     partitions: int = Field(default=8, ge=1)
     replication_factor: int = Field(default=1, ge=1)
@@ -190,6 +198,11 @@ _PLAN_TOOLS = "Names of the runtime's own plan tools, besides TodoWrite, update_
 class PipelineSettings(_Section):
     """Which compaction stages run and their knobs; stages run cheapest first."""
 
+    approval: Literal["auto", "manual"] = Field(
+        default="auto",
+        description="manual: a compaction is proposed (compaction.proposed) and applied only by Client.apply; "
+        "a reactive one, after an overflow, never waits.",
+    )
     prune: bool = Field(default=True, description="Replace old tool outputs with a placeholder.")
     prune_protect_tokens: int = Field(
         default=40_000, ge=0, description="Most recent tool output tokens kept."
@@ -381,6 +394,26 @@ class InspectorSettings(_Section):
     page_messages: int = Field(default=300, ge=1, description="Transcript messages per conversation page.")
 
 
+PROFILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""What a profile's name may be (a turn's ``profile`` field names one)."""
+
+
+class Profile(_Section):
+    """Named overrides a conversation compacts under when it chooses them (a turn's ``profile``
+    field, ``Client.set_profile``): a sub-agent's own threshold, target, tail, budgets, summarizer
+    model or approval beside its parent's. Each section takes the keys of the deployment's section
+    of that name (``budget.trigger_fraction``, ``pipeline.approval``, ``summarizer.model``, ...)
+    and changes only those; the rest is the deployment's."""
+
+    budget: dict[str, Any] = Field(default_factory=dict)
+    tail: dict[str, Any] = Field(default_factory=dict)
+    pipeline: dict[str, Any] = Field(default_factory=dict)
+    summarizer: dict[str, Any] = Field(default_factory=dict)
+
+
+_PROFILE_SECTIONS = ("budget", "tail", "pipeline", "summarizer")
+
+
 class Settings(BaseSettings):
     """Everything the worker, the CLI and the client need, read once."""
 
@@ -402,6 +435,11 @@ class Settings(BaseSettings):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     inspector: InspectorSettings = Field(default_factory=InspectorSettings)
+    profiles: dict[str, Profile] = Field(
+        default_factory=dict,
+        description="Named overrides of budget, tail, pipeline and summarizer a conversation can choose "
+        "(a turn's profile field, Client.set_profile).",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
 
@@ -412,6 +450,7 @@ class Settings(BaseSettings):
     summarizer_api_base: str | None = Field(default=None, exclude=True)
     summarizer_api_key: SecretStr | None = Field(default=None, exclude=True)
     trigger_fraction: float | None = Field(default=None, exclude=True)
+    _by_profile: dict[str, Settings] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _apply_flat_aliases(self) -> Settings:
@@ -430,6 +469,34 @@ class Settings(BaseSettings):
                 {**self.budget.model_dump(), "trigger_fraction": self.trigger_fraction}
             )
         return self
+
+    @model_validator(mode="after")
+    def _profiles_resolve(self) -> Settings:
+        # Each profile is checked now, merged with the deployment's sections: a misspelt key or a
+        # value out of range is an error at start-up, not at a conversation's compaction.
+        self._by_profile = {}
+        for name in self.profiles:
+            if re.fullmatch(PROFILE_NAME, name) is None:
+                raise ValueError(f"profile name {name!r} must match {PROFILE_NAME}")
+            try:
+                self._by_profile[name] = self._merged(self.profiles[name])
+            except ValueError as e:
+                raise ValueError(f"profile {name!r}: {e}") from e
+        return self
+
+    def _merged(self, profile: Profile) -> Settings:
+        sections: dict[str, Any] = {}
+        for section in _PROFILE_SECTIONS:
+            changes = getattr(profile, section)
+            if changes:
+                base: BaseModel = getattr(self, section)
+                sections[section] = type(base).model_validate({**base.model_dump(), **changes})
+        return self.model_copy(update=sections)
+
+    def for_profile(self, name: str | None) -> Settings:
+        """The settings a conversation of profile ``name`` compacts under: the deployment's, with
+        the profile's overrides; the deployment's own for no name, or a name no longer configured."""
+        return self._by_profile.get(name, self) if name else self
 
     @model_validator(mode="after")
     def _gap_timeout_within_retention(self) -> Settings:

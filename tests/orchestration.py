@@ -115,7 +115,13 @@ def make_settings(
                 "heartbeat_interval_ms": 1000,
             },
             "redis": {"url": redis_url, "key_prefix": f"t{suffix}", "retention_seconds": 3600},
-            "topics": {"turns": turns, "started": started, "completed": completed, "dlq": dlq},
+            "topics": {
+                "turns": turns,
+                "started": started,
+                "completed": completed,
+                "proposed": f"proposed.{suffix}",
+                "dlq": dlq,
+            },
             "worker": {"sweep_interval_seconds": 0.2},
         }
     for name, values in sections.items():

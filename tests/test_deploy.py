@@ -26,7 +26,13 @@ import yaml
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
+from compaction_worker.contracts.events import (
+    COMPLETED_TOPIC,
+    DLQ_TOPIC,
+    PROPOSED_TOPIC,
+    STARTED_TOPIC,
+    TURNS_TOPIC,
+)
 from compaction_worker.local.embedded import free_port
 from compaction_worker.observability.health import LIVEZ, METRICS, READYZ, HealthServer, Liveness
 from compaction_worker.settings import HealthSettings, Settings, WorkerSettings
@@ -36,7 +42,7 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 COMPOSE = REPO / "docker-compose.yml"
 K8S = REPO / "deploy" / "kubernetes"
-DEFAULT_TOPICS = {TURNS_TOPIC, STARTED_TOPIC, COMPLETED_TOPIC, DLQ_TOPIC}
+DEFAULT_TOPICS = {TURNS_TOPIC, STARTED_TOPIC, COMPLETED_TOPIC, PROPOSED_TOPIC, DLQ_TOPIC}
 DEFAULT_SHUTDOWN_GRACE = WorkerSettings.model_fields["shutdown_grace_seconds"].default
 
 
@@ -44,7 +50,10 @@ DEFAULT_SHUTDOWN_GRACE = WorkerSettings.model_fields["shutdown_grace_seconds"].d
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation (``KafkaSettings``, ``X | None``), if any."""
+    """The pydantic model inside an annotation (``KafkaSettings``, ``X | None``), if any; a mapping of
+    models (``profiles``) is a mapping, not a section."""
+    if typing.get_origin(annotation) is dict:
+        return None
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
@@ -269,6 +278,7 @@ class TestCompose:
             settings.topics.turns,
             settings.topics.started,
             settings.topics.completed,
+            settings.topics.proposed,
             settings.topics.dlq,
         } == (DEFAULT_TOPICS)
 
@@ -285,7 +295,7 @@ class TestCompose:
         assert settings.summarizer.api_key.get_secret_value() == "k"
 
     def test_topics_are_the_defaults_with_explicit_partitions(self) -> None:
-        """The one-shot service creates exactly the four default topics, with partition counts."""
+        """The one-shot service creates exactly the default topics, with partition counts."""
         topics = created_topics()
         assert set(topics) == DEFAULT_TOPICS
         for name, options in topics.items():

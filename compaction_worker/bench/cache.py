@@ -19,8 +19,8 @@ from compaction_worker.bench.report import Progress, Row
 from compaction_worker.replay.cache import CacheFigures
 from compaction_worker.replay.reader import Conversation
 from compaction_worker.replay.simulate import Replay
-from compaction_worker.runtime.components import configured_summarizers
 from compaction_worker.settings import Settings
+from compaction_worker.summaries.factory import configured_summarizers
 
 MODELS = ("claude-sonnet-4-20250514", "gpt-4o")
 """A cache read at a tenth of input with billed cache writes, and at half of input without."""

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
@@ -20,24 +21,31 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.budget.threshold import calibrated_total, scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
-from compaction_worker.contracts.events import CompactionMode, CompactionRequest, ContextStatus, TurnEvent
+from compaction_worker.contracts.events import (
+    CompactionCompleted,
+    CompactionMode,
+    CompactionRequest,
+    ContextStatus,
+    TurnEvent,
+)
 from compaction_worker.errors import ConfigError, WaitTimeoutError
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered, rendered
 from compaction_worker.observability.tracing import inject
 from compaction_worker.recall.search import Recall, RecallResult
-from compaction_worker.runtime.components import build_components, configured_summarizers
+from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.runtime.pins import set_pinned
-from compaction_worker.runtime.preview import Preview, preview
+from compaction_worker.runtime.preview import Preview, preview, proposal_preview
 from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import Job, JobQueue
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.meta import Meta, write_instructions
+from compaction_worker.state.meta import Meta, write_field, write_instructions
+from compaction_worker.state.proposals import Proposals
 from compaction_worker.state.restore import Version, versions
 from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
@@ -86,7 +94,9 @@ class Artifact:
 
 
 def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> ContextStats:
-    """The context meter of a conversation from its stored metadata (pure; no I/O)."""
+    """The context meter of a conversation from its stored metadata (pure; no I/O), under its
+    settings profile."""
+    settings = settings.for_profile(meta.profile)
     _, budget = conversation_budget(meta, settings.budget)
     scale = scale_of(meta)
     parts = {
@@ -324,6 +334,22 @@ class Client:
         keys = self.store.keys(conversation_id)
         await write_instructions(self.store.redis, keys.meta, text, self.store.retention_ms)
 
+    async def set_profile(self, conversation_id: str, name: str | None) -> None:
+        """Choose the settings profile the conversation compacts under (None or "": the deployment's).
+
+        A profile (the settings' ``profiles``) sets its own threshold, target, tail, budgets,
+        summarizer and approval, so that a sub-agent's conversation compacts on its own terms
+        beside its parent's. The next turn's budget check and every later compaction use it; a
+        turn's ``profile`` field sets it too, in the turn's order. ValueError for a name the
+        settings do not have.
+        """
+        name = name or ""
+        if name and name not in self.settings.profiles:
+            known = ", ".join(sorted(self.settings.profiles)) or "none"
+            raise ValueError(f"profile {name!r} is not one of the settings' profiles ({known})")
+        keys = self.store.keys(conversation_id)
+        await write_field(self.store.redis, keys.meta, "profile", name, self.store.retention_ms)
+
     async def span_attributes(self, conversation_id: str) -> dict[str, str | bool]:
         """The GenAI conventions' attributes for the runtime's own inference span of this
         conversation: ``gen_ai.conversation.id``, and ``gen_ai.conversation.compacted`` (true,
@@ -393,15 +419,48 @@ class Client:
         to undo, or no such compaction), LockNotAcquiredError (a compaction is running: try
         again) or StaleFenceError (the lock was lost before the commit; nothing written).
         """
+        return await self._components("a rewind").rewinder.rewind(conversation_id, version)
+
+    async def proposal(self, conversation_id: str) -> Preview | None:
+        """The compaction waiting for approval (``pipeline.approval: manual``), as a preview of what
+        applying it commits: the history it leaves, its summary and standing state, tokens before
+        and after; None when none waits. Its ``compaction_id`` is the one ``compaction.proposed``
+        carries."""
+        pending = await Proposals(self.store).get(conversation_id)
+        if pending is None:
+            return None
+        snapshot = await self.store.snapshot(conversation_id)
+        settings = self.settings.for_profile(snapshot.meta.profile)
+        return proposal_preview(conversation_id, pending, snapshot, settings)
+
+    async def apply(self, conversation_id: str, proposal_id: uuid.UUID | str) -> CompactionCompleted | None:
+        """Apply a proposed compaction (``compaction.proposed``): while the conversation is as it was,
+        the proposed history is committed exactly and its ``compaction.completed`` published, which
+        this returns. After new turns (or another commit) it is not applied stale: it is recomputed
+        and proposed again (a new ``compaction.proposed`` whose ``replaces`` names it), and this
+        returns None.
+
+        Needs the broker (``kafka=True``). Raises ProposalError (no such proposal waits: applied,
+        discarded or replaced already), LockNotAcquiredError (a compaction is running: try again).
+        """
+        compactor = self._components("an approval").compactor
+        return await compactor.apply(conversation_id, uuid.UUID(str(proposal_id)))
+
+    async def discard(self, conversation_id: str, proposal_id: uuid.UUID | str) -> None:
+        """Discard a proposed compaction; its ``compaction.completed`` says ``discarded``. The next
+        threshold crossing proposes again. Raises as :meth:`apply`."""
+        await self._components("a discard").compactor.discard(conversation_id, uuid.UUID(str(proposal_id)))
+
+    def _components(self, what: str) -> Components:
+        """The worker's parts over this client's Redis and producer, for what publishes events."""
         producer = self.producer
         if producer is None:
-            raise ConfigError("a rewind publishes compaction.completed: connect the client with kafka=True")
+            raise ConfigError(f"{what} publishes compaction events: connect the client with kafka=True")
 
         async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
             await producer.send_and_wait(topic, payload, key=key)
 
-        parts = build_components(self.settings, self.store.redis, publish)
-        return await parts.rewinder.rewind(conversation_id, version)
+        return build_components(self.settings, self.store.redis, publish)
 
     async def pin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
         """Pin the messages of turn ``turn_seq`` (or only its ``index``-th, from 0) after the fact:
@@ -425,13 +484,7 @@ class Client:
         with the extractive summarizer a manual compaction then commits exactly this history
         while no turn arrives; an LLM summarizer is called for it. ``compact --dry-run`` is this.
         """
-        return await preview(
-            self.store,
-            self.settings,
-            configured_summarizers(self.settings),
-            conversation_id,
-            instructions=instructions,
-        )
+        return await preview(self.store, self.settings, conversation_id, instructions=instructions)
 
     async def artifacts(self, conversation_id: str) -> list[Artifact]:
         """Every artifact ever extracted from the conversation's compacted spans, first seen first.

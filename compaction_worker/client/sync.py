@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, Literal, TypeVar, overload
 
 from compaction_worker.budget.attachments import FittedFile
 from compaction_worker.client.client import Artifact, Client, ContextStats
-from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.contracts.events import CompactionCompleted, TurnEvent
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered
@@ -90,6 +91,22 @@ class SyncClient:
     def set_instructions(self, conversation_id: str, text: str | None) -> None:
         """See :meth:`Client.set_instructions`."""
         self._call(self.client.set_instructions(conversation_id, text))
+
+    def proposal(self, conversation_id: str) -> Preview | None:
+        """See :meth:`Client.proposal`."""
+        return self._call(self.client.proposal(conversation_id))
+
+    def apply(self, conversation_id: str, proposal_id: uuid.UUID | str) -> CompactionCompleted | None:
+        """See :meth:`Client.apply`."""
+        return self._call(self.client.apply(conversation_id, proposal_id))
+
+    def discard(self, conversation_id: str, proposal_id: uuid.UUID | str) -> None:
+        """See :meth:`Client.discard`."""
+        self._call(self.client.discard(conversation_id, proposal_id))
+
+    def set_profile(self, conversation_id: str, name: str | None) -> None:
+        """See :meth:`Client.set_profile`."""
+        self._call(self.client.set_profile(conversation_id, name))
 
     def next_turn_seq(self, conversation_id: str) -> int:
         """See :meth:`Client.next_turn_seq`."""

@@ -21,6 +21,7 @@ from compaction_worker.contracts.events import (
     COMPLETED_TOPIC,
     DLQ_TOPIC,
     EVENT_MODELS,
+    PROPOSED_TOPIC,
     STARTED_TOPIC,
     TURNS_TOPIC,
     CompactionMode,
@@ -132,6 +133,12 @@ def channel_description(topic: str, renamed_by: str | None, group_id: str | None
             "has a new `version`: re-read it. De-duplicate by (`conversation_id`, `version`) "
             f"when the outcome is `{Outcome.COMPACTED}`, by `compaction_id` otherwise "
             f"(`{Outcome.NOOP}` and `{Outcome.FAILED}` leave the version unchanged)."
+        ),
+        PROPOSED_TOPIC: (
+            "Published instead of a commit when a conversation's settings say `pipeline.approval: "
+            "manual`: the compaction computed and not applied. Apply it (`Client.apply`) or discard "
+            f"it (`Client.discard`); its `{COMPLETED_TOPIC}` (same `compaction_id`) says which. A "
+            "reactive compaction, after an overflow, never waits for approval."
         ),
         DLQ_TOPIC: (
             f"Inputs the worker cannot process, with a `reason` ({reasons}), a human-readable "

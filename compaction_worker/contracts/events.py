@@ -21,6 +21,7 @@ SCHEMA_VERSION: Final = 1
 TURNS_TOPIC: Final = "conversation.turn"
 STARTED_TOPIC: Final = "compaction.started"
 COMPLETED_TOPIC: Final = "compaction.completed"
+PROPOSED_TOPIC: Final = "compaction.proposed"
 DLQ_TOPIC: Final = "conversation.turn.dlq"
 
 MAX_INSTRUCTIONS_CHARS: Final = 4_000
@@ -204,6 +205,16 @@ class TurnEvent(_Event):
         "summaries keep first), until changed; an empty string clears them, absent leaves them as they are.",
     )
 
+    profile: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^([A-Za-z0-9][A-Za-z0-9_.-]*)?$",
+        description="The settings profile (the deployment's `profiles`) the conversation compacts under from "
+        "this turn on: its threshold, target, tail, budgets, summarizer and approval; an empty string returns it "
+        "to the deployment's settings, absent leaves it as it is. A name the deployment does not have is "
+        "dead-lettered (unknown_profile).",
+    )
+
     @model_validator(mode="after")
     def _has_something(self) -> TurnEvent:
         if (
@@ -211,9 +222,10 @@ class TurnEvent(_Event):
             and self.compaction is None
             and self.system_prompt is None
             and self.compaction_instructions is None
+            and self.profile is None
         ):
             raise ValueError(
-                "a turn needs messages, a system_prompt, compaction_instructions or a compaction request"
+                "a turn needs messages, a system_prompt, compaction_instructions, a profile or a compaction request"
             )
         return self
 
@@ -237,6 +249,9 @@ class Outcome(StrEnum):
     COMPACTED = "compacted"
     NOOP = "noop"
     FAILED = "failed"
+    DISCARDED = "discarded"
+    """A proposal (``pipeline.approval: manual``) that was not applied: discarded by the runtime,
+    replaced by a newer one, or made moot by a reactive compaction; the version is unchanged."""
 
 
 class ContextStatus(StrEnum):
@@ -417,6 +432,8 @@ class DeadLetterReason(StrEnum):
     OVERSIZED = "oversized"
     KEY_MISMATCH = "key_mismatch"
     UNKNOWN_MODEL = "unknown_model"
+    UNKNOWN_PROFILE = "unknown_profile"
+    """The turn names a settings profile the deployment does not have."""
     SEQUENCE_GAP = "sequence_gap"
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     PROCESSING_FAILED = "processing_failed"
@@ -451,9 +468,44 @@ class DeadLetter(_Event):
     original_size: int = Field(ge=0)
 
 
+class CompactionProposed(_Event):
+    """``compaction.proposed``: a compaction computed and not applied, for the runtime to approve
+    (``Client.apply``) or discard (``Client.discard``); a conversation whose settings say
+    ``pipeline.approval: manual`` gets its threshold and manual compactions this way.
+
+    It follows the run's ``compaction.started``; its ``compaction.completed`` (the same
+    ``compaction_id``) comes when it is applied (``compacted``) or not (``discarded``). Applied
+    while the conversation is as it was (``version`` and ``last_seq``), it commits exactly this
+    history; after new turns it is recomputed and proposed again instead.
+    """
+
+    conversation_id: ConversationId
+    compaction_id: uuid.UUID = Field(
+        description="The proposal's id: pass it to Client.apply or Client.discard."
+    )
+    trigger: Trigger
+    version: int = Field(ge=0, description="The effective-history version it was computed from.")
+    last_seq: int = Field(ge=0, description="The last turn it was computed from.")
+    stages: list[str] = Field(default_factory=list)
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    messages_before: int = Field(ge=0)
+    messages_after: int = Field(ge=0)
+    summary: str | None = Field(default=None, description="The summary the history would start with.")
+    summarizer_model: str | None = None
+    llm_usage: LlmUsage = Field(default_factory=LlmUsage)
+    standing_state: StandingStateReport | None = None
+    notes: list[str] = Field(default_factory=list)
+    instructions: str | None = None
+    replaces: uuid.UUID | None = Field(
+        default=None, description="The earlier proposal this one replaces (recomputed after new turns)."
+    )
+
+
 EVENT_MODELS: dict[str, type[_Event]] = {
     TURNS_TOPIC: TurnEvent,
     STARTED_TOPIC: CompactionStarted,
     COMPLETED_TOPIC: CompactionCompleted,
+    PROPOSED_TOPIC: CompactionProposed,
     DLQ_TOPIC: DeadLetter,
 }

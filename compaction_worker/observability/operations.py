@@ -73,6 +73,8 @@ class SettingDoc:
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:
+    if typing.get_origin(annotation) is dict:
+        return None  # named sets of sections (profiles): one setting, a mapping
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return next((m for a in typing.get_args(annotation) if (m := _section_model(a)) is not None), None)

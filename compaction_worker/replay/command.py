@@ -21,8 +21,8 @@ from compaction_worker.replay.plot import plot
 from compaction_worker.replay.reader import Format, ReplayInputError, read_paths
 from compaction_worker.replay.simulate import ConversationReport, Replay
 from compaction_worker.runtime.compactor import Summarizers
-from compaction_worker.runtime.components import configured_summarizers
 from compaction_worker.settings import BudgetSettings, Settings
+from compaction_worker.summaries.factory import configured_summarizers
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from compaction_worker.contracts.events import (
     COMPLETED_TOPIC,
     DLQ_TOPIC,
     EVENT_MODELS,
+    PROPOSED_TOPIC,
     STARTED_TOPIC,
     TURNS_TOPIC,
     TurnEvent,
@@ -44,7 +45,13 @@ from compaction_worker.settings import KafkaSettings, Settings, TopicSettings
 DOCUMENTED_BOOTSTRAP = "localhost:9092"
 """The server the document names when no bootstrap servers are configured (the committed one)."""
 
-_FIELDS = {TURNS_TOPIC: "turns", STARTED_TOPIC: "started", COMPLETED_TOPIC: "completed", DLQ_TOPIC: "dlq"}
+_FIELDS = {
+    TURNS_TOPIC: "turns",
+    STARTED_TOPIC: "started",
+    COMPLETED_TOPIC: "completed",
+    PROPOSED_TOPIC: "proposed",
+    DLQ_TOPIC: "dlq",
+}
 """Each default topic name and the ``topics`` setting that renames it."""
 
 

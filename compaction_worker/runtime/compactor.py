@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
@@ -15,9 +16,9 @@ from compaction_worker import strategies
 from compaction_worker.budget.economics import Prices, compaction_cost, rewritten_tokens
 from compaction_worker.budget.threshold import calibrated_total, threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, counter_for
-from compaction_worker.contracts.events import CompactionCompleted, Outcome
-from compaction_worker.contracts.history import EffectiveHistory, render
-from compaction_worker.errors import StaleFenceError
+from compaction_worker.contracts.events import CompactionCompleted, CompactionProposed, Outcome, Trigger
+from compaction_worker.contracts.history import EffectiveHistory, render, summary_message_text
+from compaction_worker.errors import LockNotAcquiredError, ProposalError, StaleFenceError
 from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
@@ -31,16 +32,18 @@ from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, event_field, pack
+from compaction_worker.state.proposals import Proposal, Proposals
 from compaction_worker.state.store import Snapshot, Store
-from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.factory import Summarizers, configured_summarizers
 from compaction_worker.summaries.instructions import applied_instructions
 
 __all__ = ["Compactor", "Summarizers", "applied", "context_status", "llm_failed"]
 
 log = logging.getLogger(__name__)
 
-Summarizers = Callable[[str, TokenCounter], Sequence[Summarizer]]
-"""The summarizers to try, in order, for a conversation's model and token counter."""
+REACTIVE_UNAPPROVED = (
+    "approval is manual, but a reactive compaction (after an overflow) never waits for it: committed at once"
+)
 
 
 class Compactor:
@@ -56,9 +59,11 @@ class Compactor:
         outbox: Outbox,
         archive: Archive,
         publish: Publisher,
-        summarizers: Summarizers,
+        summarizers: Summarizers | None = None,
     ) -> None:
+        """``summarizers`` replaces the configured ones, every profile's (tests, the demo)."""
         self.settings = settings
+        self.proposals = Proposals(store)
         self.store = store
         self.locks = locks
         self.jobs = jobs
@@ -82,6 +87,7 @@ class Compactor:
         completed: CompactionCompleted | None = None
         try:
             async with asyncio.timeout(deadline) as limit:
+                # None: proposed for approval, or a proposal already waits (nothing committed).
                 completed, retry_in = await self._compact(job, lease.fence, lease.token)
         except TimeoutError:
             if not limit.expired():
@@ -124,14 +130,27 @@ class Compactor:
 
     async def _compact(
         self, job: Job, fence: int, lock_token: str
-    ) -> tuple[CompactionCompleted, float | None]:
-        """Run the pipeline and commit; also returns, after a failure, when to try again."""
+    ) -> tuple[CompactionCompleted | None, float | None]:
+        """Run the pipeline and commit (or, under ``pipeline.approval: manual``, propose); also
+        returns, after a failure, when to try again. None when nothing ended: a proposal was
+        made, or one already waits for the runtime."""
         cid = job.conversation_id
         started_at = time.monotonic()
         snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
-        counter = counter_for(meta.model, self.settings.budget)
-        planned = run_limits(self.settings, snapshot, counter, job)
+        settings = self.settings.for_profile(meta.profile)  # the conversation's own terms
+        pending = await self.proposals.get(cid) if settings.pipeline.approval == "manual" else None
+        if (
+            pending is not None
+            and job.trigger is not Trigger.REACTIVE  # an overflow never waits
+            and (job.trigger is not Trigger.MANUAL or pending.matches(snapshot))
+        ):
+            # A proposal waits for the runtime: a threshold does not ask again (apply recomputes a
+            # stale one); a manual request does, once turns have moved the history past it.
+            log.info("compaction of %s waits for proposal %s to be applied", cid, pending.compaction_id)
+            return None, None
+        counter = counter_for(meta.model, settings.budget)
+        planned = run_limits(settings, snapshot, counter, job)
         info, budget, target, scale, limits = (
             planned.info,
             planned.budget,
@@ -139,7 +158,7 @@ class Compactor:
             planned.scale,
             planned.limits,
         )
-        summarizers = list(self.summarizers(meta.model, counter))
+        summarizers = list((self.summarizers or configured_summarizers(settings))(meta.model, counter))
         # Without a fallback there is nothing to switch to: no breaker then.
         llm = breaker_model(summarizers[0].name, meta.model) if len(summarizers) > 1 else None
         health = await self.breaker.check(llm) if llm else BreakerState()
@@ -164,6 +183,7 @@ class Compactor:
         )
         result: strategies.CompactionResult | None = None
         llm_failures = health.failures
+        completed: CompactionCompleted | None
         try:
             originals = await self.store.originals(cid, strategies.edited_ordinals(snapshot.history))
             result = await strategies.compact(
@@ -171,7 +191,7 @@ class Compactor:
                 limits,
                 summarizers,
                 counter,
-                settings=self.settings.pipeline,
+                settings=settings.pipeline,
                 originals=originals,
                 conversation_id=cid,
                 conversation_model=meta.model,
@@ -180,24 +200,25 @@ class Compactor:
             failed = llm_failed(result, len(summarizers), circuit_open)
             if llm is not None and failed is not None:
                 llm_failures = await self._record_llm_health(cid, llm, failed)
-            if result.shrinks:
-                completed = await self._commit(
-                    run,
-                    snapshot,
-                    result,
-                    originals,
-                    fence=fence,
-                    lock_token=lock_token,
-                    llm_failures=llm_failures,
-                )
-            else:
-                completed = await self._noop(run, snapshot, result, llm_failures)
+            completed = await self._settle(
+                run,
+                snapshot,
+                result,
+                originals,
+                settings,
+                fence=fence,
+                lock_token=lock_token,
+                llm_failures=llm_failures,
+                pending=pending,
+            )
         except StaleFenceError as e:
             completed = run.unchanged(meta, Outcome.FAILED, result, error=str(e), llm_failures=llm_failures)
         except Exception as e:  # a compaction failure is an event, never a dead worker
             log.exception("compaction of %s failed", cid)
             error = f"{type(e).__name__}: {e}"
             completed = run.unchanged(meta, Outcome.FAILED, None, error=error, llm_failures=llm_failures)
+        if completed is None:
+            return None, None  # proposed
         retry_in: float | None = None
         # A newer fence means another writer owns the conversation now (it took the lock
         # after ours expired): its state is not ours to stamp, and it reschedules itself.
@@ -216,6 +237,161 @@ class Compactor:
             " with the LLM skipped (circuit open)" if circuit_open else "",
         )
         return completed, retry_in
+
+    async def _settle(
+        self,
+        run: Run,
+        snapshot: Snapshot,
+        result: strategies.CompactionResult,
+        originals: Mapping[int, Mapping[str, Any]],
+        settings: Settings,
+        *,
+        fence: int,
+        lock_token: str,
+        llm_failures: int,
+        pending: Proposal | None,
+    ) -> CompactionCompleted | None:
+        """What a run's result becomes: a no-op, a proposal (None) or a commit."""
+        if not result.shrinks:
+            return await self._noop(run, snapshot, result, llm_failures)
+        manual = settings.pipeline.approval == "manual"
+        if manual and run.trigger is not Trigger.REACTIVE:
+            await self._propose(run, snapshot, result, llm_failures, replaces=pending)
+            return None
+        if manual:
+            result = replace(result, notes=(*result.notes, REACTIVE_UNAPPROVED))
+        completed = await self._commit(
+            run,
+            snapshot,
+            result,
+            originals,
+            settings,
+            fence=fence,
+            lock_token=lock_token,
+            llm_failures=llm_failures,
+        )
+        if pending is not None:  # what it proposed no longer applies to the history
+            await self._discarded(
+                run.conversation_id, pending, "a reactive compaction, after an overflow, replaced it"
+            )
+        return completed
+
+    async def _propose(
+        self,
+        run: Run,
+        snapshot: Snapshot,
+        result: strategies.CompactionResult,
+        llm_failures: int,
+        *,
+        replaces: Proposal | None,
+    ) -> None:
+        """Publish ``compaction.proposed`` and store the proposal (``replaces``, stale, is discarded)."""
+        cid, meta = run.conversation_id, snapshot.meta
+        proposal = Proposal(
+            compaction_id=run.compaction_id,
+            trigger=run.trigger,
+            version=meta.version,
+            last_seq=meta.last_seq,
+            entry_count=snapshot.entry_count,
+            window=run.window,
+            target=run.target,
+            scale=run.scale,
+            tokens_before=run.tokens_before,
+            circuit_open=run.circuit_open,
+            llm_failures=llm_failures,
+            duration_ms=int((time.monotonic() - run.started_at) * 1000),
+            result=result,
+            instructions=run.instructions,
+        )
+        if replaces is not None:
+            await self._discarded(
+                cid, replaces, f"the history changed: replaced by proposal {run.compaction_id}"
+            )
+        # The event first: stored first, a failed publish would leave a proposal no retry announces.
+        await self.publish(
+            self.settings.topics.proposed,
+            encode(proposed_event(proposal, cid, replaces=replaces.compaction_id if replaces else None)),
+            cid.encode(),
+        )
+        await self.proposals.put(cid, proposal)
+
+    async def apply(self, conversation_id: str, proposal_id: uuid.UUID) -> CompactionCompleted | None:
+        """Commit the pending proposal ``proposal_id`` exactly as proposed, under the conversation's
+        lock; its ``compaction.completed`` follows. None when the history has changed since
+        (turns arrived, or another compaction committed): a manual compaction is scheduled, and
+        its new proposal (``compaction.proposed``, ``replaces`` this one) replaces it.
+
+        Raises ProposalError (no such proposal pending), LockNotAcquiredError (a compaction is
+        running: try again shortly) or StaleFenceError (the lock was lost before the commit).
+        """
+        cid = conversation_id
+        async with self.locks.held(cid, self.store.keys(cid)) as lease:
+            if lease is None:
+                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+            pending = await self._pending(cid, proposal_id)
+            snapshot = await self.store.snapshot(cid)
+            if not pending.matches(snapshot):
+                await self.jobs.schedule(cid, Trigger.MANUAL)
+                log.info("proposal %s of %s is stale: recomputed", proposal_id, cid)
+                return None
+            settings = self.settings.for_profile(snapshot.meta.profile)
+            originals = await self.store.originals(cid, strategies.edited_ordinals(snapshot.history))
+            completed = await self._commit(
+                self._run_of(pending, cid),
+                snapshot,
+                pending.result,
+                originals,
+                settings,
+                fence=lease.fence,
+                lock_token=lease.token,
+                llm_failures=pending.llm_failures,
+            )
+            await self.proposals.remove(cid)
+        log.info("proposal %s of %s applied: version %s", proposal_id, cid, completed.version)
+        await self._reschedule_if_still_over(cid)
+        return completed
+
+    async def discard(self, conversation_id: str, proposal_id: uuid.UUID) -> None:
+        """Drop the pending proposal ``proposal_id``; its ``compaction.completed`` says ``discarded``.
+        Raises ProposalError or LockNotAcquiredError, as :meth:`apply`."""
+        cid = conversation_id
+        async with self.locks.held(cid, self.store.keys(cid)) as lease:
+            if lease is None:
+                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+            await self._discarded(cid, await self._pending(cid, proposal_id), "discarded by the runtime")
+
+    async def _pending(self, cid: str, proposal_id: uuid.UUID) -> Proposal:
+        pending = await self.proposals.get(cid)
+        if pending is None or pending.compaction_id != proposal_id:
+            waiting = f" (proposal {pending.compaction_id} is)" if pending is not None else ""
+            raise ProposalError(f"{cid}: proposal {proposal_id} is not pending{waiting}")
+        return pending
+
+    async def _discarded(self, cid: str, proposal: Proposal, reason: str) -> None:
+        """Remove ``proposal`` and end its run: ``compaction.completed``, outcome ``discarded``."""
+        await self.proposals.remove(cid)
+        meta = await self.store.meta(cid)
+        completed = self._run_of(proposal, cid).unchanged(
+            meta, Outcome.DISCARDED, None, error=reason, llm_failures=proposal.llm_failures
+        )
+        await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+        log.info("proposal %s of %s %s", proposal.compaction_id, cid, reason)
+
+    def _run_of(self, proposal: Proposal, cid: str) -> Run:
+        """The run that computed ``proposal``, to end it with: its events carry its compaction id."""
+        return Run(
+            conversation_id=cid,
+            compaction_id=proposal.compaction_id,
+            trigger=proposal.trigger,
+            window=proposal.window,
+            target=proposal.target,
+            scale=proposal.scale,
+            tokens_before=proposal.tokens_before,
+            started_at=time.monotonic() - proposal.duration_ms / 1000,
+            circuit_open=proposal.circuit_open,
+            instructions=proposal.instructions,
+            with_summary=self.settings.topics.completed_summary,
+        )
 
     async def _noop(
         self, run: Run, snapshot: Snapshot, result: strategies.CompactionResult, llm_failures: int
@@ -237,6 +413,7 @@ class Compactor:
         snapshot: Snapshot,
         result: strategies.CompactionResult,
         originals: Mapping[int, Mapping[str, Any]],
+        settings: Settings,
         *,
         fence: int,
         lock_token: str,
@@ -244,10 +421,10 @@ class Compactor:
     ) -> CompactionCompleted:
         """Archive what it replaced (idempotent), then the fenced commit with its event in the outbox; publish."""
         cid, meta = run.conversation_id, snapshot.meta
-        counter = counter_for(meta.model, self.settings.budget)
+        counter = counter_for(meta.model, settings.budget)
         # Counting a large history is CPU: off the event loop, so other conversations' turns go on.
         history, token_delta = await off_loop(applied, snapshot.history, result, counter)
-        placement = self.settings.pipeline.summary_placement
+        placement = settings.pipeline.summary_placement
         rewritten = await off_loop(
             rewritten_tokens, render(snapshot.history, placement), render(history, placement), counter.message
         )
@@ -326,9 +503,35 @@ class Compactor:
         after a failure, it is still over once the backoff (``delay``) has passed.
         """
         meta = await self.store.meta(cid)
-        trigger = threshold_trigger(meta, self.settings.budget, time.time() + delay)
+        budget = self.settings.for_profile(meta.profile).budget
+        trigger = threshold_trigger(meta, budget, time.time() + delay)
         if trigger is not None:
             await self.jobs.schedule(cid, trigger, delay_seconds=delay)
+
+
+def proposed_event(proposal: Proposal, cid: str, *, replaces: uuid.UUID | None = None) -> CompactionProposed:
+    """The ``compaction.proposed`` event of ``proposal`` (in the event's units, as the completion's)."""
+    result, scale = proposal.result, proposal.scale
+    chunks = result.draft.chunks
+    return CompactionProposed(
+        conversation_id=cid,
+        compaction_id=proposal.compaction_id,
+        trigger=proposal.trigger,
+        version=proposal.version,
+        last_seq=proposal.last_seq,
+        stages=list(result.stages),
+        tokens_before=proposal.tokens_before,
+        tokens_after=int(result.tokens_after * scale),
+        messages_before=result.messages_before,
+        messages_after=result.messages_after,
+        summary=summary_message_text(chunks) if chunks else None,
+        summarizer_model=result.summarizer,
+        llm_usage=result.usage,
+        standing_state=result.standing,
+        notes=list(result.notes),
+        instructions=proposal.instructions,
+        replaces=replaces,
+    )
 
 
 def applied(

@@ -5,13 +5,11 @@ The worker, the CLI and the tests build their parts here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compaction_worker.budget.tokens import TokenCounter
 from compaction_worker.observability import metrics
 from compaction_worker.observability.health import Liveness
-from compaction_worker.runtime.compactor import Compactor, Summarizers
+from compaction_worker.runtime.compactor import Compactor
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.pool import CompactionPool
 from compaction_worker.runtime.publisher import Publisher
@@ -28,9 +26,7 @@ from compaction_worker.state.lock import Locks
 from compaction_worker.state.outbox import Outbox
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
-from compaction_worker.summaries.contract import Summarizer
-from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.summaries.factory import make_summarizer
+from compaction_worker.summaries.factory import Summarizers
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,22 +49,10 @@ class Components:
     """Beaten by the consume loop and the pool's sweeper; the health port's /livez reads it."""
 
 
-def configured_summarizers(settings: Settings) -> Summarizers:
-    """The configured summarizer, then the deterministic extractive one as its fallback."""
-
-    def summarizers(_model: str, counter: TokenCounter) -> Sequence[Summarizer]:
-        primary = make_summarizer(settings.summarizer, counter.text, settings.retry.llm)
-        if isinstance(primary, ExtractiveSummarizer):
-            return (primary,)
-        return (primary, ExtractiveSummarizer(counter.text))
-
-    return summarizers
-
-
 def build_components(
     settings: Settings, redis: RedisClient, publish: Publisher, *, summarizers: Summarizers | None = None
 ) -> Components:
-    """Build the components; ``summarizers`` replaces the configured ones (tests, the demo)."""
+    """Build the components; ``summarizers`` replaces the configured ones, every profile's (tests, the demo)."""
     worker = settings.worker
     store = Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds)
     shards = settings.redis.index_shards
@@ -88,7 +72,7 @@ def build_components(
         outbox=outbox,
         archive=archive,
         publish=publish,
-        summarizers=summarizers or configured_summarizers(settings),
+        summarizers=summarizers,
     )
 
     async def expire_held() -> Sweep:

@@ -113,6 +113,8 @@ def plan_append(
     if event.max_output_tokens is not None:
         changes["max_output_tokens"] = event.max_output_tokens
     changes |= _standing_instructions(event)
+    if event.profile is not None:
+        changes["profile"] = event.profile
     # Our estimate of the prompt of the call this turn reports on (its usage or its error); a turn
     # with neither, the common one, needs none.
     estimate = meta.total_tokens + _input_part(new, event) if event.usage is not None or reactive else 0

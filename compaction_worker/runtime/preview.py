@@ -6,23 +6,30 @@ snapshot) and writes nothing: no lock, no commit, no event. With a deterministic
 (the extractive one) the history it shows is the one a manual compaction then commits, byte
 for byte, while no turn arrives in between; an LLM summarizer is called (and paid for) and may
 word its summary differently the next time.
+
+A proposal (``pipeline.approval: manual``) is such a result that the worker computed and stored
+(state/proposals.py): ``Client.proposal`` shows it the same way, and ``Client.apply`` commits
+exactly it, the LLM's summary included.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker import strategies
-from compaction_worker.budget.tokens import counter_for
+from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import Outcome, StandingStateReport, Trigger
 from compaction_worker.contracts.history import render, summary_message_text
-from compaction_worker.runtime.compactor import Summarizers, applied
+from compaction_worker.runtime.compactor import applied
 from compaction_worker.runtime.limits import run_limits
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
-from compaction_worker.state.store import Store
+from compaction_worker.state.proposals import Proposal
+from compaction_worker.state.store import Snapshot, Store
+from compaction_worker.summaries.factory import Summarizers, configured_summarizers
 from compaction_worker.summaries.instructions import applied_instructions
 
 
@@ -46,20 +53,25 @@ class Preview:
     """The summary the history would start with; None when it would hold none."""
     standing: StandingStateReport | None
     error: str | None
+    compaction_id: uuid.UUID | None = None
+    """A proposal's id (``Client.proposal``); None for a preview computed now."""
 
 
 async def preview(
     store: Store,
     settings: Settings,
-    summarizers: Summarizers,
     conversation_id: str,
     *,
     instructions: str | None = None,
+    summarizers: Summarizers | None = None,
 ) -> Preview:
     """Compute a manual compaction of ``conversation_id`` (with ``instructions`` added to its own)
-    and return what it would change, writing nothing."""
+    and return what it would change, writing nothing: under the conversation's settings profile,
+    with its configured summarizers unless ``summarizers`` replaces them, as the compactor."""
     snapshot = await store.snapshot(conversation_id)
     meta = snapshot.meta
+    settings = settings.for_profile(meta.profile)
+    summarizers = summarizers or configured_summarizers(settings)
     counter = counter_for(meta.model, settings.budget)
     job = Job(conversation_id, "preview", Trigger.MANUAL, time.time(), instructions=instructions)
     planned = run_limits(settings, snapshot, counter, job)
@@ -75,11 +87,45 @@ async def preview(
         conversation_model=meta.model,
         instructions=applied_instructions(meta.instructions, instructions),
     )
+    return _preview_of(
+        conversation_id, snapshot, result=result, counter=counter, scale=planned.scale, settings=settings
+    )
+
+
+def proposal_preview(
+    conversation_id: str, proposal: Proposal, snapshot: Snapshot, settings: Settings
+) -> Preview:
+    """What applying ``proposal`` commits (``Client.proposal``): its history on ``snapshot``; when the
+    conversation has moved past it, ``error`` says that applying it recomputes instead."""
+    counter = counter_for(snapshot.meta.model, settings.budget)
+    found = _preview_of(
+        conversation_id,
+        snapshot,
+        result=proposal.result,
+        counter=counter,
+        scale=proposal.scale,
+        settings=settings,
+    )
+    stale = None if proposal.matches(snapshot) else "the history changed since: applying it recomputes it"
+    return replace(
+        found, version=proposal.version, compaction_id=proposal.compaction_id, error=stale or found.error
+    )
+
+
+def _preview_of(
+    conversation_id: str,
+    snapshot: Snapshot,
+    *,
+    result: strategies.CompactionResult,
+    counter: TokenCounter,
+    scale: float,
+    settings: Settings,
+) -> Preview:
+    meta = snapshot.meta
     # As the compactor: only a result that shrinks the history is committed.
     commits = result.shrinks
     history = applied(snapshot.history, result, counter)[0] if commits else snapshot.history
     verbatim = {e.n for e in history.entries if e.edit is None}
-    scale = planned.scale
     return Preview(
         conversation_id=conversation_id,
         version=meta.version,

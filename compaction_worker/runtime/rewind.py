@@ -69,12 +69,13 @@ class Rewinder:
             if lease is None:
                 raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
             meta = await self.store.meta(cid)
-            _, budget = conversation_budget(meta, self.settings.budget)
+            settings = self.settings.for_profile(meta.profile)
+            _, budget = conversation_budget(meta, settings.budget)
             scale = scale_of(meta)
-            counter = counter_for(meta.model, self.settings.budget)
+            counter = counter_for(meta.model, settings.budget)
             overhead = strategies.summary_overhead(counter)
-            limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)
-            ctx = strategies.StageContext(limits, self.settings.pipeline, counter, overhead)
+            limits = limits_for(settings, meta, budget, budget.target, scale, force=False)
+            ctx = strategies.StageContext(limits, settings.pipeline, counter, overhead)
 
             def repair(chunks: tuple[SummaryChunk, ...], entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
                 # The pipeline's last stage, as on every compaction commit: verbatim messages
@@ -92,7 +93,7 @@ class Rewinder:
             )
         before = result.before
         restored = before.history.with_parts(result.chunks, result.entries)
-        placement = self.settings.pipeline.summary_placement
+        placement = settings.pipeline.summary_placement
         archived = await self.archive.items(cid)
         compaction_id = uuid.uuid4()
         tokens_before = int(before.meta.total_tokens * scale)

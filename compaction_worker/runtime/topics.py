@@ -48,12 +48,12 @@ async def create_topics(
 
 
 async def ensure_topics(settings: Settings) -> list[str]:
-    """Create the four topics if missing, with the configured partition count."""
+    """Create the worker's topics if missing, with the configured partition count."""
     topics = settings.topics
     assert settings.kafka.bootstrap_servers
     return await create_topics(
         settings.kafka.bootstrap_servers,
-        [topics.turns, topics.started, topics.completed, topics.dlq],
+        [topics.turns, topics.started, topics.completed, topics.proposed, topics.dlq],
         topics.partitions,
         topics.replication_factor,
         **kafka_client_args(settings.kafka),

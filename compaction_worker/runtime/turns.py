@@ -229,6 +229,13 @@ class TurnHandler:
                 f"Kafka key {key!r} is not the conversation id; events must be keyed by conversation_id",
                 event.conversation_id,
             )
+        if event.profile and event.profile not in self.settings.profiles:
+            known = ", ".join(sorted(self.settings.profiles)) or "none"
+            raise BadEventError(
+                DeadLetterReason.UNKNOWN_PROFILE,
+                f"profile {event.profile!r} is not one of the deployment's profiles ({known})",
+                event.conversation_id,
+            )
         if self.settings.budget.fallback_window is None and event.context_window is None:
             info = resolve_window(event.model, self.settings.budget, None)
             if info.source == "fallback":
@@ -300,14 +307,16 @@ class TurnHandler:
         request: JobRequest | None,
         counter: TokenCounter,
     ) -> AppendPlan:
-        """The turn's append onto ``meta`` (plan.py): the per-turn path and runs plan here."""
+        """The turn's append onto ``meta`` (plan.py): the per-turn path and runs plan here, under the
+        settings profile the turn chooses, else the one the conversation has."""
+        profile = event.profile if event.profile is not None else meta.profile
         return plan_append(
             event,
             meta,
             new,
             request,
             counter=counter,
-            settings=self.settings.budget,
+            settings=self.settings.for_profile(profile).budget,
             traceparent=tracing.current_traceparent(),
         )
 

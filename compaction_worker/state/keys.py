@@ -45,6 +45,8 @@ class ConversationKeys:
     """Hash: each stored turn's content fingerprint, by seq (store.py; tells a redelivery from a conflict)."""
     seq: str
     """String: the last turn seq handed out to a runtime that does not track its own (sequence.py)."""
+    proposal: str
+    """String: a compaction proposed and not yet applied or discarded, as JSON (proposals.py)."""
 
     def all(self) -> tuple[str, ...]:
         """All keys, for deletion."""

@@ -51,6 +51,8 @@ class Meta:
     """The maximum a provider's overflow error stated, when below the window we knew."""
     instructions: str = ""
     """Standing compaction instructions: what every compaction's summary keeps first ("": none)."""
+    profile: str = ""
+    """The settings profile the conversation compacts under ("": the deployment's settings)."""
     updated_at: float = 0.0
     rev: int = 0
     """The revision: every write of the hash bumps it (the per-turn script checks it: appends.py)."""
@@ -115,6 +117,7 @@ class Meta:
             context_window=opt_int("context_window"),
             observed_window=opt_int("observed_window"),
             instructions=data.get("instructions", ""),
+            profile=data.get("profile", ""),
             updated_at=f("updated_at"),
             rev=i("rev"),
         )
@@ -137,18 +140,23 @@ def stored_text(value: object) -> str:
 
 
 async def write_instructions(redis: RedisClient, key: str, text: str | None, retention_ms: int) -> None:
-    """Set (or, with None or blank text, clear) a conversation's standing compaction instructions.
+    """Set (or, with None or blank text, clear) a conversation's standing compaction instructions."""
+    text = (text or "").strip()
+    if len(text) > MAX_INSTRUCTIONS_CHARS:
+        raise ValueError(f"instructions of {len(text)} characters; at most {MAX_INSTRUCTIONS_CHARS}")
+    await write_field(redis, key, "instructions", text, retention_ms)
+
+
+async def write_field(redis: RedisClient, key: str, name: str, value: str, retention_ms: int) -> None:
+    """Set a meta field a conversation keeps until it is changed (its instructions, its profile).
 
     It bumps the revision, as every write of the hash does, so that a turn planned from the
     meta before it is planned again (appends.py). A conversation with no turn yet gets a meta
     hash that expires after the retention, unless a turn gives it its deadline first
     (lua/expiry.lua); an existing deadline is left as it is, shared with the other keys.
     """
-    text = (text or "").strip()
-    if len(text) > MAX_INSTRUCTIONS_CHARS:
-        raise ValueError(f"instructions of {len(text)} characters; at most {MAX_INSTRUCTIONS_CHARS}")
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, "instructions", text)
+        pipe.hset(key, name, value)
         pipe.hincrby(key, "rev", 1)
         if retention_ms > 0:
             pipe.pexpire(key, retention_ms, nx=True)

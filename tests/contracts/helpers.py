@@ -17,11 +17,13 @@ from compaction_worker.contracts.events import (
     COMPLETED_TOPIC,
     DLQ_TOPIC,
     EVENT_MODELS,
+    PROPOSED_TOPIC,
     STARTED_TOPIC,
     TURNS_TOPIC,
     ChatMessage,
     CompactionCompleted,
     CompactionMode,
+    CompactionProposed,
     CompactionRequest,
     CompactionStarted,
     ContentPart,
@@ -40,7 +42,7 @@ from compaction_worker.contracts.json_schemas import schema_file
 from compaction_worker.contracts.specification import ASYNCAPI_FILE
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
-TOPICS = {TURNS_TOPIC, STARTED_TOPIC, COMPLETED_TOPIC, DLQ_TOPIC}
+TOPICS = {TURNS_TOPIC, STARTED_TOPIC, COMPLETED_TOPIC, PROPOSED_TOPIC, DLQ_TOPIC}
 SCHEMA_FILES = [schema_file(topic) for topic in EVENT_MODELS]
 
 # Keywords whose meaning is the same in draft-07 (the base of AsyncAPI's default schema
@@ -132,6 +134,20 @@ def example_events() -> dict[str, BaseModel]:
             version=3,
             context_status=ContextStatus.SUMMARIZED,
             duration_ms=5_300,
+        ),
+        PROPOSED_TOPIC: CompactionProposed(
+            conversation_id=cid,
+            compaction_id=compaction_id,
+            trigger=Trigger.THRESHOLD,
+            version=2,
+            last_seq=57,
+            stages=["summarize"],
+            tokens_before=104_000,
+            tokens_after=40_000,
+            messages_before=120,
+            messages_after=9,
+            summary="[summary of earlier conversation]\nThe user is migrating auth to OAuth2.",
+            summarizer_model="openai/gpt-4o-mini",
         ),
         DLQ_TOPIC: DeadLetter(
             reason=DeadLetterReason.MALFORMED_JSON.value,

@@ -12,9 +12,9 @@ from compaction_worker.contracts.events import Outcome, Trigger
 from compaction_worker.contracts.history import render
 from compaction_worker.replay.reader import Conversation, ReplayInputError, read_file
 from compaction_worker.replay.simulate import DEFAULT_MODEL, ConversationReport, Replay, split_turns
-from compaction_worker.runtime.components import configured_summarizers
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
+from compaction_worker.summaries.factory import configured_summarizers
 from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.orchestration import Parts
 

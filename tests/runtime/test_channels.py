@@ -11,7 +11,13 @@ import yaml
 from faststream.kafka import KafkaBroker, TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
-from compaction_worker.contracts.events import COMPLETED_TOPIC, DLQ_TOPIC, STARTED_TOPIC, TURNS_TOPIC
+from compaction_worker.contracts.events import (
+    COMPLETED_TOPIC,
+    DLQ_TOPIC,
+    PROPOSED_TOPIC,
+    STARTED_TOPIC,
+    TURNS_TOPIC,
+)
 from compaction_worker.runtime.channels import committed_document, declare, document, make_broker
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import KafkaSettings, TopicSettings
@@ -19,7 +25,11 @@ from tests.contracts.helpers import SCHEMAS_DIR
 from tests.orchestration import make_settings
 
 RENAMED = TopicSettings(
-    turns="prod.turns", started="prod.started", completed="prod.completed", dlq="prod.dlq"
+    turns="prod.turns",
+    started="prod.started",
+    completed="prod.completed",
+    proposed="prod.proposed",
+    dlq="prod.dlq",
 )
 
 
@@ -39,7 +49,7 @@ def test_the_turns_subscriber_is_on_no_broker_that_runs() -> None:
     broker = make_broker(kafka)
     channels = declare(broker, TopicSettings(), kafka)
     assert broker.subscribers == []
-    assert sorted(channels.publishers) == sorted([STARTED_TOPIC, COMPLETED_TOPIC, DLQ_TOPIC])
+    assert sorted(channels.publishers) == sorted([STARTED_TOPIC, COMPLETED_TOPIC, PROPOSED_TOPIC, DLQ_TOPIC])
     operations = document(channels.specification, TopicSettings())["operations"]
     assert operations[TURNS_TOPIC]["action"] == "receive"
 
@@ -53,6 +63,7 @@ def test_renamed_topics_move_the_addresses_not_the_names() -> None:
         TURNS_TOPIC: "prod.turns",
         STARTED_TOPIC: "prod.started",
         COMPLETED_TOPIC: "prod.completed",
+        PROPOSED_TOPIC: "prod.proposed",
         DLQ_TOPIC: "prod.dlq",
     }
     (server,) = generated["servers"].values()
