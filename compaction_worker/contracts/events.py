@@ -162,6 +162,17 @@ class CompactionMode(StrEnum):
     OVERFLOW = "overflow"
 
 
+class MessageRef(BaseModel):
+    """An earlier message of the conversation: every message of turn ``turn_seq``, or its ``index``-th."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn_seq: int = Field(ge=1)
+    index: int | None = Field(
+        default=None, ge=0, description="The message's place in its turn, from 0; absent: all."
+    )
+
+
 class CompactionRequest(BaseModel):
     """A manual (``force``) or reactive (``overflow``) compaction request."""
 
@@ -215,6 +226,17 @@ class TurnEvent(_Event):
         "dead-lettered (unknown_profile).",
     )
 
+    pin: list[MessageRef] | None = Field(
+        default=None,
+        max_length=100,
+        description="Earlier messages to pin after the fact (as Client.pin): every later compaction keeps them "
+        "verbatim. Applied once the turn is stored, or by the next compaction if one is running; a message a "
+        "summary already replaced cannot be pinned (logged).",
+    )
+    unpin: list[MessageRef] | None = Field(
+        default=None, max_length=100, description="Earlier messages to unpin."
+    )
+
     @model_validator(mode="after")
     def _has_something(self) -> TurnEvent:
         if (
@@ -223,9 +245,12 @@ class TurnEvent(_Event):
             and self.system_prompt is None
             and self.compaction_instructions is None
             and self.profile is None
+            and not self.pin
+            and not self.unpin
         ):
             raise ValueError(
-                "a turn needs messages, a system_prompt, compaction_instructions, a profile or a compaction request"
+                "a turn needs messages, a system_prompt, compaction_instructions, a profile, pins or a "
+                "compaction request"
             )
         return self
 

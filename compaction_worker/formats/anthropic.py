@@ -220,9 +220,14 @@ def from_openai(messages: Iterable[Mapping[str, Any]]) -> AnthropicMessages:
             group["content"].append(block)
         elif role == "user":
             user = restore(FORMAT, message, _user, _user_back)
-            if group is not None:
-                group["content"] += _blocks(user.pop("content"))
-                group.update(user)
+            # After tool results, or after another user message (the task before the summary
+            # turn): one user turn, as the API would combine them; roles keep alternating.
+            previous = (
+                group if group is not None else out[-1] if out and out[-1].get("role") == "user" else None
+            )
+            if previous is not None:
+                previous["content"] = [*_listed(previous), *_blocks(user.pop("content"))]
+                previous.update(user)
             else:
                 out.append(user)
             group = None
@@ -306,17 +311,27 @@ def with_cache_breakpoints(
 
 def _chunked(message: Mapping[str, Any], chunks: Sequence[str]) -> dict[str, Any]:
     """The summary turn as one text block per chunk, then the rest, the breakpoint on the last
-    chunk's; marked whole (:func:`_marked`) when its text does not start with the chunks."""
+    chunk's (the blocks before the summary's, the task's, stay as they are); marked whole
+    (:func:`_marked`) when no text of it starts with the chunks."""
     content = message.get("content")
     joined = "\n\n".join(chunks)
-    if not isinstance(content, str) or not content.startswith(joined):
+    listed = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    at = next(
+        (
+            i
+            for i, b in enumerate(listed)
+            if b.get("type") == "text" and str(b.get("text")).startswith(joined)
+        ),
+        None,
+    )
+    if at is None:
         return _marked(message)
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text} for text in chunks]
     blocks[-1]["cache_control"] = EPHEMERAL
-    rest = content[len(joined) :].removeprefix("\n\n")
+    rest = str(listed[at]["text"])[len(joined) :].removeprefix("\n\n")
     if rest:
         blocks.append({"type": "text", "text": rest})
-    return {**message, "content": blocks}
+    return {**message, "content": [*listed[:at], *blocks, *listed[at + 1 :]]}
 
 
 def _marked(message: Mapping[str, Any]) -> dict[str, Any]:

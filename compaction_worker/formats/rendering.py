@@ -94,10 +94,11 @@ def rendered(
 
 
 def _summarizes(message: Mapping[str, Any]) -> bool:
-    """Whether ``message`` is the summary turn (or, merged, carries it first)."""
+    """Whether ``message`` carries the summary turn (a text of it starts with the summary's tag)."""
     content = message.get("content")
-    if isinstance(content, list):
-        content = next(
-            (b.get("text") for b in content if isinstance(b, Mapping) and b.get("type") == "text"), ""
-        )
-    return isinstance(content, str) and is_summary_text(content)
+    if isinstance(content, str):
+        return is_summary_text(content)
+    return any(
+        isinstance(b, Mapping) and b.get("type") == "text" and is_summary_text(str(b.get("text")))
+        for b in content or ()
+    )

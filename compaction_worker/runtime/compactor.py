@@ -23,6 +23,7 @@ from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
 from compaction_worker.runtime.limits import run_limits
+from compaction_worker.runtime.pins import apply_asked
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.runtime.reports import Run, context_status, llm_failed
 from compaction_worker.settings import Settings
@@ -137,6 +138,9 @@ class Compactor:
         cid = job.conversation_id
         started_at = time.monotonic()
         snapshot = await self.store.snapshot(cid)
+        if snapshot.meta.pins:  # pins turns asked for while a compaction held the lock: first
+            await apply_asked(self.store, None, cid, snapshot.meta.pins)
+            snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
         settings = self.settings.for_profile(meta.profile)  # the conversation's own terms
         pending = await self.proposals.get(cid) if settings.pipeline.approval == "manual" else None

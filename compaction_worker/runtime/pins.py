@@ -7,14 +7,25 @@ lock: a compaction running at that moment would commit a history read before the
 pin waits for it instead (LockNotAcquiredError: try again). Only a message the effective
 history still carries can be pinned; one a summary already replaced cannot (rewind first), and
 one a cheap stage edited (a pruned tool output) stays pinned as the history holds it.
+
+A runtime that only publishes pins with a turn's ``pin`` / ``unpin`` fields: the turn's append
+adds them to the meta's ``pins`` (runtime/plan.py), and whoever holds the lock next applies
+them (:func:`apply_asked`): the turn handler right after the append when no compaction runs,
+else that compaction, before it reads the history.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import LockNotAcquiredError, PinError
 from compaction_worker.state.lock import Locks
+from compaction_worker.state.meta import clear_field_if
 from compaction_worker.state.store import Store
+
+log = logging.getLogger(__name__)
 
 
 async def set_pinned(
@@ -22,7 +33,43 @@ async def set_pinned(
 ) -> list[int]:
     """Pin (``pinned``) or unpin the messages of turn ``turn_seq`` (only its ``index``-th, from 0,
     when given); returns their transcript ordinals."""
-    keys = store.keys(conversation_id)
+    ordinals = await _ordinals(store, conversation_id, turn_seq, index)
+    async with locks.held(conversation_id, store.keys(conversation_id)) as lease:
+        if lease is None:
+            raise LockNotAcquiredError(f"{conversation_id} is being compacted right now; try again shortly")
+        await _write(store, conversation_id, turn_seq, ordinals, pinned=pinned)
+    return ordinals
+
+
+async def apply_asked(store: Store, locks: Locks | None, conversation_id: str, asked: str) -> bool:
+    """Apply the pins turns asked for (the meta's ``pins``, ``asked``) and clear them; with ``locks``,
+    only if the conversation's lock is free now (None: the caller holds it). A pin of a message a
+    summary already replaced, or of no such message, is logged and dropped. Whether they were applied."""
+    if locks is None:
+        await _apply(store, conversation_id, asked)
+        return True
+    async with locks.held(conversation_id, store.keys(conversation_id)) as lease:
+        if lease is None:
+            return False  # the compaction running now applies them first
+        await _apply(store, conversation_id, asked)
+    return True
+
+
+async def _apply(store: Store, conversation_id: str, asked: str) -> None:
+    for turn_seq, index, pinned in json.loads(asked):
+        try:
+            ordinals = await _ordinals(store, conversation_id, turn_seq, index)
+            await _write(store, conversation_id, turn_seq, ordinals, pinned=pinned)
+        except PinError as e:
+            log.warning(
+                "a turn's %s of turn %s was not applied: %s", "pin" if pinned else "unpin", turn_seq, e
+            )
+    # Only what was read: pins a turn added meanwhile stay for the next holder of the lock.
+    await clear_field_if(store.redis, store.keys(conversation_id).meta, "pins", asked)
+
+
+async def _ordinals(store: Store, conversation_id: str, turn_seq: int, index: int | None) -> list[int]:
+    """The transcript ordinals of turn ``turn_seq``'s messages (its ``index``-th only, when given)."""
     ordinals = [
         record["n"] for record in await store.transcript(conversation_id) if record.get("seq") == turn_seq
     ]
@@ -34,25 +81,27 @@ async def set_pinned(
                 f"turn {turn_seq} of {conversation_id} has {len(ordinals)} messages, no index {index}"
             )
         ordinals = [ordinals[index]]
-    async with locks.held(conversation_id, keys) as lease:
-        if lease is None:
-            raise LockNotAcquiredError(f"{conversation_id} is being compacted right now; try again shortly")
-        # Under the lock nothing rewrites the entries (a commit or a rewind would hold it); appends
-        # only push new ones at the end, so the indexes read here stay right for the writes.
-        raw = await store.redis.lrange(keys.entries, 0, -1)
-        at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
-        gone = [n for n in ordinals if n not in at]
-        if gone:
-            raise PinError(
-                f"message {', '.join(map(str, gone))} of {conversation_id} (turn {turn_seq}) is already "
-                "summarized: rewind the compaction that replaced it first"
-            )
-        async with store.redis.pipeline(transaction=True) as pipe:
-            for n in ordinals:
-                i, entry = at[n]
-                message = {**entry.message, "pinned": pinned}
-                pipe.lset(
-                    keys.entries, i, Entry(entry.n, entry.seq, message, entry.tokens, entry.edit).to_json()
-                )
-            await pipe.execute()
     return ordinals
+
+
+async def _write(
+    store: Store, conversation_id: str, turn_seq: int, ordinals: list[int], *, pinned: bool
+) -> None:
+    """Set the flag on the entries of ``ordinals``; the conversation's lock is held."""
+    keys = store.keys(conversation_id)
+    # Under the lock nothing rewrites the entries (a commit or a rewind would hold it); appends
+    # only push new ones at the end, so the indexes read here stay right for the writes.
+    raw = await store.redis.lrange(keys.entries, 0, -1)
+    at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
+    gone = [n for n in ordinals if n not in at]
+    if gone:
+        raise PinError(
+            f"message {', '.join(map(str, gone))} of {conversation_id} (turn {turn_seq}) is already "
+            "summarized: rewind the compaction that replaced it first"
+        )
+    async with store.redis.pipeline(transaction=True) as pipe:
+        for n in ordinals:
+            i, entry = at[n]
+            message = {**entry.message, "pinned": pinned}
+            pipe.lset(keys.entries, i, Entry(entry.n, entry.seq, message, entry.tokens, entry.edit).to_json())
+        await pipe.execute()

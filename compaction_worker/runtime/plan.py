@@ -6,6 +6,7 @@ were computed from (state/appends.py), so the plan is exact or it is not used.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -112,9 +113,7 @@ def plan_append(
         changes["context_window"] = event.context_window
     if event.max_output_tokens is not None:
         changes["max_output_tokens"] = event.max_output_tokens
-    changes |= _standing_instructions(event)
-    if event.profile is not None:
-        changes["profile"] = event.profile
+    changes |= _standing(event, meta)
     # Our estimate of the prompt of the call this turn reports on (its usage or its error); a turn
     # with neither, the common one, needs none.
     estimate = meta.total_tokens + _input_part(new, event) if event.usage is not None or reactive else 0
@@ -153,10 +152,26 @@ def plan_append(
     )
 
 
-def _standing_instructions(event: TurnEvent) -> dict[str, Any]:
-    """The meta field the turn's standing compaction instructions set ("" clears them; absent: none)."""
-    text = event.compaction_instructions
-    return {} if text is None else {"instructions": text.strip()}
+def asked_pins(pending: str, event: TurnEvent) -> str:
+    """The pins waiting to be applied (runtime/pins.py) with the turn's: ``[turn_seq, index, pin]`` each."""
+    asked = json.loads(pending) if pending else []
+    asked += [[ref.turn_seq, ref.index, True] for ref in event.pin or ()]
+    asked += [[ref.turn_seq, ref.index, False] for ref in event.unpin or ()]
+    return json.dumps(asked, separators=(",", ":"))
+
+
+def _standing(event: TurnEvent, meta: Meta) -> dict[str, Any]:
+    """The meta fields a turn sets until a later one changes them: its standing compaction
+    instructions ("" clears them), its settings profile ("": the deployment's), the pins it asks
+    for; absent, none."""
+    fields: dict[str, Any] = {}
+    if event.compaction_instructions is not None:
+        fields["instructions"] = event.compaction_instructions.strip()
+    if event.profile is not None:
+        fields["profile"] = event.profile
+    if event.pin or event.unpin:
+        fields["pins"] = asked_pins(meta.pins, event)
+    return fields
 
 
 def _with_instructions(request: JobRequest | None, event: TurnEvent) -> JobRequest | None:

@@ -31,6 +31,7 @@ from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
+from compaction_worker.runtime.pins import apply_asked
 from compaction_worker.runtime.plan import AppendPlan, plan_append
 from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
 from compaction_worker.settings import Settings
@@ -324,6 +325,8 @@ class TurnHandler:
         for note in plan.notes:
             log.warning("%s", note)
         trigger = plan.job.trigger if plan.job is not None else None
+        if plan.after.pins and await apply_asked(self.store, self.jobs.locks, cid, plan.after.pins):
+            self._known.pop(cid, None)  # the pins' write bumped the revision: read the meta again
         # The job hash first (in the script), then the index: a crash between the two is
         # repaired by the turn's redelivery (a duplicate whose job is pending is indexed).
         if reply.job:  # the script's verdict: due now

@@ -53,6 +53,8 @@ class Meta:
     """Standing compaction instructions: what every compaction's summary keeps first ("": none)."""
     profile: str = ""
     """The settings profile the conversation compacts under ("": the deployment's settings)."""
+    pins: str = ""
+    """Pins and unpins turns asked for and not applied yet (runtime/pins.py), as JSON ("": none)."""
     updated_at: float = 0.0
     rev: int = 0
     """The revision: every write of the hash bumps it (the per-turn script checks it: appends.py)."""
@@ -118,6 +120,7 @@ class Meta:
             observed_window=opt_int("observed_window"),
             instructions=data.get("instructions", ""),
             profile=data.get("profile", ""),
+            pins=data.get("pins", ""),
             updated_at=f("updated_at"),
             rev=i("rev"),
         )
@@ -161,3 +164,19 @@ async def write_field(redis: RedisClient, key: str, name: str, value: str, reten
         if retention_ms > 0:
             pipe.pexpire(key, retention_ms, nx=True)
         await pipe.execute()
+
+
+_CLEAR_IF = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1], '')
+  redis.call('HINCRBY', KEYS[1], 'rev', 1)
+  return 1
+end
+return 0
+"""
+
+
+async def clear_field_if(redis: RedisClient, key: str, name: str, expected: str) -> bool:
+    """Empty meta field ``name`` if it still holds ``expected`` (bumping the revision); whether it did.
+    A writer that added to the field meanwhile keeps what it added."""
+    return bool(await redis.eval(_CLEAR_IF, 1, key, name, expected))

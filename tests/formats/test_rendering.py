@@ -109,14 +109,17 @@ class TestCacheBreakpoints:
         MESSAGES_API.validate_python(messages)
 
     def test_the_breakpoint_follows_the_chunks_when_the_task_comes_first(self) -> None:
-        """The task, older than the chunks, leads; the summary turn after it carries the breakpoint."""
+        """The task, older than the chunks, leads: with the summary turn it makes one user message
+        (turns alternate), its own block first and unmarked, the breakpoint after the last chunk."""
         task = Entry(n=0, seq=1, message={"role": "user", "content": "Fix CI."}, tokens=5)
         h = history(anthropic.to_openai(LOOP))
         _, messages = rendered(EffectiveHistory(h.chunks, (task, *h.entries)), "anthropic", cache=True)
 
-        assert messages[0] == {"role": "user", "content": "Fix CI."}
-        assert breakpoints(messages) == ["[1].content[0]", "[5].content[0]"]
-        assert messages[1]["content"][0]["text"] == summary_message_text((CHUNK,))
+        first = messages[0]["content"]
+        assert first[0] == {"type": "text", "text": "Fix CI."}
+        assert first[1]["text"] == summary_message_text((CHUNK,))
+        assert breakpoints(messages) == ["[0].content[1]", f"[{len(messages) - 1}].content[0]"]
+        assert [m["role"] for m in messages][:2] == ["user", "assistant"]
         MESSAGES_API.validate_python(messages)
 
     def test_thinking_blocks_are_never_marked(self) -> None:

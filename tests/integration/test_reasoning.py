@@ -115,6 +115,10 @@ async def publish_compact(client: Client, cid: str, turns: Sequence[list[dict[st
     assert len(history.entries) < sum(map(len, turns)), "nothing left with the summary"
 
 
+def as_blocks(content: Any) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
 def summary_text(texts: Sequence[str]) -> str:
     found = [t for t in texts if SUMMARY_HEADER in t]
     assert len(found) == 1, texts
@@ -153,7 +157,9 @@ async def test_anthropic_thinking_loop_compacted_and_rendered_back(
     assert all(m in loop for m in tail)  # ...each assistant message exactly as published
     assert messages[-2] == loop[-2]  # the last one, whose thinking the API checks, among them
     assert len(tail) < STEPS  # and the steps before them were summarized
-    summary = summary_text([m["content"] for m in messages if isinstance(m["content"], str)])
+    # The task and the summary turn make one user message (Anthropic's turns alternate): by block.
+    texts = [b["text"] for m in messages for b in as_blocks(m["content"]) if b.get("type") == "text"]
+    summary = summary_text(texts)
     for secret in ("THINK-", "SIG", "REDACTED-"):  # no reasoning text, signature or redacted data
         assert secret not in summary
     assert system is None

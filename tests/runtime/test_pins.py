@@ -113,3 +113,43 @@ async def test_what_cannot_be_pinned_is_refused_with_the_reason(
     assert isinstance(held, Lease)
     with pytest.raises(LockNotAcquiredError):
         await client.pin("c", 20)
+
+
+async def test_a_turns_pin_field_pins_as_the_client_does(
+    parts: Parts, settings: Settings, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A runtime that only publishes: turn 21 pins turn 3 (and names a turn that is not there, which
+    is logged and dropped); the pin is applied with the append, and the compaction keeps it."""
+    await turns(parts, 1, 2)
+    await parts.turns.handle(turn_bytes("c", 3, [assistant(NOTE)]), b"c")
+    await turns(parts, 4, 20)
+    asked = [{"turn_seq": 3}, {"turn_seq": 99}]
+    await parts.turns.handle(turn_bytes("c", 21, [user("pin that deploy note")], pin=asked), b"c")
+
+    assert (await parts.store.meta("c")).pins == ""
+    assert "has no turn 99" in caplog.text
+    await compact(parts, published)
+    messages = render((await parts.store.snapshot("c")).history, settings.pipeline.summary_placement)
+    assert NOTE in rendered_texts(messages)
+
+
+async def test_a_pin_asked_during_a_compaction_is_applied_by_the_next_one(
+    parts: Parts, settings: Settings, published: Published
+) -> None:
+    """The lock is held when the pin arrives: it waits in the meta, and the next compaction applies it
+    before it reads the history; an unpin the same way."""
+    await turns(parts, 1, 2)
+    await parts.turns.handle(turn_bytes("c", 3, [assistant(NOTE)]), b"c")
+    await turns(parts, 4, 20)
+    held = await parts.locks.acquire("c", parts.store.keys("c"))
+    assert isinstance(held, Lease)
+    await parts.turns.handle(
+        turn_bytes("c", 21, [user("keep that note")], pin=[{"turn_seq": 3, "index": 0}]), b"c"
+    )
+    assert (await parts.store.meta("c")).pins == "[[3,0,true]]"
+    await parts.locks.release(held, parts.store.keys("c"))
+
+    await compact(parts, published)
+    snapshot = await parts.store.snapshot("c")
+    assert snapshot.meta.pins == ""
+    assert NOTE in rendered_texts(render(snapshot.history, settings.pipeline.summary_placement))
