@@ -47,7 +47,7 @@ class AppendStatus(StrEnum):
 
     APPENDED = "appended"
     DUPLICATE = "duplicate"
-    """The seq is stored with the same fingerprint (or one stored before fingerprints were kept)."""
+    """The seq is stored with the same fingerprint."""
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     """The seq is stored with another fingerprint: the turn is not the one stored."""
     HELD = "held"
@@ -73,7 +73,8 @@ class TurnWrite:
     rev: int
     """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
     now: float
-    fingerprint: str | None = None
+    fingerprint: str
+    """The turn's content fingerprint (contracts/fingerprints.py): a redelivery with another conflicts."""
     job: JobRequest | None = None
     """A compaction request to record with the append (kept unless a stronger one is pending)."""
     held: bytes | None = None
@@ -97,7 +98,7 @@ class AppendReply:
     """After an append: the job is due now (the request was recorded, or it was asked for and a
     stronger one is pending); after a duplicate: a job is pending. Either way: index it."""
     kept: str | None = None
-    """For a conflict: the fingerprint of the turn stored or held first (None: it has none)."""
+    """For a conflict: the fingerprint of the turn stored or held first."""
     meta: Mapping[str, str] | None = None
     """When stale: the stored meta hash."""
 
@@ -136,7 +137,7 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
         str(write.rev),
         str(int(write.now * 1000)),
         str(retention_ms),
-        write.fingerprint or "",
+        write.fingerprint,
         "1" if write.first else "0",
         encode(write.job.fields() | {"asked": "1"} if write.job.asked else write.job.fields())
         if write.job is not None

@@ -13,7 +13,8 @@ import re
 import time
 from dataclasses import dataclass
 
-from compaction_worker.contracts.events import BadEventError, DeadLetterReason
+from compaction_worker.contracts.events import BadEventError, DeadLetterReason, TurnEvent
+from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex
 from compaction_worker.state.keys import gaps_index_key
@@ -30,10 +31,9 @@ request timeout is 40 s), short enough that a dead sweeper's claims come back so
 HELD_LUA = "held.lua"
 """The library that reads a held turn's stored form in Lua (the format below)."""
 
-# A held turn is stored as ``<held_ms>:<raw>``, or ``<held_ms>/<lease_ms>:<raw>`` while a
-# sweep dead-letters it; the turn's fingerprint may follow the prefix
-# (``<held_ms>:<fp>:<raw>``). A held turn was a JSON object: its own first byte is never a
-# digit, nor a hex digit.
+# A held turn is stored as ``<held_ms>:<fp>:<raw>``, or ``<held_ms>/<lease_ms>:<fp>:<raw>`` while
+# a sweep dead-letters it (``fp``: the turn's fingerprint, 32 hex digits). A held turn was a JSON
+# object: its own first byte is never a digit, nor a hex digit.
 _HELD_PREFIX = re.compile(rb"(\d+)(?:/(\d+))?:")
 _HELD_FINGERPRINT = re.compile(rb"([0-9a-f]{32}):")
 
@@ -45,38 +45,36 @@ class HeldTurn:
     turn_seq: int
     held_ms: int
     raw: bytes
+    fingerprint: str
+    """The turn's content fingerprint."""
     lease_ms: int = 0
     """While a sweep dead-letters it: until when (epoch ms) no other sweep may."""
-    fingerprint: str | None = None
-    """The turn's content fingerprint; None for a turn held before fingerprints were kept."""
 
 
-def held_value(raw: bytes, held_ms: int, fingerprint: str | None = None) -> bytes:
+def held_value(raw: bytes, held_ms: int, fingerprint: str) -> bytes:
     """The stored form of a held turn."""
-    if fingerprint is None:
-        return b"%d:%s" % (held_ms, raw)
     if re.fullmatch(r"[0-9a-f]{32}", fingerprint) is None:
         raise ValueError(f"not a turn fingerprint: {fingerprint!r}")
     return b"%d:%s:%s" % (held_ms, fingerprint.encode(), raw)
 
 
-def split_fingerprint(body: bytes) -> tuple[str | None, bytes]:
-    """A held turn's fingerprint (None if it has none) and its original bytes, from what follows the prefix."""
+def split_fingerprint(body: bytes) -> tuple[str, bytes]:
+    """A held turn's fingerprint and its original bytes, from what follows the prefix."""
     match = _HELD_FINGERPRINT.match(body)
     if match is None:
-        return None, body
+        raise ValueError(f"not a held turn (no fingerprint): {body[:40]!r}")
     return match.group(1).decode(), body[match.end() :]
 
 
 def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
-    """Read a stored held turn; a value without the prefix (held before it existed) counts as held at 0."""
+    """Read a stored held turn (ValueError for a value :func:`held_value` did not write)."""
     data = value.encode() if isinstance(value, str) else value
     match = _HELD_PREFIX.match(data)
     if match is None:
-        return HeldTurn(turn_seq, 0, data)
+        raise ValueError(f"not a held turn (no hold time): {data[:40]!r}")
     held, lease = match.groups()
     fingerprint, raw = split_fingerprint(data[match.end() :])
-    return HeldTurn(turn_seq, int(held), raw, int(lease or 0), fingerprint)
+    return HeldTurn(turn_seq, int(held), raw, fingerprint, int(lease or 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +146,12 @@ class GapIndex:
         """Hold a turn until its gap fills or it times out; False if that seq was already held.
 
         The hold time (``now``) is kept with the bytes, so each held turn times out on its
-        own; a redelivery keeps the first hold time, and the first turn's bytes and fingerprint.
+        own; a redelivery keeps the first hold time, and the first turn's bytes and fingerprint
+        (``fingerprint``: the turn's, computed from ``raw`` when not given).
         """
         at = _ms(now)
         key = self._key(conversation_id)
+        fingerprint = fingerprint or turn_fingerprint(TurnEvent.model_validate_json(raw))
         added = await self.redis.hsetnx(key, str(turn_seq), held_value(raw, at, fingerprint))
         await self.indexed(conversation_id, at)
         return bool(added)
@@ -244,10 +244,9 @@ class GapIndex:
                 expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
                 continue
             # Held by a worker that lost a race with the append of this very seq (a rebalance
-            # overlap): it is stored, so this copy is a duplicate, unless its content differs
-            # (turns without a fingerprint are taken as duplicates).
+            # overlap): it is stored, so this copy is a duplicate, unless its content differs.
             stored = await self.store.fingerprint(cid, seq)
-            if fingerprint is not None and stored is not None and fingerprint != stored:
+            if stored is not None and fingerprint != stored:
                 bad = conflicting_duplicate(cid, seq, fingerprint, stored)
                 expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
                 continue

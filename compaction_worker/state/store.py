@@ -6,6 +6,7 @@ restore.py) keeps every entry appended while it ran (docs/design.md, invariants 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.keys import ConversationKeys, conversation_keys
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import PositionalScript, Script, as_text
+from compaction_worker.state.scripts import PositionalScript, Script, as_text, encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +129,14 @@ class Store:
         """Append a turn outside the turn handler (seeding a conversation: tests, benchmarks, tools).
 
         It reads the meta first, so it costs two round trips; the turn handler's path is
-        :meth:`write_turn`.
+        :meth:`write_turn`. ``fingerprint`` defaults to a digest of the messages.
         """
         meta = await self.meta(conversation_id)
+        if fingerprint is None:
+            digest = hashlib.blake2b(digest_size=16)
+            for message in messages:
+                digest.update(b"\x1e" + (message.text or encode(message.message)).encode())
+            fingerprint = digest.hexdigest()
         now = time.time()
         fields = {k: str(v) for k, v in (meta_fields or {}).items()}
         fields |= {
@@ -153,7 +159,7 @@ class Store:
         return await self.write_turn(conversation_id, write)
 
     async def fingerprint(self, conversation_id: str, turn_seq: int) -> str | None:
-        """The stored turn's content fingerprint; None if it has none (stored before they were kept)."""
+        """The stored turn's content fingerprint; None when no turn ``turn_seq`` is stored."""
         value = await self.redis.hget(self.keys(conversation_id).fingerprints, str(turn_seq))
         return None if value is None else as_text(value)
 

@@ -21,6 +21,9 @@ from compaction_worker.testing import turn_bytes
 from tests import orchestration
 from tests.orchestration import Parts, Published, assistant, user
 
+OTHER = "f" * 32
+"""A fingerprint of bytes no test turn has."""
+
 pytestmark = pytest.mark.integration
 
 DLQ = "conversation.turn.dlq"
@@ -227,7 +230,7 @@ class ReholdingPublisher(Published):
     async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None:
         if not self.events:
             await self.redis.hdel("t:{c}:pending", "3")
-            await self.redis.hset("t:{c}:pending", "3", held_value(b'{"other": "bytes"}', 2_000_000))
+            await self.redis.hset("t:{c}:pending", "3", held_value(b'{"other": "bytes"}', 2_000_000, OTHER))
         await super().__call__(topic, payload, key)
 
 
@@ -289,7 +292,7 @@ class TestConcurrency:
             e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
         ] == [3]
 
-        assert await parts.gaps.held_turn("c", 3) == HeldTurn(3, 2_000_000, b'{"other": "bytes"}')
+        assert await parts.gaps.held_turn("c", 3) == HeldTurn(3, 2_000_000, b'{"other": "bytes"}', OTHER)
         assert await index_score(redis_client, "c") == 2_000_000
 
     async def test_index_keeps_the_oldest_hold_time(
@@ -400,40 +403,24 @@ class TestHeldTurns:
         assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + 10 * TIMEOUT) == []
         assert len(letters(published)) == 1
 
-    async def test_a_value_held_before_hold_times_were_stored_reads_as_held_long_ago(
-        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
-    ) -> None:
-        """A held turn without the time prefix drains as it is and expires on the first sweep that reaches it."""
-        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
-        third, fourth = turn_bytes("c", 3, [user("three")]), turn_bytes("c", 4, [user("four")])
-        await redis_client.hset("t:{c}:pending", "3", third)
-        await parts.gaps.hold("c", 4, fourth)
-        oldest, _ = await parts.gaps.held_turns("c")
-        assert oldest.raw == third
-        assert (oldest.turn_seq, oldest.held_ms) == (3, 0)
-
-        await parts.gaps.reindex("c")
-        (expired,) = await parts.dead_letters.expire_held(parts.gaps)
-        assert expired.turn_seq == 3
-        assert base64.b64decode(letters(published)[0].original_b64) == third
-        assert await held_seqs(parts.gaps, "c") == [4]
-
     def test_held_form_carries_the_fingerprint(self) -> None:
-        """The fingerprint follows the hold time; values without it still read; a malformed one is refused."""
+        """The fingerprint follows the hold time (and the lease); a malformed one, or none, is refused."""
         body = b'  {"x": "ab:cd"}'
         fp_a, fp_b = "a" * 32, "0123456789abcdef" * 2
-        assert parse_held(2, held_value(body, 5, fp_a)) == HeldTurn(2, 5, body, fingerprint=fp_a)
-        assert parse_held(2, b"5/7:" + fp_b.encode() + b":" + body) == HeldTurn(2, 5, body, 7, fp_b)
-        assert parse_held(2, held_value(body, 5)) == HeldTurn(2, 5, body)
+        assert parse_held(2, held_value(body, 5, fp_a)) == HeldTurn(2, 5, body, fp_a)
+        assert parse_held(2, b"5/7:" + fp_b.encode() + b":" + body) == HeldTurn(2, 5, body, fp_b, 7)
         with pytest.raises(ValueError, match="fingerprint"):
             held_value(body, 5, "not-hex")
+        with pytest.raises(ValueError, match="no fingerprint"):
+            parse_held(2, b"5:" + body)
+        with pytest.raises(ValueError, match="no hold time"):
+            parse_held(2, body)
 
     def test_stored_form_keeps_the_bytes_exactly(self) -> None:
         """The prefix is split off exactly, whatever bytes follow (digits and colons included)."""
         body = b'{"x": "12:34"}\x00\xff'
-        assert parse_held(7, held_value(body, 1234)) == HeldTurn(7, 1234, body)
-        assert parse_held(7, b"1234/99:" + body) == HeldTurn(7, 1234, body, lease_ms=99)
-        assert parse_held(7, body) == HeldTurn(7, 0, body)
+        assert parse_held(7, held_value(body, 1234, OTHER)) == HeldTurn(7, 1234, body, OTHER)
+        assert parse_held(7, b"1234/99:" + OTHER.encode() + b":" + body) == HeldTurn(7, 1234, body, OTHER, 99)
 
 
 class TestSetting:

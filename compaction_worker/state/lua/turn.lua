@@ -7,7 +7,7 @@
 --   decode was a fifth of its time):
 --   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none;
 --   it must still be the stored one: every writer of the meta bumps it),
---   now_ms, retention_ms, fingerprint ('' for none), first ('1': the conversation's first
+--   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
 --   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
 --   that many meta field/value texts (what the append changes), then the message count n and
 --   n transcript records and n entries, then the turn's held form if the caller expects a gap.
@@ -25,8 +25,8 @@
 -- and made once per call by flush(): a run's turns cost one RPUSH per list and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
 -- leaves, kept in `w`, not read again. A script is atomic: nobody sees the state between.
--- A turn stored or held before fingerprints were kept has none: a redelivery of it is accepted
--- as a duplicate. A turn held behind a gap arrived first: a different turn with its seq is refused.
+-- Every turn is stored or held with its fingerprint: a redelivery with another is a conflict. A
+-- turn held behind a gap arrived first: a different turn with its seq is refused.
 -- A call's gathered writes: records and entries to push, the meta's fields (each with its last
 -- value, in first-written order), the fingerprints, the deadlines the keys get, and the meta
 -- once appended (`state`, as turn() reads it with HMGET; nil until a turn is appended).
@@ -63,7 +63,6 @@ end
 local function turn(at, run, w)
   local meta, pending, fingerprints, job = KEYS[1], KEYS[4], KEYS[5], KEYS[6]
   local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
-  if fingerprint == '' then fingerprint = nil end
   local fields_at, fields_n = at + 10, tonumber(ARGV[at + 9])
   local n = tonumber(ARGV[fields_at + fields_n])
   local records_at = fields_at + fields_n + 1
@@ -75,7 +74,7 @@ local function turn(at, run, w)
   if run and seq ~= last + 1 then return nil end
   if seq <= last then
     local stored = redis.call('HGET', fingerprints, seq_text)
-    if fingerprint and stored and stored ~= fingerprint then
+    if stored and stored ~= fingerprint then
       return {'conflicting_duplicate', last, stored}
     end
     local following = redis.call('HEXISTS', pending, string.format('%d', last + 1))
@@ -85,7 +84,7 @@ local function turn(at, run, w)
     local held = redis.call('HGET', pending, seq_text)
     if held then
       local held_fp = held_fingerprint(held)
-      if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+      if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
       return {'held', last}
     end
     if not held_form then return {'need_held', last} end
@@ -101,17 +100,15 @@ local function turn(at, run, w)
   if waiting[1] then
     if run then return nil end
     local held_fp = held_fingerprint(waiting[1])
-    if fingerprint and held_fp and held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+    if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
     redis.call('HDEL', pending, seq_text)
   end
   for i = records_at, records_at + n - 1 do w.records[#w.records + 1] = ARGV[i] end
   for i = records_at + n, records_at + 2 * n - 1 do w.entries[#w.entries + 1] = ARGV[i] end
   rev = rev + 1
   for i = fields_at, fields_at + fields_n - 1, 2 do set_field(w, ARGV[i], ARGV[i + 1]) end
-  if fingerprint then
-    w.fingerprints[#w.fingerprints + 1] = seq_text
-    w.fingerprints[#w.fingerprints + 1] = fingerprint
-  end
+  w.fingerprints[#w.fingerprints + 1] = seq_text
+  w.fingerprints[#w.fingerprints + 1] = fingerprint
   local due = 0
   if ARGV[at + 8] ~= '' then
     local request = cjson.decode(ARGV[at + 8])
