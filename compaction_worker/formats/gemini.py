@@ -399,7 +399,11 @@ def from_openai(messages: Iterable[Mapping[str, Any]]) -> GeminiContents:
             user = restore(FORMAT, message, _user, _user_back)
             answers = [part for part in user["parts"] if _is_response(part)]
             others = [part for part in user["parts"] if not _is_response(part)]
-            if group is None:
+            if group is None and contents and contents[-1].get("role") == "user":
+                # After another user message (the task before the summary turn): one user turn,
+                # as LiteLLM sends Gemini (roles alternate).
+                contents[-1]["parts"] = [*contents[-1]["parts"], *others]
+            elif group is None:
                 contents.append({**user, "parts": others})
             elif answers and answers == group["parts"]:  # a whole turn, its results unchanged
                 group["parts"] = user["parts"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -121,6 +122,16 @@ class TestCacheBreakpoints:
         assert breakpoints(messages) == ["[0].content[1]", f"[{len(messages) - 1}].content[0]"]
         assert [m["role"] for m in messages][:2] == ["user", "assistant"]
         MESSAGES_API.validate_python(messages)
+
+    def test_gemini_gets_the_task_and_the_summary_as_one_user_turn(self) -> None:
+        """Gemini's roles alternate too: the task's part first, then the summary's."""
+        task = Entry(n=0, seq=1, message={"role": "user", "content": "Fix CI."}, tokens=5)
+        h = history(anthropic.to_openai(LOOP))
+        contents = rendered(EffectiveHistory(h.chunks, (task, *h.entries)), "gemini").contents
+
+        roles = [c["role"] for c in contents]
+        assert all(a != b for a, b in itertools.pairwise(roles)), roles
+        assert [p["text"] for p in contents[0]["parts"]] == ["Fix CI.", summary_message_text((CHUNK,))]
 
     def test_thinking_blocks_are_never_marked(self) -> None:
         """The API refuses ``cache_control`` on a thinking block: the last block that takes one is marked."""
