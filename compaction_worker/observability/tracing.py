@@ -225,6 +225,34 @@ def consume_span(
     """The span of one consumed turn, current while the turn is handled; its parent comes from the headers."""
     if not enabled():
         return _OFF
+    return trace.use_span(
+        started_consume_span(
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            group=group,
+            conversation_id=conversation_id,
+            headers=headers,
+        ),
+        end_on_exit=True,
+        record_exception=True,
+        set_status_on_exception=True,
+    )
+
+
+def started_consume_span(
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    group: str,
+    conversation_id: str,
+    headers: Headers,
+) -> Span:
+    """:func:`consume_span`, started and not made current, for the caller to end: each turn of a
+    run (runtime/runs.py) keeps its own span while the run's one script call stores them all."""
+    if not enabled():
+        return trace.INVALID_SPAN
     attributes: dict[str, str | int] = {
         "messaging.system": "kafka",
         "messaging.operation.type": "process",
@@ -234,9 +262,14 @@ def consume_span(
         "messaging.consumer.group.name": group,
         "messaging.message.conversation_id": conversation_id,
     }
-    return _tracer.start_as_current_span(
+    return _tracer.start_span(
         f"{topic} process", context=extract_context(headers), kind=SpanKind.CONSUMER, attributes=attributes
     )
+
+
+def current(span: Span) -> AbstractContextManager[Span]:
+    """Make ``span`` current for a block without ending it (a run's turn while it is planned)."""
+    return trace.use_span(span, end_on_exit=False)
 
 
 def span(

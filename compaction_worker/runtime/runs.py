@@ -13,9 +13,12 @@ by another writer, failures and the DLQ). So a run changes what turns cost, neve
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from compaction_worker.contracts.events import BadEventError, TurnEvent
 from compaction_worker.observability import metrics, tracing
@@ -43,30 +46,42 @@ class _Planned:
     event: TurnEvent
     plan: AppendPlan
     write: TurnWrite
+    span: Span
+    """The turn's own consume span (tracing off: the invalid span, which records nothing)."""
+
+
+def _no_span(_index: int) -> Span:
+    return trace.INVALID_SPAN
 
 
 async def append_run(
-    handler: TurnHandler, records: Sequence[tuple[bytes, bytes | None]]
+    handler: TurnHandler,
+    records: Sequence[tuple[bytes, bytes | None]],
+    span_of: Callable[[int], Span] = _no_span,
 ) -> list[TurnOutcome]:
     """Append the leading records (one conversation's ``(value, key)``, in offset order) as a run.
 
     Returns the outcomes of the turns appended, in order: the caller handles the next record
     on its own. None are appended (an empty list) when fewer than two lead the records as a
-    run, while tracing is on (each turn keeps its own span), or when the first turn is not a
-    plain append of the meta the handler knows. A turn whose planning fails ends the run
-    before it, as its first try. An outage propagates; any other failure is logged and an
-    empty list returned, so that the per-turn path, with its bounded tries and its DLQ,
-    handles the turns (those the run stored are then duplicates).
+    run, or when the first turn is not a plain append of the meta the handler knows. A turn
+    whose planning fails ends the run before it, as its first try. An outage propagates; any
+    other failure is logged and an empty list returned, so that the per-turn path, with its
+    bounded tries and its DLQ, handles the turns (those the run stored are then duplicates).
+
+    Traced, each turn keeps its own span (``span_of``: record ``i``'s, started, not current):
+    it is current while the turn is planned (a job it records continues its trace) and while its
+    append is acted on, and ends with the run; telemetry does not change how Redis is written.
     """
-    if len(records) < 2 or tracing.enabled():
+    if len(records) < 2:
         return []
+    spans: list[Span] = []
     try:
         events = _leading_run(handler, records)
         if len(events) < 2:
             return []
         cid = events[0][0].conversation_id
         with bound(conversation_id=cid):
-            planned = _planned(handler, events, handler.known(cid) or Meta())
+            planned = _planned(handler, events, handler.known(cid) or Meta(), span_of, spans)
             return await _append(handler, cid, planned) if planned else []
     except Exception as error:
         if is_outage(error):
@@ -79,6 +94,9 @@ async def append_run(
             exc_info=error,
         )
         return []
+    finally:
+        for span in spans:
+            span.end()
 
 
 def _leading_run(
@@ -110,24 +128,34 @@ def _leading_run(
     return events
 
 
-def _planned(handler: TurnHandler, events: Sequence[tuple[TurnEvent, bytes]], meta: Meta) -> list[_Planned]:
-    """Each turn's write, computed from the meta the turn before it leaves once appended.
+def _planned(
+    handler: TurnHandler,
+    events: Sequence[tuple[TurnEvent, bytes]],
+    meta: Meta,
+    span_of: Callable[[int], Span],
+    spans: list[Span],
+) -> list[_Planned]:
+    """Each turn's write, computed from the meta the turn before it leaves once appended, with its
+    span current (added to ``spans``, for the caller to end).
 
     A turn whose counting or planning fails ends the run before it: that was its first try,
     and the per-turn path makes the others (``TurnHandler.failed_in_run``).
     """
     planned = []
-    for event, raw in events:
+    for index, (event, raw) in enumerate(events):
+        span = span_of(index)
+        spans.append(span)
         try:
-            counter, new = counted(event, handler.settings.budget)
-            plan = handler.plan(event, meta, new, request_of(event), counter)
+            with tracing.current(span):
+                counter, new = counted(event, handler.settings.budget)
+                plan = handler.plan(event, meta, new, request_of(event), counter)
         except Exception as error:
             log.warning("turn %s failed in a run (%s: %s)", event.turn_seq, type(error).__name__, error)
             if len(handler.failed_in_run) >= RUN_MAX * 64:  # a bound: records never handled again
                 handler.failed_in_run.clear()
             handler.failed_in_run[raw] = 1
             break
-        planned.append(_Planned(event, plan, plan.write(new, fingerprint_of(event, new), rev=meta.rev)))
+        planned.append(_Planned(event, plan, plan.write(new, fingerprint_of(event, new), rev=meta.rev), span))
         meta = plan.after
     return planned
 
@@ -136,9 +164,13 @@ async def _append(handler: TurnHandler, cid: str, planned: Sequence[_Planned]) -
     replies = await handler.store.write_run(cid, [p.write for p in planned])
     outcomes = []
     for done, reply in zip(planned, replies, strict=False):
-        with bound(turn_seq=done.event.turn_seq):
+        with bound(turn_seq=done.event.turn_seq), tracing.current(done.span):
+            done.span.set_attribute("compaction.append.status", reply.status.value)
+            done.span.set_attribute("compaction.append.run", len(replies))
             handler.remember(cid, done.plan.after)
             outcomes.append(await handler.appended(cid, done.plan, reply))
+    for done in planned[len(replies) :]:  # left to the per-turn path, which traces it again
+        done.span.set_attribute("compaction.append.status", "left to the per-turn path")
     metrics.record_turn("appended", count=len(outcomes))
     if replies and replies[-1].next_held:  # the run stopped after it: the held turn applies now
         await handler.drain_pending(cid, replies[-1].last_seq)

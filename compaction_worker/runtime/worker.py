@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
+from opentelemetry.trace import Span
 
 from compaction_worker import _litellm
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.observability.health import HealthServer
 from compaction_worker.observability.metrics import record_lag
-from compaction_worker.observability.tracing import consume_span, inject_dict
+from compaction_worker.observability.tracing import consume_span, inject_dict, started_consume_span
 from compaction_worker.runtime.channels import declare, make_broker
 from compaction_worker.runtime.compactor import Summarizers
 from compaction_worker.runtime.components import Components, build_components
@@ -109,6 +110,23 @@ class Worker:
         return f"<Worker handled={self.handled} {self.pool!r} {self.turns.gaps!r}>"
 
 
+def _record_spans(records: Sequence[Record], group: str) -> Callable[[int], Span]:
+    """Record ``i``'s consume span, started and not current: each turn of a run keeps its own (runtime/runs.py)."""
+
+    def span_of(index: int) -> Span:
+        record = records[index]
+        return started_consume_span(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            group=group,
+            conversation_id=record.key.decode(errors="replace") if record.key else "",
+            headers=record.headers,
+        )
+
+    return span_of
+
+
 def build_worker(
     settings: Settings,
     summarizers: Summarizers | None = None,
@@ -150,7 +168,11 @@ def build_worker(
 
     async def handle_run(records: Sequence[Record]) -> int:
         # Consecutive turns of one conversation in one script call (runtime/runs.py), else the first alone.
-        outcomes = await append_run(turns, [(r.value or b"", r.key) for r in records[:RUN_MAX]])
+        outcomes = await append_run(
+            turns,
+            [(r.value or b"", r.key) for r in records[:RUN_MAX]],
+            _record_spans(records, kafka.group_id),
+        )
         if not outcomes:
             await handle(records[0])
             return 1

@@ -29,6 +29,7 @@ from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
+from tests.observability.memory import memory
 from tests.orchestration import Parts, Published, assistant, make_parts, make_settings, user
 
 pytestmark = pytest.mark.integration
@@ -139,14 +140,28 @@ class TestRuns:
         # hmget: the meta once, then each turn's held-turn check (its seq and the next).
         assert inside == {"rpush": 2, "hset": 2, "hmget": 1 + 5, "pexpireat": 0, "hget": 0}
 
-    async def test_runs_are_off_while_tracing_is_on(
+    async def test_traced_a_run_still_stores_in_one_call_and_each_turn_keeps_its_span(
         self, parts: Parts, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Each turn keeps its own span: the per-turn path stores them."""
-        monkeypatch.setattr(tracing, "enabled", lambda: True)
+        """Issue 34: telemetry does not change how Redis is written. Each turn's own span is current
+        while it is planned, so the request it carries continues its trace."""
+        monkeypatch.undo()  # the real `enabled`: the SDK provider installed below
+        calls = script_calls(monkeypatch, parts.store)
+        forced = turn_bytes("c", 3, [user("compact now")], compaction={"mode": "force"})
+        records = [*items("c", range(1, 3)), (forced, b"c")]
+        with memory().recording() as telemetry:
+            spans = [tracing.started_consume_span(
+                topic="turns", partition=0, offset=i, group="g", conversation_id="c", headers=None
+            ) for i in range(3)]  # fmt: skip
+            outcomes = await append_run(parts.turns, records, spans.__getitem__)
+            finished = telemetry.named("turns process")
 
-        assert await append_run(parts.turns, items("c", range(1, 4))) == []
-        assert await parts.store.transcript("c") == []
+        assert [o.status for o in outcomes] == [TurnStatus.APPENDED] * 3
+        assert calls == Counter({"_run": 1})
+        assert [s.attributes["compaction.append.run"] for s in finished] == [3, 3, 3]  # type: ignore[index]
+        parent = tracing.context_of(await parts.jobs.traceparent("c"))
+        assert parent is not None
+        assert tracing.get_span_context(parent).span_id == spans[2].get_span_context().span_id
 
     async def test_a_run_continues_the_meta_the_handler_knows(
         self, parts: Parts, redis_client: redis.asyncio.Redis
