@@ -68,12 +68,15 @@ SPANS: tuple[SpanInfo, ...] = (
     SpanInfo(
         TURN_SPAN,
         "consumer",
-        "One consumed turn record; its parent is the record's `traceparent` header, if any.",
+        "One consumed turn record; its parent is the record's `traceparent` header, if any. A turn "
+        "stored with others of its conversation in one script call (a run) says so on its own span.",
         (
             *_MESSAGING,
             "messaging.kafka.offset",
             "messaging.consumer.group.name",
             "messaging.message.conversation_id",
+            "compaction.append.status",
+            "compaction.append.run",
         ),
     ),
     SpanInfo(
