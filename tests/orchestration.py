@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.budget.tokens import TokenCounter, counter_for
+from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted
 from compaction_worker.runtime.compactor import Compactor, Summarizers
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.publisher import Publisher
+from compaction_worker.runtime.topics import ensure_topics
+from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import RedisSettings, Settings
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
@@ -162,3 +166,13 @@ async def compact_now(jobs: JobQueue, compactor: Compactor, cid: str = "c") -> C
 
 def overhead() -> int:
     return summary_overhead(counter_for("gpt-4o-mini", Settings().budget))
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings) -> AsyncIterator[tuple[Worker, Client]]:
+    """A worker on ``settings`` (its topics created first) and a client of it, for the block: the
+    tests' one way to run a whole worker against the real broker and Redis."""
+    await ensure_topics(settings)
+    worker = build_worker(settings)
+    async with worker.running(), Client.connect(settings) as client:
+        yield worker, client

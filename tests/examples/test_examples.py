@@ -18,12 +18,11 @@ import pytest
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
-from compaction_worker.runtime.topics import ensure_topics
-from compaction_worker.runtime.worker import Worker, build_worker
+from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
 from tests.integration.helpers import read_topic
-from tests.orchestration import fresh_topics, make_settings
+from tests.orchestration import fresh_topics, make_settings, running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +63,7 @@ async def running(kafka_bootstrap: str, redis_url: str) -> AsyncIterator[Running
     """One worker for the module, with extractive summaries: the fake LLM sees only the agent's calls."""
     topics = fresh_topics()
     settings = make_settings(kafka_bootstrap, redis_url, topics)
-    await ensure_topics(settings)
-    worker = build_worker(settings)
-    async with worker.running(), Client.connect(settings) as client:
+    async with running_worker(settings) as (worker, client):
         yield Running(worker, client, settings)
 
 

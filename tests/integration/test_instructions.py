@@ -13,11 +13,10 @@ import pytest
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger, TurnEvent
-from compaction_worker.runtime.topics import ensure_topics
-from compaction_worker.runtime.worker import Worker, build_worker
+from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
-from tests.orchestration import fake_summarizer, fresh_topics, make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings, running_worker
 
 from .helpers import read_topic
 
@@ -63,9 +62,7 @@ async def running(
         topics,
         summarizer=fake_summarizer(fake_llm_server),
     )
-    await ensure_topics(settings)
-    worker = build_worker(settings)
-    async with worker.running(), Client.connect(settings) as client:
+    async with running_worker(settings) as (worker, client):
         yield Running(worker, client, settings)
 
 

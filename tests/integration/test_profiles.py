@@ -15,11 +15,9 @@ import pytest
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionProposed, Outcome, Trigger
-from compaction_worker.runtime.topics import ensure_topics
-from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
-from tests.orchestration import fake_summarizer, fresh_topics, make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings, running_worker
 
 from .helpers import read_topic
 
@@ -58,9 +56,7 @@ async def running(
     settings = make_settings(
         kafka_bootstrap, redis_url, topics, summarizer=fake_summarizer(fake_llm_server), profiles=PROFILES
     )
-    await ensure_topics(settings)
-    worker = build_worker(settings)
-    async with worker.running(), Client.connect(settings) as client:
+    async with running_worker(settings) as (_, client):
         yield Running(client, settings)
 
 

@@ -26,10 +26,10 @@ from compaction_worker.contracts.events import (
     TurnEvent,
 )
 from compaction_worker.runtime.topics import ensure_topics
-from compaction_worker.runtime.worker import Worker, build_worker
+from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, provider_overflow_error, turn_event
-from tests.orchestration import fake_summarizer, fresh_topics, make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings, running_worker
 
 from .helpers import coverage_problems, settle
 
@@ -145,9 +145,8 @@ async def running(
     ready = asyncio.Event()
     collector = asyncio.create_task(events.collect(settings, topics[1:], ready))
     await asyncio.wait_for(ready.wait(), timeout=30)
-    worker = build_worker(settings)
     try:
-        async with worker.running(), Client.connect(settings) as client:
+        async with running_worker(settings) as (worker, client):
             yield Running(worker, client, settings, events)
     finally:
         collector.cancel()

@@ -11,10 +11,8 @@ import pytest
 
 from compaction_worker.client import Client, complete
 from compaction_worker.contracts.history import text_of
-from compaction_worker.runtime.topics import ensure_topics
-from compaction_worker.runtime.worker import build_worker
 from compaction_worker.testing import FakeLLMServer, turn_event
-from tests.orchestration import fake_summarizer, fresh_topics, make_settings
+from tests.orchestration import fake_summarizer, fresh_topics, make_settings, running_worker
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +49,7 @@ async def client(kafka_bootstrap: str, redis_url: str, fake_llm: FakeLLMServer) 
         summarizer=fake_summarizer(fake_llm),
         pipeline={"artifact_budget_tokens": 0, "artifact_budget_fraction": 0},
     )
-    await ensure_topics(settings)
-    worker = build_worker(settings)
-    async with worker.running(), Client.connect(settings) as connected:
+    async with running_worker(settings) as (_, connected):
         yield connected
 
 
