@@ -143,9 +143,10 @@ class Compactor:
             snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
         settings = self.settings.for_profile(meta.profile)  # the conversation's own terms
-        pending = await self.proposals.get(cid) if settings.pipeline.approval == "manual" else None
+        pending = await self.proposals.get(cid)
         if (
             pending is not None
+            and settings.pipeline.approval == "manual"
             and job.trigger is not Trigger.REACTIVE  # an overflow never waits
             and (job.trigger is not Trigger.MANUAL or pending.matches(snapshot))
         ):
@@ -275,9 +276,8 @@ class Compactor:
             llm_failures=llm_failures,
         )
         if pending is not None:  # what it proposed no longer applies to the history
-            await self._discarded(
-                run.conversation_id, pending, "a reactive compaction, after an overflow, replaced it"
-            )
+            why = "a reactive compaction, after an overflow," if manual else "a compaction without approval"
+            await self._discarded(run.conversation_id, pending, f"{why} replaced it")
         return completed
 
     async def _propose(

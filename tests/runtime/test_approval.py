@@ -192,11 +192,19 @@ class TestProfiles:
         assert len(proposed(published)) == 1
         await parts.turns.handle(turn("c", 25, profile=""), b"c")
         assert (await parts.store.meta("c")).profile == ""
-        # The proposal made under the profile stays pending; a manual request recomputes and commits.
+        # The proposal made under the profile waits; a manual request commits without approval now,
+        # and ends that proposal's run.
         await parts.turns.handle(turn("c", 26, compaction={"mode": "force"}), b"c")
         done = await run_job(parts.jobs, parts.compactor, "c")
         assert done is not None
         assert done.outcome is Outcome.COMPACTED
+        (event,) = proposed(published)
+        dropped = next(c for c in completed(published) if c.compaction_id == event.compaction_id)
+        assert (dropped.outcome, dropped.error) == (
+            Outcome.DISCARDED,
+            "a compaction without approval replaced it",
+        )
+        assert await parts.compactor.proposals.get("c") is None
 
     async def test_a_profile_the_deployment_lacks_is_dead_lettered(
         self, redis_client: RedisClient, published: Published
