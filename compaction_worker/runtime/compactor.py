@@ -18,7 +18,7 @@ from compaction_worker.budget.threshold import calibrated_total, threshold_trigg
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import CompactionCompleted, CompactionProposed, Outcome, Trigger
 from compaction_worker.contracts.history import EffectiveHistory, render, summary_message_text
-from compaction_worker.errors import LockNotAcquiredError, ProposalError, StaleFenceError
+from compaction_worker.errors import ProposalError, StaleFenceError
 from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
@@ -329,9 +329,7 @@ class Compactor:
         running: try again shortly) or StaleFenceError (the lock was lost before the commit).
         """
         cid = conversation_id
-        async with self.locks.held(cid, self.store.keys(cid)) as lease:
-            if lease is None:
-                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+        async with self.locks.exclusive(cid, self.store.keys(cid)) as lease:
             pending = await self._pending(cid, proposal_id)
             snapshot = await self.store.snapshot(cid)
             if not pending.matches(snapshot):
@@ -359,9 +357,7 @@ class Compactor:
         """Drop the pending proposal ``proposal_id``; its ``compaction.completed`` says ``discarded``.
         Raises ProposalError or LockNotAcquiredError, as :meth:`apply`."""
         cid = conversation_id
-        async with self.locks.held(cid, self.store.keys(cid)) as lease:
-            if lease is None:
-                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+        async with self.locks.exclusive(cid, self.store.keys(cid)):
             await self._discarded(cid, await self._pending(cid, proposal_id), "discarded by the runtime")
 
     async def _pending(self, cid: str, proposal_id: uuid.UUID) -> Proposal:

@@ -20,7 +20,7 @@ import json
 import logging
 
 from compaction_worker.contracts.history import Entry
-from compaction_worker.errors import LockNotAcquiredError, PinError
+from compaction_worker.errors import PinError
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import clear_field_if
 from compaction_worker.state.store import Store
@@ -34,9 +34,7 @@ async def set_pinned(
     """Pin (``pinned``) or unpin the messages of turn ``turn_seq`` (only its ``index``-th, from 0,
     when given); returns their transcript ordinals."""
     ordinals = await _ordinals(store, conversation_id, turn_seq, index)
-    async with locks.held(conversation_id, store.keys(conversation_id)) as lease:
-        if lease is None:
-            raise LockNotAcquiredError(f"{conversation_id} is being compacted right now; try again shortly")
+    async with locks.exclusive(conversation_id, store.keys(conversation_id)):
         await _write(store, conversation_id, turn_seq, ordinals, pinned=pinned)
     return ordinals
 

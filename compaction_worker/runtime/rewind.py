@@ -15,7 +15,6 @@ from compaction_worker.budget.threshold import scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
-from compaction_worker.errors import LockNotAcquiredError
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import Settings
@@ -65,9 +64,7 @@ class Rewinder:
         """
         cid = conversation_id
         started_at = time.monotonic()
-        async with self.locks.held(cid, self.store.keys(cid)) as lease:
-            if lease is None:
-                raise LockNotAcquiredError(f"{cid} is being compacted right now; try again shortly")
+        async with self.locks.exclusive(cid, self.store.keys(cid)) as lease:
             meta = await self.store.meta(cid)
             settings = self.settings.for_profile(meta.profile)
             _, budget = conversation_budget(meta, settings.budget)

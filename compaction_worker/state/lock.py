@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from compaction_worker.errors import LockNotAcquiredError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import ConversationKeys
@@ -82,6 +83,17 @@ class Locks:
     async def release(self, lease: Lease, keys: ConversationKeys) -> None:
         """Give the lock back if it is still ours."""
         await self._release([keys.lock], token=lease.token)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, conversation_id: str, keys: ConversationKeys) -> AsyncIterator[Lease]:
+        """Hold the lock for the block, or raise LockNotAcquiredError at once (a compaction runs):
+        what a runtime's or an operator's change of the history (pin, rewind, apply) takes."""
+        async with self.held(conversation_id, keys) as lease:
+            if lease is None:
+                raise LockNotAcquiredError(
+                    f"{conversation_id} is being compacted right now; try again shortly"
+                )
+            yield lease
 
     @contextlib.asynccontextmanager
     async def held(self, conversation_id: str, keys: ConversationKeys) -> AsyncIterator[Lease | None]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -183,6 +185,20 @@ async def read_topic(settings: Settings, topic: str, idle: float = 2.0) -> list[
     finally:
         await consumer.stop()
     return values
+
+
+async def conversation_events(settings: Settings, topic: str, cid: str, count: int) -> list[dict[str, Any]]:
+    """The conversation's events on ``topic`` (as JSON), once there are ``count`` of them, in order."""
+    for _ in range(60):
+        found = [
+            e
+            for e in map(json.loads, await read_topic(settings, topic, idle=0.5))
+            if e["conversation_id"] == cid
+        ]
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{cid}: {count} events on {topic} never arrived")
 
 
 def compaction_events(

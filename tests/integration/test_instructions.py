@@ -3,7 +3,6 @@ standing ones reach the LLM's prompt, fenced, and ``compaction.completed`` says 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
 from tests.orchestration import fake_summarizer, fresh_topics, make_settings, running_worker
 
-from .helpers import read_topic
+from .helpers import conversation_events
 
 pytestmark = pytest.mark.integration
 
@@ -39,15 +38,8 @@ class Running:
 
     async def completed(self, cid: str, count: int) -> list[CompactionCompleted]:
         """The conversation's completion events, once there are ``count`` of them (in order)."""
-        for _ in range(60):
-            records = await read_topic(self.settings, self.settings.topics.completed, idle=0.5)
-            found = [
-                e for e in map(CompactionCompleted.model_validate_json, records) if e.conversation_id == cid
-            ]
-            if len(found) >= count:
-                return found
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"{cid}: {count} compaction.completed events never arrived")
+        events = await conversation_events(self.settings, self.settings.topics.completed, cid, count)
+        return [CompactionCompleted.model_validate(e) for e in events]
 
 
 @pytest.fixture(scope="module")

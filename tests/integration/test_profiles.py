@@ -4,8 +4,6 @@ and ``Client.apply`` commits exactly what was proposed (the LLM's summary is not
 
 from __future__ import annotations
 
-import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer, turn_event
 from tests.orchestration import fake_summarizer, fresh_topics, make_settings, running_worker
 
-from .helpers import read_topic
+from .helpers import conversation_events
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +35,7 @@ class Running:
     settings: Settings
 
     async def events(self, topic: str, cid: str, count: int) -> list[dict[str, Any]]:
-        """The conversation's events on ``topic`` (as JSON), once there are ``count`` of them."""
-        for _ in range(60):
-            records = await read_topic(self.settings, topic, idle=0.5)
-            found = [e for e in map(json.loads, records) if e["conversation_id"] == cid]
-            if len(found) >= count:
-                return found
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"{cid}: {count} events on {topic} never arrived")
+        return await conversation_events(self.settings, topic, cid, count)
 
 
 @pytest.fixture(scope="module")
