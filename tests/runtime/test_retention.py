@@ -31,7 +31,14 @@ def turn(cid: str, seq: int, **fields: Any) -> bytes:
 
 
 async def present(client: redis.asyncio.Redis, keys: tuple[str, ...]) -> set[str]:
-    return {k for k in keys if await client.exists(k)}
+    """The keys that exist, read at one instant: in one transaction, so the deadline the keys share
+    cannot pass between two reads (one EXISTS at a time, a read straddling it saw the first key
+    present and the rest gone)."""
+    async with client.pipeline(transaction=True) as pipe:
+        for key in keys:
+            pipe.exists(key)
+        found = await pipe.execute()
+    return {k for k, n in zip(keys, found, strict=True) if n}
 
 
 async def test_idle_keys_expire_together_and_active_ones_never(
