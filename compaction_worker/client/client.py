@@ -236,8 +236,9 @@ class Client:
         """Wait until the effective history reaches ``version`` (None: until no compaction is pending); returns the version.
 
         First, every turn this client published for the conversation (and ``after_seq``)
-        must be stored, so a compaction request just published counts as pending. A job
-        waiting out a failure's backoff does not count. Raises :class:`WaitTimeoutError`.
+        must be stored, so a compaction request just published counts as pending. A run still
+        holding the conversation's lock counts too; a job waiting out a failure's backoff does
+        not. Raises :class:`WaitTimeoutError`.
         """
         seq = max(after_seq or 0, self._published.get(conversation_id, 0))
         reached = await self._reached(conversation_id, version, seq)
@@ -284,7 +285,9 @@ class Client:
         if version is not None:
             return reached if reached >= version else None
         if not job:
-            return reached
+            # A run finishes its job, then may schedule the next one, then lets the lock go: a held
+            # lock is a compaction still under way (and a rewind or pin now would be refused).
+            return None if locked else reached
         # A failed run's retry waits out its backoff (the compactor indexes it for later):
         # no compaction is running or due until then.
         now = time.time()

@@ -17,6 +17,7 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
+from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.testing import FakeLLMServer, turn_bytes, turn_event
 from tests.orchestration import Parts, make_settings, user
 
@@ -82,6 +83,22 @@ async def test_a_noop_compaction_ends_the_wait(running: Client) -> None:
     assert version == 0
     assert (await client.meta("n")).last_seq == request.turn_seq == 2
     assert await client.job("n") is None
+
+
+async def test_a_run_still_holding_the_lock_is_waited_for(running: Client) -> None:
+    """A run finishes its job before it lets the lock go (and may schedule the next one in
+    between): wait_for returns only once the lock is free, so a rewind right after it is not refused."""
+    client = running
+    await client.publish_turn(turn_event("held", 1, [user("hello")]))
+    await client.wait_for("held", timeout=30)
+    keys = client.store.keys("held")
+    locks = Locks(client.store.redis, 30.0)
+    lease = await locks.acquire("held", keys)
+    assert isinstance(lease, Lease)
+    with pytest.raises(WaitTimeoutError):
+        await client.wait_for("held", timeout=1.5)
+    await locks.release(lease, keys)
+    assert await client.wait_for("held", timeout=30) == 0
 
 
 async def test_next_turn_seq_under_concurrent_callers(parts: Parts, settings: Settings) -> None:
