@@ -82,7 +82,7 @@ class KafkaSettings(_Section):
         default=32,
         ge=1,
         description="Conversations handled at once per process, each one's turns in order "
-        "(each holds a Redis connection: keep it well under the client's pool of 100).",
+        "(their per-turn Redis calls travel together, one round trip in flight a process).",
     )
 
     @property

@@ -13,6 +13,10 @@ import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.bench.cpu import CpuFigures, CpuMeter, cores
 from compaction_worker.bench.environment import BenchEnv, Workers, WorkerSource
@@ -34,7 +38,14 @@ from compaction_worker.bench.load import (
     wait_group,
     warmup_input,
 )
-from compaction_worker.bench.redis_cost import TurnCost, cost_rows, idle_seconds, median_cost, redis_phases
+from compaction_worker.bench.redis_cost import (
+    TurnCost,
+    cost_rows,
+    idle_seconds,
+    median_cost,
+    redis_phases,
+    worker_connections,
+)
 from compaction_worker.bench.report import Progress, Row, spread
 
 BARE = ("-m", "compaction_worker.bench.bare")
@@ -62,6 +73,10 @@ class _Run:
     rate: float
     cpu: CpuFigures | None
     cost: TurnCost | None
+    redis_us: float
+    """Redis process CPU (INFO cpu, user + system) per stored turn over the timed input."""
+    connections: int
+    """The Redis connections the worker processes held once the input was stored (CLIENT LIST)."""
 
 
 async def _one_run(env: BenchEnv, data: Input, kind: _Kind, progress: Progress) -> _Run:
@@ -87,17 +102,28 @@ async def _one_run(env: BenchEnv, data: Input, kind: _Kind, progress: Progress) 
                 await stored_rate(warm_counter, warm.total, alive=workers.check_alive, within=120)
                 meter = CpuMeter([p.process.pid for p in workers.processes if p.process is not None])
                 meter.start()
+                redis_before = await _redis_cpu(env)
                 await batches.send(topic, built)
                 timeout = 60 + data.total / 50  # a floor of 50 turns/s: slower is a failure, not a figure
                 rate = await stored_rate(counter, data.total, alive=workers.check_alive, within=timeout)
+                redis_us = (await _redis_cpu(env) - redis_before) * 1e6 / data.total
                 cpu = meter.stop(data.total)
+                held = await worker_connections(env.redis) if isinstance(env.redis, Redis) else 0
                 if not kind.redis:
-                    return _Run(rate, cpu, None)
+                    return _Run(rate, cpu, None, redis_us, held)
                 attached = Attached(topic, group, prefix, batches, workers.check_alive)
-                return _Run(rate, cpu, await redis_phases(env, attached, idle_seconds(env.scale), progress))
+                cost = await redis_phases(env, attached, idle_seconds(env.scale), progress)
+                return _Run(rate, cpu, cost, redis_us, held)
     finally:
         await delete_prefix(env, prefix)
         await drop_topic(env, topic)
+
+
+async def _redis_cpu(env: BenchEnv) -> float:
+    """The Redis process's CPU seconds so far (user + system; a cluster's nodes added up)."""
+    info: Any = await env.redis.info("cpu")
+    nodes = info.values() if isinstance(env.redis, RedisCluster) else [info]
+    return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
 
 
 async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
@@ -113,6 +139,7 @@ async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
         _Kind("pipelined", 1, PIPELINED),
         _Kind("one", 1, redis=True),
         _Kind("two", 2),
+        _Kind("four", 4),
     ]
     if env.baseline is not None:
         kinds += [
@@ -121,17 +148,20 @@ async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
         ]
     rates: dict[str, list[float]] = {kind.name: [] for kind in kinds}
     cpus: dict[str, list[CpuFigures]] = {kind.name: [] for kind in kinds}
+    shard: dict[str, list[tuple[float, int]]] = {kind.name: [] for kind in kinds}
     costs: dict[str, list[TurnCost]] = {kind.name: [] for kind in kinds if kind.redis}
     for repeat in range(env.repeat):
         for kind in kinds:
             progress(f"throughput: {kind.name} ({kind.processes} process), run {repeat + 1}/{env.repeat}")
             run = await _one_run(env, data, kind, progress)
             rates[kind.name].append(run.rate)
+            shard[kind.name].append((run.redis_us, run.connections))
             if run.cpu is not None:
                 cpus[kind.name].append(run.cpu)
             if run.cost is not None:
                 costs[kind.name].append(run.cost)
     rows = _rate_rows(env, rates, f"{conversations} conversations x {turns} turns") + _cpu_rows(cpus)
+    rows += _scaling_rows(rates, shard)
     base = median_cost(costs["base-one"]) if env.baseline is not None else None
     return rows + cost_rows(
         median_cost(costs["one"]), base, env.baseline, env.repeat, idle_seconds(env.scale)
@@ -207,6 +237,40 @@ def _cpu_rows(cpus: dict[str, list[CpuFigures]]) -> list[Row]:
             note=f"every core's busy time (workers, Redis, broker, bench) from publishing to the last "
             f"turn stored: {busy:.0%} of {cores()} cores busy; two workers cannot beat "
             f"{cores()} cores / this, however fast each is",
+        ),
+    ]
+
+
+def _scaling_rows(rates: dict[str, list[float]], shard: dict[str, list[tuple[float, int]]]) -> list[Row]:
+    """Issue 35: adding workers never lowers throughput, and a stored turn costs Redis the same
+    whatever the number of workers (and of their connections)."""
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    cpu = {name: statistics.median(us for us, _ in runs) for name, runs in shard.items() if runs}
+    held = {name: max(n for _, n in runs) for name, runs in shard.items() if runs}
+    per = ", ".join(
+        f"{name} {cpu[name]:.3g} µs ({held[name]} connections)" for name in ("one", "two", "four")
+    )
+    return [
+        Row(
+            "four workers / two workers",
+            median["four"],
+            "turns/s",
+            median["two"],
+            "two workers",
+            target=0.9,
+            at_least=True,
+            note=f"four processes, 16 consumers for {PARTITIONS} partitions, on {cores()} cores: past what the "
+            f"machine runs at once, the rate must hold (0.9x: within this machine's noise), not fall; "
+            f"run by run {_ratios(rates['four'], rates['two'])}",
+        ),
+        Row(
+            "Redis CPU per stored turn, four workers / one",
+            cpu["four"],
+            "µs",
+            cpu["one"],
+            "one worker",
+            target=1.25,
+            note=f"INFO cpu over each run's input (a backlog); by workers: {per}",
         ),
     ]
 

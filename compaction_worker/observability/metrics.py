@@ -137,6 +137,19 @@ OUTBOX_BACKLOG = Instrument(
     "{event}",
     "Lifecycle events stored but not yet published.",
 )
+ROUND_TRIP = Instrument(
+    "compaction.redis.round_trip.duration",
+    "histogram",
+    "s",
+    "A round trip of per-turn script calls (sent together, one in flight a worker): rising with "
+    "compaction.redis.round_trip.calls while the lag grows, Redis is the limit.",
+)
+ROUND_TRIP_CALLS = Instrument(
+    "compaction.redis.round_trip.calls",
+    "histogram",
+    "{call}",
+    "Per-turn script calls a round trip carried: the calls made while the one before it was in flight.",
+)
 CONSUMER_LAG = Instrument(
     "messaging.kafka.consumer.lag",
     "gauge",
@@ -164,6 +177,8 @@ METRICS: tuple[Instrument, ...] = (
     JOBS_OLDEST,
     HELD_TURNS,
     OUTBOX_BACKLOG,
+    ROUND_TRIP,
+    ROUND_TRIP_CALLS,
     CONSUMER_LAG,
 )
 
@@ -197,6 +212,10 @@ _llm_failures = _meter.create_counter(LLM_FAILURES.name, LLM_FAILURES.unit, LLM_
 _breaker_opens = _meter.create_counter(BREAKER_OPENS.name, BREAKER_OPENS.unit, BREAKER_OPENS.description)
 _lock_wait = _meter.create_histogram(LOCK_WAIT.name, LOCK_WAIT.unit, LOCK_WAIT.description)
 _lock_contended = _meter.create_counter(LOCK_CONTENDED.name, LOCK_CONTENDED.unit, LOCK_CONTENDED.description)
+_round_trip = _meter.create_histogram(ROUND_TRIP.name, ROUND_TRIP.unit, ROUND_TRIP.description)
+_round_trip_calls = _meter.create_histogram(
+    ROUND_TRIP_CALLS.name, ROUND_TRIP_CALLS.unit, ROUND_TRIP_CALLS.description
+)
 _lag = _meter.create_gauge(CONSUMER_LAG.name, CONSUMER_LAG.unit, CONSUMER_LAG.description)
 for _gauge in (JOBS_PENDING, JOBS_OLDEST, HELD_TURNS, OUTBOX_BACKLOG):
     _meter.create_observable_gauge(_gauge.name, [_gauge_of(_gauge.name)], _gauge.unit, _gauge.description)
@@ -260,6 +279,12 @@ def record_llm_call(
 def record_breaker_open() -> None:
     """Count one opening of the summarizer's circuit breaker."""
     _breaker_opens.add(1)
+
+
+def record_round_trip(seconds: float, calls: int) -> None:
+    """Record one round trip of per-turn script calls: how long it took and how many calls it carried."""
+    _round_trip.record(seconds)
+    _round_trip_calls.record(calls)
 
 
 def record_lock_wait(seconds: float, *, acquired: bool, contended: bool) -> None:

@@ -108,28 +108,25 @@ def first_fields(now: float) -> dict[str, str]:
     return {"created_at": repr(now), "version": "0", "context_status": "full"}
 
 
-def encode_messages(
-    seq: int, first_n: int, messages: Sequence[NewMessage], at: float
-) -> tuple[list[str], list[str]]:
-    """The transcript records and effective-history entries of a turn, each message encoded once.
+def encode_records(seq: int, first_n: int, messages: Sequence[NewMessage], at: float) -> list[str]:
+    """The transcript records of a turn, each message encoded once; each is its entry too.
 
-    A transcript record is ``{"n", "seq", "m", "at", "t"}``: ``t`` is the count the entry gets,
-    so a rewind restores it exactly. An entry
-    is the text ``Entry.to_json`` gives (a test holds them equal).
+    A record is ``{"n", "seq", "m", "at", "t"}``: ``t`` is the count the entry gets, so a rewind
+    restores it exactly. The effective history's entry of an appended message is the same text
+    (``Entry.from_json`` reads ``n``, ``seq``, ``m``, ``t`` and ``e``, absent: no edit), so a
+    turn's messages travel to Redis once, not twice (a test holds the two readings equal).
     """
-    records, entries = [], []
     # A clock's time is finite: its repr is the JSON number (json.dumps took ~1 us a turn).
     stamp = repr(float(at))
-    for n, new in enumerate(messages, start=first_n):
-        head = f'{{"n":{n},"seq":{seq},"m":{new.text or encode(new.message)},'
-        records.append(f'{head}"at":{stamp},"t":{new.tokens}}}')
-        entries.append(f'{head}"t":{new.tokens},"e":null}}')
-    return records, entries
+    return [
+        f'{{"n":{n},"seq":{seq},"m":{new.text or encode(new.message)},"at":{stamp},"t":{new.tokens}}}'
+        for n, new in enumerate(messages, start=first_n)
+    ]
 
 
 def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
     """The per-turn script's arguments for a write, by position (lua/turn.lua names them)."""
-    records, entries = encode_messages(write.seq, write.first_n, write.messages, write.now)
+    records = encode_records(write.seq, write.first_n, write.messages, write.now)
     fields = [text for pair in write.fields.items() for text in pair]
     args: list[str | bytes] = [
         str(write.seq),
@@ -146,7 +143,6 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
         *fields,
         str(len(records)),
         *records,
-        *entries,
     ]
     if write.held is not None:
         args.append(write.held)

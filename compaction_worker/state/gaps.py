@@ -152,7 +152,10 @@ class GapIndex:
         at = _ms(now)
         key = self._key(conversation_id)
         fingerprint = fingerprint or turn_fingerprint(TurnEvent.model_validate_json(raw))
-        added = await self.redis.hsetnx(key, str(turn_seq), held_value(raw, at, fingerprint))
+        async with self.redis.pipeline(transaction=True) as pipe:  # the flag with the turn (lua/turn.lua)
+            pipe.hsetnx(key, str(turn_seq), held_value(raw, at, fingerprint))
+            pipe.hset(self.store.keys(conversation_id).meta, "held", "1")
+            added, _ = await pipe.execute()
         await self.indexed(conversation_id, at)
         return bool(added)
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeAlias
 
 from redis.exceptions import NoScriptError
 
+from compaction_worker.observability import metrics
 from compaction_worker.state.connection import RedisClient, is_cluster
 
 
@@ -47,64 +49,76 @@ class Script:
         return await self._script(keys=list(keys), args=[encode(header), *payload])
 
 
-class PositionalScript:
-    """A registered script called with its keys and arguments by position, no header.
+_Call: TypeAlias = tuple["PositionalScript", Sequence[str], Sequence["str | bytes"], "asyncio.Future[Any]"]
 
-    Only the per-turn scripts (appends.py) are: they run for every stored turn, and decoding a
-    JSON header and building the lists' tables was a fifth of their Redis time (measured in
-    docs/performance.md). Their Lua names every position once, in its header comment.
 
-    On a single Redis, the calls made in one turn of the event loop (the conversations of a
-    batch whose turns are ready together) travel in one pipeline, one round trip: at agent
-    pace every turn is a call of its own, and Redis spent most of a call's CPU reading,
-    dispatching and answering the request, not running the script (docs/performance.md). A
-    cluster client sends each call itself (its pipelines split by node).
+class Pipeline:
+    """The per-turn script calls of one worker on one Redis, sent together, one round trip in flight.
+
+    At agent pace every stored turn is a script call of its own, and on a single Redis most of a
+    lone call's cost is reading, dispatching and answering the request, not running the script
+    (docs/performance.md, "Redis at agent pace"). So a call is never sent alone while another
+    round trip is in flight: it waits for that one's reply and goes with every call made
+    meanwhile, in one pipeline on one connection. Idle, a call goes at once (after the
+    coroutines ready in the same turn of the loop have made theirs); under load the round trips
+    grow instead of multiplying, so a worker keeps at most one connection busy with them and a
+    busy Redis slows its workers down rather than queueing more of their requests.
+    Each call keeps its own reply or error; an emptied script cache is reloaded and the calls
+    it refused are sent again.
     """
 
-    def __init__(self, redis: RedisClient, *files: str) -> None:
-        self._script = redis.register_script(source(*files))
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
-        self._waiting: list[tuple[Sequence[str], Sequence[str | bytes], asyncio.Future[Any]]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._waiting: list[_Call] = []
+        self._sending: asyncio.Task[None] | None = None
+        self.round_trips = 0
+        """Round trips sent (the tests count them)."""
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
-        if is_cluster(self._redis):
-            return await self._script(keys=list(keys), args=list(args))
+    def call(
+        self, script: PositionalScript, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> asyncio.Future[Any]:
+        """The reply to ``script`` run with ``keys`` and ``args``, once its round trip returns."""
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append((keys, args, reply))
-        if len(self._waiting) == 1:
-            # After every coroutine ready in this turn of the loop has made its call.
+        self._waiting.append((script, keys, args, reply))
+        if len(self._waiting) == 1 and self._sending is None:
             loop.call_soon(self._send_waiting)
-        return await reply
+        return reply
 
     def _send_waiting(self) -> None:
+        if self._sending is not None or not self._waiting:
+            return
         calls, self._waiting = self._waiting, []
-        task = asyncio.ensure_future(self._send(calls))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._sending = asyncio.ensure_future(self._send(calls))
+        self._sending.add_done_callback(self._sent)
 
-    async def _send(
-        self, calls: list[tuple[Sequence[str], Sequence[str | bytes], asyncio.Future[Any]]]
-    ) -> None:
+    def _sent(self, _task: asyncio.Task[None]) -> None:
+        self._sending = None
+        self._send_waiting()  # the calls made meanwhile, together
+
+    async def _send(self, calls: list[_Call]) -> None:
+        self.round_trips += 1
+        started = time.perf_counter()
         try:
-            replies = await self._pipelined([(keys, args) for keys, args, _ in calls])
+            replies = await self._pipelined(calls)
             missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-            if missing:  # a restarted (or flushed) Redis: load the script, then send those again
-                await self._redis.script_load(self._script.script)
-                again = await self._pipelined([(calls[i][0], calls[i][1]) for i in missing])
+            if missing:  # a restarted (or flushed) Redis: load the scripts, then send those again
+                for script in {calls[i][0] for i in missing}:
+                    await self._redis.script_load(script.source)
+                again = await self._pipelined([calls[i] for i in missing])
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
         except asyncio.CancelledError:
-            for _, _, future in calls:
+            for *_, future in calls:
                 future.cancel()
             raise
         except Exception as e:  # the connection failed: every call of the round trip did
-            for _, _, future in calls:
+            for *_, future in calls:
                 if not future.done():
                     future.set_exception(e)
             return
-        for (_, _, future), reply in zip(calls, replies, strict=True):
+        metrics.record_round_trip(time.perf_counter() - started, len(calls))
+        for (*_, future), reply in zip(calls, replies, strict=True):
             if future.done():  # its caller was cancelled meanwhile
                 continue
             if isinstance(reply, Exception):
@@ -112,12 +126,44 @@ class PositionalScript:
             else:
                 future.set_result(reply)
 
-    async def _pipelined(self, calls: Sequence[tuple[Sequence[str], Sequence[str | bytes]]]) -> list[Any]:
-        sha = self._script.sha
+    async def _pipelined(self, calls: Sequence[_Call]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                pipe.evalsha(sha, len(keys), *keys, *args)
+            for script, keys, args, _ in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
             return list(await pipe.execute(raise_on_error=False))
+
+
+class PositionalScript:
+    """A registered script called with its keys and arguments by position, no header.
+
+    Only the per-turn scripts (appends.py) are: they run for every stored turn, and decoding a
+    JSON header and building the lists' tables was a fifth of their Redis time (measured in
+    docs/performance.md). Their Lua names every position once, in its header comment.
+
+    On a single Redis the calls go through a :class:`Pipeline` (shared by the scripts given
+    the same one). A cluster client sends each call itself (its pipelines split by node).
+    """
+
+    def __init__(self, redis: RedisClient, *files: str, pipeline: Pipeline | None = None) -> None:
+        self._script = redis.register_script(source(*files))
+        self._redis = redis
+        self._pipeline = pipeline or Pipeline(redis)
+
+    @property
+    def sha(self) -> str:
+        return str(self._script.sha)
+
+    @property
+    def source(self) -> str:
+        return str(self._script.script)
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        if is_cluster(self._redis):
+            started = time.perf_counter()
+            reply = await self._script(keys=list(keys), args=list(args))
+            metrics.record_round_trip(time.perf_counter() - started, 1)
+            return reply
+        return await self._pipeline.call(self, keys, args)
 
 
 def encode(value: object) -> str:

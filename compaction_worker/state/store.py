@@ -31,7 +31,7 @@ from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.keys import ConversationKeys, conversation_keys
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import PositionalScript, Script, as_text, encode
+from compaction_worker.state.scripts import Pipeline, PositionalScript, Script, as_text, encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +80,10 @@ class Store:
         self.redis = redis
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
-        self._turn = PositionalScript(redis, *TURN_LUA)
-        self._run = PositionalScript(redis, *RUN_LUA)
+        self.pipeline = Pipeline(redis)
+        """The per-turn calls' round trips (scripts.Pipeline): a turn's and a run's travel together."""
+        self._turn = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
+        self._run = PositionalScript(redis, *RUN_LUA, pipeline=self.pipeline)
         self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
 
     def keys(self, conversation_id: str) -> ConversationKeys:
@@ -174,7 +176,7 @@ class Store:
         return snapshot_of(raw_meta, raw_chunks, raw_entries)
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
-        """Transcript records (``appends.encode_messages`` says their form) in order (list indexes, inclusive)."""
+        """Transcript records (``appends.encode_records`` says their form) in order (list indexes, inclusive)."""
         raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
         return [json.loads(r) for r in raw]
 

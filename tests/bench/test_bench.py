@@ -32,6 +32,10 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
     assert (one["target"], one["at_least"]) == (0.6, True)
     assert rows["one worker / pipelined bare loop"]["baseline"] > 0
     assert (two["baseline"], two["target"]) == (one["value"], 1.6)
+    four = rows["four workers / two workers"]  # issue 35: more workers, no lower rate
+    assert (four["baseline"], four["target"], four["at_least"]) == (two["value"], 0.9, True)
+    assert rows["Redis CPU per stored turn, four workers / one"]["baseline"] > 0
+    assert 0 < rows["Redis connections a worker holds"]["value"] <= 16  # redis.max_connections
     head = rows["head-of-line: p99 store latency, 10% compacting"]
     assert head["value"] > 0
     assert (head["target"], head["target_on_value"]) == (100.0, True)

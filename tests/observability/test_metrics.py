@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from compaction_worker._litellm import litellm
@@ -33,6 +35,19 @@ class TestTurns:
             (("reason", "malformed_json"), ("status", "dead_lettered")): 1,
             (("reason", "key_mismatch"), ("status", "dead_lettered")): 1,
         }
+
+
+class TestRedis:
+    async def test_each_round_trip_of_turns_records_its_time_and_calls(
+        self, telemetry: Memory, parts: Parts
+    ) -> None:
+        """Issue 35: the saturation signal. Three conversations' turns handled together travel in one
+        round trip (three calls); one turn alone is a round trip of one."""
+        await asyncio.gather(*(parts.turns.handle(turn_bytes(c, 1, [user("hi")]), c.encode()) for c in "abc"))
+        await parts.turns.handle(turn_bytes("a", 2, [user("again")]), b"a")
+        count, calls = telemetry.histogram("compaction.redis.round_trip.calls")[()]
+        assert (count, calls) == (2, 4)
+        assert telemetry.histogram("compaction.redis.round_trip.duration")[()][0] == 2
 
 
 class TestCompactions:

@@ -17,7 +17,7 @@ from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.settings import RedisSettings
 from compaction_worker.state import scripts
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.scripts import PositionalScript, Script
+from compaction_worker.state.scripts import Pipeline, PositionalScript, Script
 from tests.conftest import cluster_tests
 
 STATE = Path(scripts.__file__).parent
@@ -74,8 +74,8 @@ async def test_a_script_is_loaded_again_after_a_primary_restart(
 class InlinePositional(PositionalScript):
     """A positional script whose body is given here."""
 
-    def __init__(self, redis: RedisClient, body: str) -> None:
-        super().__init__(redis)
+    def __init__(self, redis: RedisClient, body: str, pipeline: Pipeline | None = None) -> None:
+        super().__init__(redis, pipeline=pipeline)
         self._script = redis.register_script(body)
 
 
@@ -118,3 +118,40 @@ async def test_calls_after_the_script_cache_is_emptied_load_it_again(redis_clien
     await redis_client.script_flush()
     replies = await asyncio.gather(*(script([f"{{a{i}}}:k"], [str(i)]) for i in range(5)))
     assert replies == [[f"{{a{i}}}:k".encode(), str(i).encode()] for i in range(5)]
+
+
+SLOW = """
+if ARGV[1] == 'slow' then
+  local start = redis.call('TIME')
+  repeat
+    local now = redis.call('TIME')
+  until (now[1] - start[1]) * 1000000 + (now[2] - start[2]) > 200000
+end
+return {KEYS[1], ARGV[1]}
+"""
+
+
+@pytest.mark.integration
+async def test_calls_made_while_a_round_trip_is_in_flight_go_together_after_it(redis_url: str) -> None:
+    """Issue 35: one round trip in flight; the calls made meanwhile (two scripts' alike) wait for it
+    and travel in one more, each with its own reply."""
+    if cluster_tests():
+        pytest.skip("a cluster client sends each call itself")
+    client = connect_redis(RedisSettings(url=redis_url))
+    try:
+        pipeline = Pipeline(client)
+        slow, echo = InlinePositional(client, SLOW, pipeline), InlinePositional(client, ECHO, pipeline)
+        first = asyncio.ensure_future(slow(["{a}:k"], ["slow"]))
+        await asyncio.sleep(0.05)  # sent: Redis runs it for 200 ms
+        assert pipeline.round_trips == 1
+        later = [
+            asyncio.ensure_future((slow if i % 2 else echo)([f"{{b{i}}}:k"], [str(i)])) for i in range(10)
+        ]
+        await asyncio.sleep(0.05)
+        assert pipeline.round_trips == 1
+        assert not any(call.done() for call in later)
+        assert await first == [b"{a}:k", b"slow"]
+        assert await asyncio.gather(*later) == [[f"{{b{i}}}:k".encode(), str(i).encode()] for i in range(10)]
+        assert pipeline.round_trips == 2
+    finally:
+        await client.aclose()

@@ -13,12 +13,13 @@ import redis.asyncio
 from compaction_worker.contracts.events import ChatMessage, ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
-from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, encode_messages
+from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, encode_records
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
+from tests.conftest import cluster_tests
 from tests.state.helpers import FP_A, FP_B, append, chunk, msg
 
 pytestmark = pytest.mark.integration
@@ -95,6 +96,7 @@ class TestAppend:
         assert (first.status, first.last_seq, first.next_held) == (AppendStatus.APPENDED, 1, False)
         assert first.rev == (await store.meta("c")).rev == 1
         await store.redis.hset(store.keys("c").pending, "3", b"0:{}")
+        await store.redis.hset(store.keys("c").meta, "held", "1")  # as every writer of a held turn does
         second = await store.append_turn("c", 2, [msg("b", tokens=1)])
         assert (second.next_held, second.rev) == (True, 2)
         assert (await store.meta("c")).history_tokens == 8
@@ -111,6 +113,47 @@ class TestAppend:
         assert (threshold.job, manual.job) == (False, True)
         assert await store.redis.hget(store.keys("c").job, "trigger") == b"reactive"  # the stronger stays
 
+    async def test_the_held_turns_are_read_only_while_the_meta_says_some_may_be(self, store: Store) -> None:
+        """Issue 35: a plain append reads the meta alone (five calls in all); a held turn sets the
+        meta's ``held`` flag with it; the append that fills the gap finds none left and removes it."""
+        if cluster_tests():
+            pytest.skip("INFO commandstats is per node on a cluster")
+
+        async def calls_of(seq: int, *messages: NewMessage) -> dict[str, int]:
+            await store.redis.config_resetstat()
+            assert await append(store, "c", seq, *messages) == AppendStatus.APPENDED
+            stats = await store.redis.info("commandstats")
+            names = ("hmget", "rpush", "hset", "hdel", "hlen", "hget", "hexists")
+            return {n: stats[f"cmdstat_{n}"]["calls"] for n in names if f"cmdstat_{n}" in stats}
+
+        await append(store, "c", 1, msg("a"))
+        assert await calls_of(2, msg("b")) == {"hmget": 1, "rpush": 2, "hset": 2}
+        held = held_value(b'{"turn": 4}', 1000, FP_A)
+        assert (
+            await store.write_turn("c", _write(4, fingerprint=FP_A, held=held))
+        ).status is AppendStatus.HELD
+        assert await store.redis.hget(store.keys("c").meta, "held") == b"1"
+        # The append before the held turn reads it (and says it is next); the held one then fills
+        # the gap, finds no other, and removes the flag.
+        await store.redis.config_resetstat()
+        reply = await store.append_turn("c", 3, [msg("c")])
+        assert (reply.status, reply.next_held) == (AppendStatus.APPENDED, True)
+        assert await append(store, "c", 4, msg("d"), fingerprint=FP_A) == AppendStatus.APPENDED
+        assert await store.redis.hlen(store.keys("c").pending) == 0
+        assert await store.redis.hget(store.keys("c").meta, "held") is None
+        assert await calls_of(5, msg("e")) == {"hmget": 1, "rpush": 2, "hset": 2}
+
+    async def test_a_held_flag_left_by_a_sweep_is_removed_by_the_next_append(self, store: Store) -> None:
+        """A sweep that dead-letters the held turns leaves the flag (it touches only the held turns):
+        the next append finds none held and removes it."""
+        gaps = GapIndex(store, timeout_seconds=60)
+        await append(store, "c", 1, msg("a"))
+        await gaps.hold("c", 3, b'{"held": 3}', fingerprint=FP_A)
+        assert await store.redis.hget(store.keys("c").meta, "held") == b"1"
+        await gaps.drop("c", 3)
+        assert await append(store, "c", 2, msg("b")) == AppendStatus.APPENDED
+        assert await store.redis.hget(store.keys("c").meta, "held") is None
+
     async def test_a_turn_writes_only_what_it_changes(self, store: Store) -> None:
         """Creation-time fields are written by the first append only; later appends leave them."""
         await append(store, "c", 1, msg("a"))
@@ -122,10 +165,11 @@ class TestAppend:
         assert await store.redis.hget(store.keys("c").meta, "context_status") == b"summarized"
 
     def test_messages_are_encoded_once_as_the_readers_read_them(self) -> None:
-        """The script's records are the transcript's JSON records, its entries the text Entry.to_json gives."""
+        """The script's records are the transcript's JSON records, and each reads as its entry:
+        the entry ``Entry.to_json`` would give, read back."""
         messages = [msg('é \n "q"', tokens=3), NewMessage({"role": "tool", "content": [1, None]}, 2)]
-        records, entries = encode_messages(4, 7, messages, 1764000000.125)
-        for n, (new, record, entry) in enumerate(zip(messages, records, entries, strict=True), start=7):
+        records = encode_records(4, 7, messages, 1764000000.125)
+        for n, (new, record) in enumerate(zip(messages, records, strict=True), start=7):
             assert json.loads(record) == {
                 "n": n,
                 "seq": 4,
@@ -133,7 +177,21 @@ class TestAppend:
                 "at": 1764000000.125,
                 "t": new.tokens,
             }
-            assert entry == Entry(n=n, seq=4, message=new.message, tokens=new.tokens).to_json()
+            entry = Entry(n=n, seq=4, message=new.message, tokens=new.tokens)
+            assert Entry.from_json(record) == entry == Entry.from_json(entry.to_json())
+
+    async def test_an_appended_entry_is_its_transcript_record(self, store: Store) -> None:
+        """One text a message, pushed to both lists; the snapshot reads it as the entry."""
+        await append(store, "c", 1, msg("a", tokens=7), msg("b", "assistant", tokens=5))
+        keys = store.keys("c")
+        assert await store.redis.lrange(keys.entries, 0, -1) == await store.redis.lrange(
+            keys.transcript, 0, -1
+        )
+        entries = (await store.snapshot("c")).history.entries
+        assert [(e.n, e.seq, e.message["content"], e.tokens, e.edit) for e in entries] == [
+            (1, 1, "a", 7, None),
+            (2, 1, "b", 5, None),
+        ]
 
     def test_a_message_text_given_is_stored_as_is(self) -> None:
         """The turn path passes each message's ``ChatMessage.to_json``: the records carry that text,
@@ -141,10 +199,10 @@ class TestAppend:
         chat = ChatMessage.model_validate({"role": "user", "content": "é 日 \u2028", "x": [1.5e-7, 10**30]})
         new = NewMessage(chat.to_dict(), 5, chat.to_json())
 
-        (record,), (entry,) = encode_messages(2, 1, [new], 1764000000.125)
+        (record,) = encode_records(2, 1, [new], 1764000000.125)
 
         assert chat.to_json() in record
-        assert json.loads(record)["m"] == json.loads(entry)["m"] == chat.to_dict()
+        assert json.loads(record)["m"] == Entry.from_json(record).message == chat.to_dict()
 
     async def test_large_numbers_are_stored_exactly(self, store: Store) -> None:
         """Numbers the script stores travel as text: a seq past 14 digits is not rounded."""
@@ -244,6 +302,7 @@ class TestFingerprints:
         await append(store, "c", 1, msg("a"))
         await append(store, "c", 2, msg("b"))
         await store.redis.hset(store.keys("c").pending, "3", b"12/99:" + FP_A.encode() + b':{"x": 3}')
+        await store.redis.hset(store.keys("c").meta, "held", "1")
         assert await append(store, "c", 3, msg("c"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
 
 

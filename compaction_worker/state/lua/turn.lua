@@ -10,7 +10,8 @@
 --   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
 --   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
 --   that many meta field/value texts (what the append changes), then the message count n and
---   n transcript records and n entries, then the turn's held form if the caller expects a gap.
+--   n transcript records (each pushed to the entries too: appends.encode_records), then the
+--   turn's held form if the caller expects a gap.
 -- Replies, by what the stored sequence says of the turn:
 --   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
 --   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
@@ -25,35 +26,63 @@
 -- and made once per call by flush(): a run's turns cost one RPUSH per list and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
 -- leaves, kept in `w`, not read again. A script is atomic: nobody sees the state between.
+-- A lone turn's records are pushed straight from ARGV, no table built: a stored
+-- turn at agent pace is a call of its own, and every redis.call and table is a part of its cost
+-- (docs/performance.md, "Redis at agent pace").
+-- The meta's `held` field is '1' while turns may be held behind a gap: every writer of a held
+-- turn sets it with the turn, and an append that finds none held (the gap filled, or its turns
+-- dead-lettered by a sweep) removes it. Without it the pending hash is empty and not read, so
+-- a plain append makes five Redis calls: HMGET, RPUSH x2, HSET x2.
 -- Every turn is stored or held with its fingerprint: a redelivery with another is a conflict. A
 -- turn held behind a gap arrived first: a different turn with its seq is refused.
--- A call's gathered writes: records and entries to push, the meta's fields (each with its last
--- value, in first-written order), the fingerprints, the deadlines the keys get, and the meta
--- once appended (`state`, as turn() reads it with HMGET; nil until a turn is appended).
+-- A call's gathered writes: the positions of the turns appended (`spans`), the meta once
+-- appended (`state`, as turn() reads it: rev, last_seq, deadline, held; nil until a turn is
+-- appended), and whether the call found no turn held (`emptied`).
 local function writes()
-  return {records = {}, entries = {}, fields = {}, names = {}, fingerprints = {}}
+  return {spans = {}}
 end
 
--- Sets a meta field to write (a later value replaces an earlier one).
-local function set_field(w, name, value)
-  if w.fields[name] == nil then w.names[#w.names + 1] = name end
-  w.fields[name] = value
+-- Pushes ARGV[from..to] onto a list, in batches (unpack has a C-stack limit).
+local function push_args(key, from, to)
+  while from <= to do
+    local last = math.min(from + 499, to)
+    redis.call('RPUSH', key, unpack(ARGV, from, last))
+    from = last + 1
+  end
 end
 
 -- Makes a call's gathered writes: the lists, the meta, the fingerprints, then the deadlines
--- (after the keys exist: an expiry on a missing key is lost).
+-- (after the keys exist: an expiry on a missing key is lost). A field a later turn of a run
+-- writes again is written twice in one HSET: the later value is the one kept.
 local function flush(w)
   if not w.state then return end
   local meta, transcript, entries, fingerprints = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
-  push(transcript, w.records)
-  push(entries, w.entries)
   local fields = {'rev', string.format('%d', w.state[1])}
-  for _, name in ipairs(w.names) do
-    fields[#fields + 1] = name
-    fields[#fields + 1] = w.fields[name]
+  local fps = {}
+  if #w.spans == 1 then
+    local s = w.spans[1]
+    push_args(transcript, s.records, s.records + s.n - 1)
+    push_args(entries, s.records, s.records + s.n - 1)
+  else
+    local records = {}
+    for _, s in ipairs(w.spans) do
+      for i = s.records, s.records + s.n - 1 do records[#records + 1] = ARGV[i] end
+    end
+    push(transcript, records)
+    push(entries, records)
+  end
+  for _, s in ipairs(w.spans) do
+    for i = s.fields, s.fields + s.fields_n - 1 do fields[#fields + 1] = ARGV[i] end
+    fps[#fps + 1] = ARGV[s.seq]
+    fps[#fps + 1] = ARGV[s.fingerprint]
+  end
+  if w.renewed then
+    fields[#fields + 1] = 'expires_at'
+    fields[#fields + 1] = string.format('%d', w.renewed)
   end
   redis.call('HSET', meta, unpack(fields))
-  if #w.fingerprints > 0 then redis.call('HSET', fingerprints, unpack(w.fingerprints)) end
+  if w.emptied then redis.call('HDEL', meta, 'held') end
+  redis.call('HSET', fingerprints, unpack(fps))
   if w.first then
     for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.first) end
   end
@@ -67,9 +96,10 @@ local function turn(at, run, w)
   local n = tonumber(ARGV[fields_at + fields_n])
   local records_at = fields_at + fields_n + 1
   local held_form = nil
-  if not run then held_form = ARGV[records_at + 2 * n] end
-  local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at')
+  if not run then held_form = ARGV[records_at + n] end
+  local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'held')
   local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
+  local holds = state[4]
   local seq = tonumber(seq_text)
   if run and seq ~= last + 1 then return nil end
   if seq <= last then
@@ -77,11 +107,12 @@ local function turn(at, run, w)
     if stored and stored ~= fingerprint then
       return {'conflicting_duplicate', last, stored}
     end
-    local following = redis.call('HEXISTS', pending, string.format('%d', last + 1))
+    local following = 0
+    if holds then following = redis.call('HEXISTS', pending, string.format('%d', last + 1)) end
     return {'duplicate', last, redis.call('EXISTS', job), following}
   end
   if seq > last + 1 then
-    local held = redis.call('HGET', pending, seq_text)
+    local held = holds and redis.call('HGET', pending, seq_text)
     if held then
       local held_fp = held_fingerprint(held)
       if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
@@ -89,6 +120,7 @@ local function turn(at, run, w)
     end
     if not held_form then return {'need_held', last} end
     redis.call('HSET', pending, seq_text, held_form)
+    if not holds then redis.call('HSET', meta, 'held', '1') end
     expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])))
     return {'held', last}
   end
@@ -96,19 +128,25 @@ local function turn(at, run, w)
     if run then return nil end
     return {'stale', last, redis.call('HGETALL', meta)}
   end
-  local waiting = redis.call('HMGET', pending, seq_text, ARGV[at + 2])
-  if waiting[1] then
-    if run then return nil end
-    local held_fp = held_fingerprint(waiting[1])
-    if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
-    redis.call('HDEL', pending, seq_text)
+  local next_held = 0
+  if holds then
+    local waiting = redis.call('HMGET', pending, seq_text, ARGV[at + 2])
+    if waiting[1] then
+      if run then return nil end
+      local held_fp = held_fingerprint(waiting[1])
+      if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+      redis.call('HDEL', pending, seq_text)
+    end
+    if waiting[2] then
+      next_held = 1
+    elseif redis.call('HLEN', pending) == 0 then
+      holds, w.emptied = nil, true
+    end
   end
-  for i = records_at, records_at + n - 1 do w.records[#w.records + 1] = ARGV[i] end
-  for i = records_at + n, records_at + 2 * n - 1 do w.entries[#w.entries + 1] = ARGV[i] end
+  w.spans[#w.spans + 1] = {
+    records = records_at, n = n, fields = fields_at, fields_n = fields_n, seq = at + 1, fingerprint = at + 6,
+  }
   rev = rev + 1
-  for i = fields_at, fields_at + fields_n - 1, 2 do set_field(w, ARGV[i], ARGV[i + 1]) end
-  w.fingerprints[#w.fingerprints + 1] = seq_text
-  w.fingerprints[#w.fingerprints + 1] = fingerprint
   local due = 0
   if ARGV[at + 8] ~= '' then
     local request = cjson.decode(ARGV[at + 8])
@@ -118,12 +156,7 @@ local function turn(at, run, w)
   end
   if ARGV[at + 7] == '1' then w.first = deadline end
   local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
-  if kept ~= deadline then
-    set_field(w, 'expires_at', string.format('%d', kept))
-    w.renewed, deadline = kept, kept
-  end
-  w.state = {rev, seq, deadline}
-  local next_held = 0
-  if waiting[2] then next_held = 1 end
+  if kept ~= deadline then w.renewed, deadline = kept, kept end
+  w.state = {rev, seq, deadline, holds}
   return {'appended', seq, rev, next_held, due}
 end
