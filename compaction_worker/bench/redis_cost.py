@@ -10,10 +10,14 @@ is read from the group's committed offsets on the broker):
 2. timed, a backlog: 20 new conversations x 20 small turns sent at once, no compaction due,
    between two ``INFO cpu commandstats`` snapshots (the CPU, the command time and the
    commands executed);
-3. agent pace: 20 other conversations x 20 turns, one turn per conversation at a time (each
-   round of 20 is sent once the round before it is committed), as agents produce them: every
-   turn is a script call of its own, where a backlog gives a call a run of turns;
-4. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
+3. agent pace, a quiet shard: 20 other conversations x 20 turns, one turn per conversation at
+   a time (each round of 20 is sent once the round before it is committed), as agents produce
+   them: every turn is a script call of its own, where a backlog gives a call a run of turns.
+   Redis is idle between rounds, so this is what a turn costs a shard that wakes up for it;
+4. agent pace, a busy shard: 400 other conversations x 5 turns, one turn per conversation at a
+   time (rounds of 400): still one script call a turn, but many conversations' calls arrive
+   together, as they do on a shard whose capacity matters;
+5. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
    clients sent from those run inside scripts.
 
 The CPU figures are the Redis process's (user + system), less what the idle worker costs
@@ -39,6 +43,8 @@ from compaction_worker.bench.report import Progress, Row
 from compaction_worker.runtime.connections import WORKER_CLIENT_NAME
 
 CONVERSATIONS, TURNS = 20, 20
+BUSY_CONVERSATIONS, BUSY_TURNS = 400, 5
+"""The agent-pace phase on a busy shard: many conversations, one turn each at a time."""
 IDLE_SECONDS = 5.0
 PACED_CPU_TARGET = 30.0
 """Redis CPU µs per stored turn at agent pace (issue 35)."""
@@ -72,6 +78,10 @@ class TurnCost:
     """Redis process CPU per stored turn at agent pace (phase 3), the idle worker's cost left out."""
     paced_usec: float
     """Command time per stored turn at agent pace (phase 3)."""
+    busy_cpu_usec: float
+    """Redis process CPU per stored turn at agent pace on a busy shard (phase 4), the idle worker's cost left out."""
+    busy_usec: float
+    """Command time per stored turn at agent pace on a busy shard (phase 4)."""
     connections: float
     """The Redis connections the worker process held after the backlog and the agent-pace phases (``CLIENT LIST``)."""
     idle_sent: float
@@ -113,9 +123,12 @@ def turn_cost(
     idle_seconds: float,
     *,
     paced: Snapshot,
+    busy: Snapshot,
+    busy_turns: int,
     idle_cpu: float = 0.0,
     timed_seconds: float = 0.0,
     paced_seconds: float = 0.0,
+    busy_seconds: float = 0.0,
     connections: int = 0,
 ) -> TurnCost:
     """The figures of one run from its phases; ``idle_cpu``: the idle worker's Redis CPU seconds per second."""
@@ -137,6 +150,8 @@ def turn_cost(
         cpu_usec=max(0.0, stats.cpu_seconds - idle_cpu * timed_seconds) * 1e6 / turns,
         paced_cpu_usec=max(0.0, paced.cpu_seconds - idle_cpu * paced_seconds) * 1e6 / turns,
         paced_usec=sent_time(paced, counted)[0] / turns,
+        busy_cpu_usec=max(0.0, busy.cpu_seconds - idle_cpu * busy_seconds) * 1e6 / busy_turns,
+        busy_usec=sent_time(busy, counted)[0] / busy_turns,
         connections=connections,
         idle_sent=idle.sent.total() / idle_seconds,
         idle_inside=idle.inside.total() / idle_seconds,
@@ -154,9 +169,10 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
     """The four phases on a worker attached and warmed up (see the module's docstring)."""
     if not isinstance(env.redis, Redis):
         raise BenchError("the Redis rows need a single Redis, not a cluster (MONITOR and INFO are per node)")
-    timed, paced, counted_input = (
+    timed, paced, busy, counted_input = (
         make_input(CONVERSATIONS, TURNS, "timed"),
         make_input(CONVERSATIONS, TURNS, "paced"),
+        make_input(BUSY_CONVERSATIONS, BUSY_TURNS, "busy"),
         make_input(CONVERSATIONS, TURNS, "counted"),
     )
     timed_built, counted_built = (
@@ -168,6 +184,10 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         worker.batches.build(paced.events[i : i + CONVERSATIONS])
         for i in range(0, len(paced.events), CONVERSATIONS)
     ]
+    busy_rounds = [
+        worker.batches.build(busy.events[i : i + BUSY_CONVERSATIONS])
+        for i in range(0, len(busy.events), BUSY_CONVERSATIONS)
+    ]
     topic, group, within = worker.topic, worker.group, 120.0
     async with Meter(env.redis) as meter:
         await asyncio.sleep(SETTLE_SECONDS)
@@ -178,7 +198,8 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         async with meter.monitor() as idle:
             await asyncio.sleep(idle_seconds)
         progress(
-            f"redis cost: {timed.total} turns as a backlog, {paced.total} at agent pace, then {counted_input.total} counted"
+            f"redis cost: {timed.total} turns as a backlog, {paced.total} at agent pace, {busy.total} at agent "
+            f"pace on a busy shard, then {counted_input.total} counted"
         )
         before, started = await meter.snapshot(), time.monotonic()
         ends = await worker.batches.send(topic, timed_built)
@@ -191,10 +212,16 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
         paced_stats, paced_seconds = await meter.snapshot() - before, time.monotonic() - started
         connections = max(connections, await worker_connections(env.redis))
+        before, started = await meter.snapshot(), time.monotonic()
+        for built in busy_rounds:
+            ends = await worker.batches.send(topic, built)
+            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
+        busy_stats, busy_seconds = await meter.snapshot() - before, time.monotonic() - started
+        connections = max(connections, await worker_connections(env.redis))
         async with meter.monitor() as counted:
             ends = await worker.batches.send(topic, counted_built)
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
-    for data in (timed, paced, counted_input):
+    for data in (timed, paced, busy, counted_input):
         stored = await StoredCounter(env, worker.prefix, data.conversations).stored()
         if stored != data.total:
             raise BenchError(f"the worker committed {data.total} turns but Redis holds {stored}")
@@ -205,9 +232,12 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         idle,
         idle_seconds,
         paced=paced_stats,
+        busy=busy_stats,
+        busy_turns=busy.total,
         idle_cpu=idle_cpu,
         timed_seconds=timed_seconds,
         paced_seconds=paced_seconds,
+        busy_seconds=busy_seconds,
         connections=connections,
     )
 
@@ -271,13 +301,22 @@ def cost_rows(
             f"{TURNS} turns each sent at once; one Redis core: {_per_core(this.cpu_usec)} turns/s",
         ),
         row(
-            "Redis CPU per stored turn, agent pace",
-            "paced_cpu_usec",
+            "Redis CPU per stored turn, agent pace, busy shard",
+            "busy_cpu_usec",
             "µs",
             PACED_CPU_TARGET,
-            note=f"one turn per conversation at a time over {CONVERSATIONS} conversations (each turn its own "
-            f"script call); command time {this.paced_usec:.3g} µs; one Redis core: "
-            f"{_per_core(this.paced_cpu_usec)} turns/s",
+            note=f"one turn per conversation at a time over {BUSY_CONVERSATIONS} conversations (rounds of "
+            f"{BUSY_CONVERSATIONS}, each turn its own script call, many conversations' calls arriving together); "
+            f"command time {this.busy_usec:.3g} µs; one Redis core: {_per_core(this.busy_cpu_usec)} turns/s",
+        ),
+        row(
+            "Redis CPU per stored turn, agent pace, quiet shard",
+            "paced_cpu_usec",
+            "µs",
+            None,
+            note=f"one turn per conversation at a time over {CONVERSATIONS} conversations, Redis idle between "
+            f"rounds: what a turn costs a shard that wakes up for it, not its capacity; command time "
+            f"{this.paced_usec:.3g} µs",
         ),
         row(
             "Redis connections a worker holds",

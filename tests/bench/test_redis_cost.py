@@ -24,6 +24,8 @@ def _cost(**figures: float) -> TurnCost:
             "cpu_usec",
             "paced_cpu_usec",
             "paced_usec",
+            "busy_cpu_usec",
+            "busy_usec",
             "connections",
             "idle_sent",
             "idle_inside",
@@ -45,6 +47,7 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
     )
     idle = Monitored(sent=Counter({"zrangebyscore": 100, "zcard": 100}), inside=Counter({"zadd": 10}))
     paced = Snapshot(Counter({"evalsha": TURNS}), Counter({"evalsha": 50 * TURNS}), cpu_seconds=0.06)
+    busy = Snapshot(Counter({"evalsha": 2000}), Counter({"evalsha": 30 * 2000}), cpu_seconds=0.1)
     cost = turn_cost(
         TURNS,
         stats,
@@ -52,9 +55,12 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
         idle,
         idle_seconds=5.0,
         paced=paced,
+        busy=busy,
+        busy_turns=2000,
         idle_cpu=0.001,
         timed_seconds=2.0,
         paced_seconds=8.0,
+        busy_seconds=10.0,
     )
     assert cost.sent == pytest.approx(2.01)
     assert cost.inside == 11.0
@@ -65,6 +71,9 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
     assert cost.cpu_usec == pytest.approx(70.0)
     assert cost.paced_cpu_usec == pytest.approx(130.0)
     assert cost.paced_usec == 50.0
+    # A busy shard's phase: its own turns, (0.1 - 0.01) s over 2,000.
+    assert cost.busy_cpu_usec == pytest.approx(45.0)
+    assert cost.busy_usec == 30.0
     assert (cost.idle_sent, cost.idle_inside) == (40.0, 2.0)
     assert "time split by calls: hgetall" in cost.detail
     assert "taken as sent): zcard" in cost.detail
