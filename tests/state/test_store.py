@@ -226,6 +226,23 @@ class TestAppend:
         for key in (keys.meta, keys.transcript, keys.entries, keys.fingerprints):
             assert await store.redis.pexpiretime(key) == deadline, key
 
+    async def test_a_first_append_gives_its_deadline_to_what_exists_before_it_too(self, store: Store) -> None:
+        """A new conversation's keys get its first deadline: those the append writes, and a key
+        made before it with none (a fence from a lock taken first); the keys that do not exist
+        are not expired one by one (one EXISTS asks for them all)."""
+        keys = store.keys("c")
+        await store.redis.incr(keys.fence)  # a lock taken before any turn: its fence has no deadline
+        await append(store, "c", 1, msg("a"), fingerprint=FP_A)
+        deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
+        for key in (keys.meta, keys.transcript, keys.entries, keys.fingerprints, keys.fence):
+            assert await store.redis.pexpiretime(key) == deadline, key
+        if cluster_tests():
+            return  # INFO commandstats is per node
+        await store.redis.config_resetstat()
+        assert await append(store, "d", 1, msg("a"), fingerprint=FP_A) == AppendStatus.APPENDED
+        stats = await store.redis.info("commandstats")
+        assert (stats["cmdstat_pexpireat"]["calls"], stats["cmdstat_exists"]["calls"]) == (4, 1)
+
     async def test_a_turn_moves_the_deadline_only_when_half_the_retention_is_gone(self, store: Store) -> None:
         """Most turns leave expiry alone; the one that finds less than half left moves every key's, the archive's too."""
         await append(store, "c", 1, msg("a"))

@@ -37,7 +37,8 @@
 -- turn held behind a gap arrived first: a different turn with its seq is refused.
 -- A call's gathered writes: the positions of the turns appended (`spans`), the meta once
 -- appended (`state`, as turn() reads it: rev, last_seq, deadline, held; nil until a turn is
--- appended), and whether the call found no turn held (`emptied`).
+-- appended), whether the call found no turn held (`emptied`), the deadline it moved the
+-- conversation's to (`renewed`), and whether it had none before (`fresh`).
 local function writes()
   return {spans = {}}
 end
@@ -86,7 +87,18 @@ local function flush(w)
   if w.first then
     for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.first) end
   end
-  if w.renewed then expire_all(KEYS, w.renewed) end
+  if w.fresh then
+    -- The conversation had no deadline yet (its first append): the keys this call wrote get it,
+    -- and the others (a fence, a handed-out seq, a job) only if one exists, which is rare.
+    for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.renewed) end
+    local others = {KEYS[4]}
+    for i = 6, #KEYS do others[#others + 1] = KEYS[i] end
+    if redis.call('EXISTS', unpack(others)) > 0 then
+      for _, key in ipairs(others) do expire_with(key, w.renewed) end
+    end
+  elseif w.renewed then
+    expire_all(KEYS, w.renewed)
+  end
 end
 
 local function turn(at, run, w)
@@ -156,7 +168,10 @@ local function turn(at, run, w)
   end
   if ARGV[at + 7] == '1' then w.first = deadline end
   local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
-  if kept ~= deadline then w.renewed, deadline = kept, kept end
+  if kept ~= deadline then
+    if deadline == 0 then w.fresh = true end
+    w.renewed, deadline = kept, kept
+  end
   w.state = {rev, seq, deadline, holds}
   return {'appended', seq, rev, next_held, due}
 end
