@@ -79,6 +79,9 @@ class Pipeline:
     ) -> asyncio.Future[Any]:
         """The reply to ``script`` run with ``keys`` and ``args``, once its round trip returns."""
         loop = asyncio.get_running_loop()
+        if self._sending is not None and self._sending.get_loop() is not loop:
+            # Left by a loop that closed with a round trip in flight (its callback never ran).
+            self._sending, self._waiting = None, [c for c in self._waiting if c[3].get_loop() is loop]
         reply: asyncio.Future[Any] = loop.create_future()
         self._waiting.append((script, keys, args, reply))
         if len(self._waiting) == 1 and self._sending is None:

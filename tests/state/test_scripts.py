@@ -6,6 +6,7 @@ import asyncio
 import re
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -155,3 +156,32 @@ async def test_calls_made_while_a_round_trip_is_in_flight_go_together_after_it(r
         assert pipeline.round_trips == 2
     finally:
         await client.aclose()
+
+
+@pytest.mark.integration
+def test_a_round_trip_left_in_flight_by_a_closed_loop_does_not_hold_the_next_loops_calls(
+    redis_url: str,
+) -> None:
+    """A store can outlive an event loop (tests, tools): the next loop's calls still go."""
+    if cluster_tests():
+        pytest.skip("a cluster client sends each call itself")
+    pipeline = Pipeline(connect_redis(RedisSettings(url=redis_url)))
+
+    async def send() -> None:
+        asyncio.ensure_future(InlinePositional(pipeline._redis, ECHO, pipeline)(["{a}:k"], ["1"]))
+        for _ in range(3):  # the round trip is sent; its reply is never read
+            await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(send())
+    loop.close()  # without finishing its tasks
+
+    async def call() -> Any:
+        pipeline._redis = connect_redis(RedisSettings(url=redis_url))
+        try:
+            echo = InlinePositional(pipeline._redis, ECHO, pipeline)
+            return await asyncio.wait_for(echo(["{b}:k"], ["2"]), timeout=10)
+        finally:
+            await pipeline._redis.aclose()
+
+    assert asyncio.run(call()) == [b"{b}:k", b"2"]
