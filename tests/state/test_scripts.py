@@ -168,9 +168,10 @@ def test_a_round_trip_left_in_flight_by_a_closed_loop_does_not_hold_the_next_loo
     pipeline = Pipeline(connect_redis(RedisSettings(url=redis_url)))
 
     async def send() -> None:
-        asyncio.ensure_future(InlinePositional(pipeline._redis, ECHO, pipeline)(["{a}:k"], ["1"]))
+        call = asyncio.ensure_future(InlinePositional(pipeline._redis, ECHO, pipeline)(["{a}:k"], ["1"]))
         for _ in range(3):  # the round trip is sent; its reply is never read
             await asyncio.sleep(0)
+        assert not call.done()
 
     loop = asyncio.new_event_loop()
     loop.run_until_complete(send())
