@@ -62,7 +62,7 @@ def build_components(
     outbox = Outbox(store, publish, locks, worker.outbox_grace_seconds, shards=shards, wakes=wakes)
     archive = Archive(redis, store.prefix)
     dead_letters = DeadLetters(settings.topics, publish)
-    gaps = GapIndex(store, worker.gap_timeout_seconds, shards=shards, wakes=wakes)
+    gaps = GapIndex(store, worker.gap_timeout_seconds, locks=locks, shards=shards, wakes=wakes)
     liveness = Liveness(settings.health.liveness_timeout_seconds)
     compactor = Compactor(
         settings,

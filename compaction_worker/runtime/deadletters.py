@@ -64,14 +64,14 @@ class DeadLetters:
     async def expire_held(self, gaps: GapIndex, now: float | None = None) -> list[ExpiredTurn]:
         """Dead-letter the turns held behind a gap past its timeout; returns them.
 
-        Each is forgotten only once published: a publish error propagates (the sweeper logs
-        it) and leaves the turns claimed until their lease ends, then they are claimed again.
+        Each is forgotten once published (gaps.py sends them under their conversation's lock):
+        a publish error propagates (the sweeper logs it) and leaves the turn held for the next sweep.
         """
-        expired = await gaps.expire(now)
-        for turn in expired:
+
+        async def send(turn: ExpiredTurn) -> None:
             await self.held(turn.raw, turn.conversation_id, turn.turn_seq, turn.error)
-            await gaps.release(turn)
-        return expired
+
+        return await gaps.expire(send, now)
 
 
 def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:

@@ -1,9 +1,10 @@
 """Turns held behind a sequence gap: the held-turn hash, its index, and expiry.
 
 A turn that arrives ahead of a missing ``turn_seq`` waits in its conversation's ``pending``
-hash until the missing turn arrives; after ``worker.gap_timeout_seconds`` a sweep claims
-it for the dead-letter topic. Expiry never gives up on the missing turn, and touches
-nothing but the held turns (docs/design.md, "Sequence gaps").
+hash until the missing turn arrives; after ``worker.gap_timeout_seconds`` a sweep sends it
+to the dead-letter topic, holding the conversation's lock (the one lease a conversation has:
+state/lock.py) while it does. Expiry never gives up on the missing turn, and touches nothing
+but the held turns (docs/design.md, "Sequence gaps").
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import BadEventError, DeadLetterReason, TurnEvent
@@ -18,23 +20,22 @@ from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex
 from compaction_worker.state.keys import gaps_index_key
+from compaction_worker.state.lock import Busy, Locks
 from compaction_worker.state.scripts import Script
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
 
 log = logging.getLogger(__name__)
 
-CLAIM_LEASE_SECONDS = 60.0
-"""How long a sweep owns the turns it claimed: longer than a publish can take (aiokafka's
-request timeout is 40 s), short enough that a dead sweeper's claims come back soon."""
+SWEEP_LOCK_SECONDS = 60.0
+"""The lock's TTL when a GapIndex is built without the worker's locks (tests, tools)."""
 
 HELD_LUA = "held.lua"
 """The library that reads a held turn's stored form in Lua (the format below)."""
 
-# A held turn is stored as ``<held_ms>:<fp>:<raw>``, or ``<held_ms>/<lease_ms>:<fp>:<raw>`` while
-# a sweep dead-letters it (``fp``: the turn's fingerprint, 32 hex digits). A held turn was a JSON
-# object: its own first byte is never a digit, nor a hex digit.
-_HELD_PREFIX = re.compile(rb"(\d+)(?:/(\d+))?:")
+# A held turn is stored as ``<held_ms>:<fp>:<raw>`` (``fp``: the turn's fingerprint, 32 hex
+# digits). A held turn was a JSON object: its own first byte is never a digit, nor a hex digit.
+_HELD_PREFIX = re.compile(rb"(\d+):")
 _HELD_FINGERPRINT = re.compile(rb"([0-9a-f]{32}):")
 
 
@@ -47,8 +48,11 @@ class HeldTurn:
     raw: bytes
     fingerprint: str
     """The turn's content fingerprint."""
-    lease_ms: int = 0
-    """While a sweep dead-letters it: until when (epoch ms) no other sweep may."""
+
+    @property
+    def stamp(self) -> str:
+        """What its stored form starts with: the hold time and the fingerprint tell this copy from any other."""
+        return f"{self.held_ms}:{self.fingerprint}:"
 
 
 def held_value(raw: bytes, held_ms: int, fingerprint: str) -> bytes:
@@ -72,25 +76,26 @@ def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
     match = _HELD_PREFIX.match(data)
     if match is None:
         raise ValueError(f"not a held turn (no hold time): {data[:40]!r}")
-    held, lease = match.groups()
     fingerprint, raw = split_fingerprint(data[match.end() :])
-    return HeldTurn(turn_seq, int(held), raw, fingerprint, int(lease or 0))
+    return HeldTurn(turn_seq, int(match.group(1)), raw, fingerprint)
 
 
 @dataclass(frozen=True, slots=True)
 class ExpiredTurn:
-    """A held turn a sweep claimed for the dead-letter topic, with the reason and its original bytes."""
+    """A held turn a sweep sends to the dead-letter topic, with the reason and its original bytes."""
 
     conversation_id: str
     turn_seq: int
     error: BadEventError
     raw: bytes
-    lease_ms: int
-    """The claim: the turn stays held under it until :meth:`GapIndex.release`."""
 
     @property
     def detail(self) -> str:
         return self.error.detail
+
+
+DeadLetter = Callable[[ExpiredTurn], Awaitable[None]]
+"""Publishes an expired turn to the dead-letter topic (runtime/deadletters.py); raises if it could not."""
 
 
 def _ms(now: float | None) -> int:
@@ -110,7 +115,7 @@ class GapIndex:
         store: Store,
         timeout_seconds: float,
         *,
-        lease_seconds: float = CLAIM_LEASE_SECONDS,
+        locks: Locks | None = None,
         batch: int = 100,
         shards: int = DEFAULT_INDEX_SHARDS,
         wakes: Wakes | None = None,
@@ -124,10 +129,9 @@ class GapIndex:
         )
         self.next_due_ms: float | None = None
         """When the next held turn times out (epoch ms), as the last :meth:`expire` saw it; None: none held."""
-        self.lease_ms = int(lease_seconds * 1000)
+        self.locks = locks or Locks(store.redis, SWEEP_LOCK_SECONDS)
         self.batch = batch
         self.expired = 0
-        self._claim = Script(self.redis, HELD_LUA, "gaps_claim.lua")
         self._drop = Script(self.redis, HELD_LUA, "gaps_drop.lua")
         self._oldest = Script(self.redis, HELD_LUA, "gaps_oldest.lua")
 
@@ -182,80 +186,78 @@ class GapIndex:
         await self.redis.hdel(self._key(conversation_id), str(turn_seq))
 
     async def reindex(self, conversation_id: str) -> None:
-        """Score a conversation by its oldest held turn (a leased one by its lease's end, less the
-        timeout), or drop it from the index if none is held."""
+        """Score a conversation by its oldest held turn, or drop it from the index if none is held."""
         pending = self._key(conversation_id)
-        timeout = str(self.timeout_ms)
-        oldest = await self._oldest([pending], timeout_ms=timeout)
+        oldest = await self._oldest([pending])
         if oldest is None:
             await self.index.remove(conversation_id)
             # A turn held between the read and the removal must not be left unindexed.
-            oldest = await self._oldest([pending], timeout_ms=timeout)
+            oldest = await self._oldest([pending])
             if oldest is None:
                 return
         await self.index.add(conversation_id, int(oldest))
 
-    async def expire(self, now: float | None = None) -> list[ExpiredTurn]:
-        """Claim every turn held longer than the timeout; returns those to dead-letter.
+    async def expire(self, dead_letter: DeadLetter, now: float | None = None) -> list[ExpiredTurn]:
+        """Dead-letter every turn held longer than the timeout; returns those sent.
 
-        Each returned turn stays held, under a lease, until :meth:`release` after it is
-        published: a worker that dies or cannot publish first leaves it to be claimed again
-        when the lease runs out. Safe to run on every worker at once: each turn is claimed
-        by one sweep. A held copy of a turn stored meanwhile is dropped here, unreturned.
+        Each conversation's are sent under its lock, one by one, and each is forgotten once
+        sent: a publish error propagates (the sweeper logs it) and leaves that turn and the
+        rest held, for the next sweep. A conversation whose lock another holds (a compaction,
+        another sweep) is looked at again when that lock runs out. Safe on every worker at
+        once: the lock lets one sweep at a time send a conversation's turns. A held copy of a
+        turn stored meanwhile is dropped here, unsent.
         """
         now_ms = _ms(now)
         scan = await self.index.scan(self.batch, now_ms - self.timeout_ms)
         self.next_due_ms = None if scan.next_ms is None else scan.next_ms + self.timeout_ms
         expired: list[ExpiredTurn] = []
         for cid in scan.due:
-            claimed = await self._expire(cid, now_ms)
-            if not claimed:
-                await self.reindex(cid)
-            expired.extend(claimed)
+            keys = self.store.keys(cid)
+            lease = await self.locks.acquire(cid, keys)
+            if isinstance(lease, Busy):  # due again once that lock runs out, unless renewed
+                await self.index.add(cid, lease.until_ms - self.timeout_ms, existing_only=True)
+                continue
+            async with self.locks.kept(lease, keys):
+                expired += await self._expire(cid, now_ms, dead_letter)
+            await self.reindex(cid)
         return expired
-
-    async def release(self, turn: ExpiredTurn) -> None:
-        """Forget an expired turn once it is dead-lettered, unless it was claimed again meanwhile."""
-        cid = turn.conversation_id
-        self.expired += 1
-        if not await self._drop([self._key(cid)], seq=str(turn.turn_seq), lease_ms=str(turn.lease_ms)):
-            log.warning(
-                "turn %s of %s outlived its claim; another sweep may send it again", turn.turn_seq, cid
-            )
-        await self.reindex(cid)
 
     async def held_count(self) -> int:
         """How many conversations hold turns behind a gap (as far as the index knows)."""
         return await self.index.count()
 
-    async def _expire(self, cid: str, now_ms: int) -> list[ExpiredTurn]:
-        pending = self._key(cid)
-        lease = now_ms + self.lease_ms
-        flat = await self._claim(
-            [pending], cutoff_ms=str(now_ms - self.timeout_ms), now_ms=str(now_ms), lease_ms=str(lease)
-        )
-        if not flat:
+    async def _expire(self, cid: str, now_ms: int, dead_letter: DeadLetter) -> list[ExpiredTurn]:
+        """Under the conversation's lock: send its expired held turns, forgetting each once sent."""
+        due = [h for h in await self.held_turns(cid) if h.held_ms <= now_ms - self.timeout_ms]
+        if not due:
             return []
-        claimed = sorted((int(flat[i]), int(flat[i + 1]), bytes(flat[i + 2])) for i in range(0, len(flat), 3))
         last_seq = (await self.store.meta(cid)).last_seq
-        expired: list[ExpiredTurn] = []
-        for seq, held_ms, body in claimed:
-            fingerprint, raw = split_fingerprint(body)
-            if seq > last_seq:
-                waited = (now_ms - held_ms) / 1000
-                bad = BadEventError(DeadLetterReason.SEQUENCE_GAP, _detail(cid, seq, waited, last_seq), cid)
-                expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
-                continue
-            # Held by a worker that lost a race with the append of this very seq (a rebalance
-            # overlap): it is stored, so this copy is a duplicate, unless its content differs.
-            stored = await self.store.fingerprint(cid, seq)
-            if stored is not None and fingerprint != stored:
-                bad = conflicting_duplicate(cid, seq, fingerprint, stored)
-                expired.append(ExpiredTurn(cid, seq, bad, raw, lease))
-                continue
-            log.info("turn %s of %s was applied meanwhile; dropping its held copy", seq, cid)
-            await self._drop([pending], seq=str(seq), lease_ms=str(lease))
-        return expired
+        sent: list[ExpiredTurn] = []
+        for held in due:
+            error: BadEventError | None = None
+            if held.turn_seq > last_seq:
+                waited = (now_ms - held.held_ms) / 1000
+                error = BadEventError(
+                    DeadLetterReason.SEQUENCE_GAP, _detail(cid, held.turn_seq, waited, last_seq), cid
+                )
+            else:
+                # Held by a worker that lost a race with the append of this very seq (a rebalance
+                # overlap): it is stored, so this copy is a duplicate, unless its content differs.
+                stored = await self.store.fingerprint(cid, held.turn_seq)
+                if stored is not None and held.fingerprint != stored:
+                    error = conflicting_duplicate(cid, held.turn_seq, held.fingerprint, stored)
+                else:
+                    log.info(
+                        "turn %s of %s was applied meanwhile; dropping its held copy", held.turn_seq, cid
+                    )
+            if error is not None:
+                turn = ExpiredTurn(cid, held.turn_seq, error, held.raw)
+                await dead_letter(turn)
+                sent.append(turn)
+                self.expired += 1
+            # Only the copy read: one held since (after a gap filled and a turn came again) stays.
+            await self._drop([self._key(cid)], seq=str(held.turn_seq), stamp=held.stamp)
+        return sent
 
     def __repr__(self) -> str:
         return f"<GapIndex timeout={self.timeout_ms / 1000:g}s expired={self.expired}>"

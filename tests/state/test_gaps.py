@@ -15,8 +15,9 @@ from compaction_worker.contracts.events import DeadLetter, TurnEvent
 from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import Settings
-from compaction_worker.state.gaps import CLAIM_LEASE_SECONDS, GapIndex, HeldTurn, held_value, parse_held
+from compaction_worker.state.gaps import ExpiredTurn, GapIndex, HeldTurn, held_value, parse_held
 from compaction_worker.state.keys import bucket_key, gaps_index_key
+from compaction_worker.state.lock import Lease
 from compaction_worker.testing import turn_bytes
 from tests import orchestration
 from tests.orchestration import Parts, Published, assistant, user
@@ -55,10 +56,11 @@ def gap_key(cid: str) -> str:
 
 
 async def stored_state(redis_client: redis.asyncio.Redis, cid: str) -> dict[bytes, bytes | None]:
-    """Every key of a conversation except the held turns, serialized: any change shows."""
-    pending = f"t:{{{cid}}}:pending".encode()
+    """Every key of a conversation except the held turns and the fence, serialized: any change
+    shows. (A sweep holds the conversation's lock, and the fence counts every acquisition.)"""
+    skip = {f"t:{{{cid}}}:pending".encode(), f"t:{{{cid}}}:fence".encode()}
     keys = cast("list[bytes]", await redis_client.keys(f"t:{{{cid}}}:*"))  # the client does not decode
-    return {k: await redis_client.dump(k) for k in sorted(keys) if k != pending}
+    return {k: await redis_client.dump(k) for k in sorted(keys) if k not in skip}
 
 
 class TestExpiry:
@@ -85,22 +87,45 @@ class TestExpiry:
         assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
 
-    async def test_an_expired_turn_stays_held_until_it_is_released(
-        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
+    async def test_an_expired_turn_stays_held_until_its_letter_is_sent(
+        self, parts: Parts, redis_client: redis.asyncio.Redis
     ) -> None:
-        """Expiry claims and returns the turn; only its release, once it is dead-lettered, forgets it."""
+        """Issue 34: the sweep holds the conversation's lock while it sends; the turn is still held
+        while its letter is sent, and forgotten once it is."""
         third = turn_bytes("c", 3, [user("three")])
         await parts.gaps.hold("c", 3, third, now=1000.0)
+        seen: list[tuple[int, list[int], bool]] = []
 
-        (turn,) = await parts.gaps.expire(now=1000.0 + TIMEOUT + 1)
+        async def dead_letter(turn: ExpiredTurn) -> None:
+            locked = await redis_client.exists(parts.store.keys("c").lock)
+            seen.append((turn.turn_seq, await held_seqs(parts.gaps, "c"), bool(locked)))
+
+        (turn,) = await parts.gaps.expire(dead_letter, now=1000.0 + TIMEOUT + 1)
 
         assert (turn.turn_seq, turn.error.reason.value, turn.raw) == (3, "sequence_gap", third)
-        assert published.events == []
-        assert await held_seqs(parts.gaps, "c") == [3]
-        assert await parts.gaps.expire(now=1000.0 + TIMEOUT + 2) == []  # claimed
-        await parts.gaps.release(turn)
+        assert seen == [(3, [3], True)]
         assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
+        assert not await redis_client.exists(parts.store.keys("c").lock)
+
+    async def test_a_conversation_whose_lock_another_holds_is_looked_at_when_it_runs_out(
+        self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """A compaction (or another sweep) holds the lock: nothing is sent, and the index makes the
+        conversation due again when that lock runs out, not at every sweep."""
+        await parts.gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
+        lease = await parts.locks.acquire("c", parts.store.keys("c"))
+        assert isinstance(lease, Lease)
+
+        assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + TIMEOUT) == []
+
+        assert letters(published) == []
+        assert await held_seqs(parts.gaps, "c") == [3]
+        due = (await index_score(redis_client, "c") or 0) + TIMEOUT * 1000
+        assert time.time() * 1000 < due <= time.time() * 1000 + parts.locks.ttl_ms
+        await parts.locks.release(lease, parts.store.keys("c"))
+        (expired,) = await parts.dead_letters.expire_held(parts.gaps, now=due / 1000 + 1)
+        assert expired.turn_seq == 3
 
     async def test_turn_not_yet_expired_stays_held(
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
@@ -220,8 +245,8 @@ class FailingOnce(Published):
 
 
 class ReholdingPublisher(Published):
-    """While the first letter is being published, the turn is expired by another sweep and held again
-    with other bytes (the other sweep's lease ran out, then a conflicting redelivery came)."""
+    """While the first letter is being published, the held turn is replaced by one with other bytes
+    (written past the sweep's lock: its hold time and fingerprint tell the copies apart)."""
 
     def __init__(self, redis_client: redis.asyncio.Redis) -> None:
         super().__init__()
@@ -261,10 +286,10 @@ class TestConcurrency:
         finally:
             await other_client.aclose()
 
-    async def test_a_failed_publish_is_retried_after_the_lease_not_lost(
+    async def test_a_failed_publish_leaves_the_turn_for_the_next_sweep(
         self, redis_client: redis.asyncio.Redis, settings: Settings
     ) -> None:
-        """A claim whose publish fails keeps the turn; no one takes it before the lease ends; then it is sent once."""
+        """A publish that fails keeps the turn held, and the lock is given back: the next sweep sends it once."""
         published = FailingOnce()
         parts = orchestration.make_parts(redis_client, settings, published)
         gaps, dead_letters = parts.gaps, parts.dead_letters
@@ -274,17 +299,17 @@ class TestConcurrency:
         with pytest.raises(ConnectionError):
             await dead_letters.expire_held(gaps, now=now)
         assert await held_seqs(gaps, "c") == [3]
-        assert await dead_letters.expire_held(gaps, now=now + 1) == []  # the lease stands
+        assert not await redis_client.exists(parts.store.keys("c").lock)
 
-        (expired,) = await dead_letters.expire_held(gaps, now=now + CLAIM_LEASE_SECONDS + 1)
+        (expired,) = await dead_letters.expire_held(gaps, now=now + 1)
         assert expired.turn_seq == 3
         assert [letter.turn_seq for letter in letters(published)] == [3]
         assert await held_seqs(gaps, "c") == []
 
-    async def test_a_sweep_deletes_only_the_copy_it_claimed(
+    async def test_a_sweep_deletes_only_the_copy_it_read(
         self, redis_client: redis.asyncio.Redis, settings: Settings
     ) -> None:
-        """A turn held again (other bytes) while a sweep published the old copy is not deleted by that sweep."""
+        """A copy held in place of the one a sweep published (other bytes) is not deleted by that sweep."""
         parts = orchestration.make_parts(redis_client, settings, ReholdingPublisher(redis_client))
         await parts.gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
 
@@ -404,11 +429,12 @@ class TestHeldTurns:
         assert len(letters(published)) == 1
 
     def test_held_form_carries_the_fingerprint(self) -> None:
-        """The fingerprint follows the hold time (and the lease); a malformed one, or none, is refused."""
+        """The fingerprint follows the hold time; a malformed one, or none, is refused."""
         body = b'  {"x": "ab:cd"}'
         fp_a, fp_b = "a" * 32, "0123456789abcdef" * 2
         assert parse_held(2, held_value(body, 5, fp_a)) == HeldTurn(2, 5, body, fp_a)
-        assert parse_held(2, b"5/7:" + fp_b.encode() + b":" + body) == HeldTurn(2, 5, body, fp_b, 7)
+        assert parse_held(2, b"5:" + fp_b.encode() + b":" + body) == HeldTurn(2, 5, body, fp_b)
+        assert HeldTurn(2, 5, body, fp_b).stamp == f"5:{fp_b}:"
         with pytest.raises(ValueError, match="fingerprint"):
             held_value(body, 5, "not-hex")
         with pytest.raises(ValueError, match="no fingerprint"):
@@ -420,7 +446,6 @@ class TestHeldTurns:
         """The prefix is split off exactly, whatever bytes follow (digits and colons included)."""
         body = b'{"x": "12:34"}\x00\xff'
         assert parse_held(7, held_value(body, 1234, OTHER)) == HeldTurn(7, 1234, body, OTHER)
-        assert parse_held(7, b"1234/99:" + OTHER.encode() + b":" + body) == HeldTurn(7, 1234, body, OTHER, 99)
 
 
 class TestSetting:

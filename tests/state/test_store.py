@@ -314,14 +314,6 @@ class TestFingerprints:
         assert await gaps.held_turns("c") == []
         assert await store.fingerprint("c", 2) == FP_A
 
-    async def test_a_leased_held_turn_keeps_its_fingerprint(self, store: Store) -> None:
-        """A held turn a sweep is dead-lettering (its lease in the prefix) still refuses another turn."""
-        await append(store, "c", 1, msg("a"))
-        await append(store, "c", 2, msg("b"))
-        await store.redis.hset(store.keys("c").pending, "3", b"12/99:" + FP_A.encode() + b':{"x": 3}')
-        await store.redis.hset(store.keys("c").meta, "held", "1")
-        assert await append(store, "c", 3, msg("c"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
-
 
 class TestCommit:
     async def _setup(self, store: Store, locks: Locks) -> tuple[int, str]:
