@@ -33,11 +33,12 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
+from typing import Any, TypeAlias
 
 from redis.asyncio import Redis
 
 from compaction_worker.bench.environment import BenchEnv, BenchError, WorkerSource
-from compaction_worker.bench.load import Attached, StoredCounter, make_input, wait_committed
+from compaction_worker.bench.load import Attached, Input, StoredCounter, make_input, wait_committed
 from compaction_worker.bench.meter import SCRIPT_CALLS, Meter, Monitored, Snapshot
 from compaction_worker.bench.report import Progress, Row
 from compaction_worker.runtime.connections import WORKER_CLIENT_NAME
@@ -50,6 +51,8 @@ PACED_CPU_TARGET = 30.0
 """Redis CPU µs per stored turn at agent pace (issue 35)."""
 BACKLOG_CPU_TARGET = 15.0
 """Redis CPU µs per stored turn in a backlog (issue 35)."""
+Built: TypeAlias = list[tuple[int, Any]]
+"""Turns built to send: (partition, record batch) pairs (load.Batches.build)."""
 SETTLE_SECONDS = 1.0
 """Before the idle phase: the worker's chores after the turns it stored before are done."""
 
@@ -166,7 +169,7 @@ def _top(counts: Counter[str], per: float, most: int = 6) -> str:
 
 
 async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, progress: Progress) -> TurnCost:
-    """The four phases on a worker attached and warmed up (see the module's docstring)."""
+    """The five phases on a worker attached and warmed up (see the module's docstring)."""
     if not isinstance(env.redis, Redis):
         raise BenchError("the Redis rows need a single Redis, not a cluster (MONITOR and INFO are per node)")
     timed, paced, busy, counted_input = (
@@ -179,16 +182,17 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         worker.batches.build(timed.events),
         worker.batches.build(counted_input.events),
     )
-    # make_input gives each round of turns (one per conversation) after the one before it.
-    rounds = [
-        worker.batches.build(paced.events[i : i + CONVERSATIONS])
-        for i in range(0, len(paced.events), CONVERSATIONS)
-    ]
-    busy_rounds = [
-        worker.batches.build(busy.events[i : i + BUSY_CONVERSATIONS])
-        for i in range(0, len(busy.events), BUSY_CONVERSATIONS)
-    ]
+    rounds, busy_rounds = _rounds(worker, paced), _rounds(worker, busy)
     topic, group, within = worker.topic, worker.group, 120.0
+
+    async def at_agent_pace(built_rounds: list[Built]) -> tuple[Snapshot, float]:
+        """Each round sent once the one before it is committed: the Redis figures and the seconds taken."""
+        before, started = await meter.snapshot(), time.monotonic()
+        for built in built_rounds:
+            ends = await worker.batches.send(topic, built)
+            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
+        return await meter.snapshot() - before, time.monotonic() - started
+
     async with Meter(env.redis) as meter:
         await asyncio.sleep(SETTLE_SECONDS)
         progress(f"redis cost: idle for {idle_seconds:g} s, then counted for as long")
@@ -206,17 +210,9 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
         stats, timed_seconds = await meter.snapshot() - before, time.monotonic() - started
         connections = await worker_connections(env.redis)
-        before, started = await meter.snapshot(), time.monotonic()
-        for built in rounds:
-            ends = await worker.batches.send(topic, built)
-            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
-        paced_stats, paced_seconds = await meter.snapshot() - before, time.monotonic() - started
+        paced_stats, paced_seconds = await at_agent_pace(rounds)
         connections = max(connections, await worker_connections(env.redis))
-        before, started = await meter.snapshot(), time.monotonic()
-        for built in busy_rounds:
-            ends = await worker.batches.send(topic, built)
-            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
-        busy_stats, busy_seconds = await meter.snapshot() - before, time.monotonic() - started
+        busy_stats, busy_seconds = await at_agent_pace(busy_rounds)
         connections = max(connections, await worker_connections(env.redis))
         async with meter.monitor() as counted:
             ends = await worker.batches.send(topic, counted_built)
@@ -240,6 +236,13 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         busy_seconds=busy_seconds,
         connections=connections,
     )
+
+
+def _rounds(worker: Attached, data: Input) -> list[Built]:
+    """``data``'s turns as rounds of one turn per conversation, built to send (make_input gives
+    each round after the one before it)."""
+    size = len(data.conversations)
+    return [worker.batches.build(data.events[i : i + size]) for i in range(0, len(data.events), size)]
 
 
 async def worker_connections(redis: Redis) -> int:

@@ -38,7 +38,7 @@
 -- A call's gathered writes: the positions of the turns appended (`spans`), the meta once
 -- appended (`state`, as turn() reads it: rev, last_seq, deadline, held; nil until a turn is
 -- appended), whether the call found no turn held (`emptied`), the deadline it moved the
--- conversation's to (`renewed`), and whether it had none before (`fresh`).
+-- conversation's to (`renewed`), and the one in force before (`before`; 0: none yet).
 local function writes()
   return {spans = {}}
 end
@@ -51,6 +51,9 @@ local function push_args(key, from, to)
     from = last + 1
   end
 end
+
+-- The keys an append writes, by their index in KEYS: meta, transcript, entries, fingerprints.
+local WRITTEN = {true, true, true, false, true}
 
 -- Makes a call's gathered writes: the lists, the meta, the fingerprints, then the deadlines
 -- (after the keys exist: an expiry on a missing key is lost). A field a later turn of a run
@@ -87,18 +90,7 @@ local function flush(w)
   if w.first then
     for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.first) end
   end
-  if w.fresh then
-    -- The conversation had no deadline yet (its first append): the keys this call wrote get it,
-    -- and the others (a fence, a handed-out seq, a job) only if one exists, which is rare.
-    for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.renewed) end
-    local others = {KEYS[4]}
-    for i = 6, #KEYS do others[#others + 1] = KEYS[i] end
-    if redis.call('EXISTS', unpack(others)) > 0 then
-      for _, key in ipairs(others) do expire_with(key, w.renewed) end
-    end
-  elseif w.renewed then
-    expire_all(KEYS, w.renewed)
-  end
+  if w.renewed then expire_moved(KEYS, WRITTEN, w.before, w.renewed) end
 end
 
 local function turn(at, run, w)
@@ -169,7 +161,7 @@ local function turn(at, run, w)
   if ARGV[at + 7] == '1' then w.first = deadline end
   local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
   if kept ~= deadline then
-    if deadline == 0 then w.fresh = true end
+    if not w.renewed then w.before = deadline end
     w.renewed, deadline = kept, kept
   end
   w.state = {rev, seq, deadline, holds}
