@@ -12,10 +12,10 @@ is read from the group's committed offsets on the broker):
    commands executed);
 3. agent pace, a quiet shard: 20 other conversations x 20 turns, one turn per conversation at
    a time (each round of 20 is sent once the round before it is committed), as agents produce
-   them: every turn is a script call of its own, where a backlog gives a call a run of turns.
+   them: every turn is a call of its own, where a backlog gives a call a run of turns.
    Redis is idle between rounds, so this is what a turn costs a shard that wakes up for it;
 4. agent pace, a busy shard: 400 other conversations x 5 turns, one turn per conversation at a
-   time (rounds of 400): still one script call a turn, but many conversations' calls arrive
+   time (rounds of 400): still one call a turn, but many conversations' calls arrive
    together, as they do on a shard whose capacity matters;
 5. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
    clients sent from those run inside scripts.
@@ -309,7 +309,7 @@ def cost_rows(
             "µs",
             PACED_CPU_TARGET,
             note=f"one turn per conversation at a time over {BUSY_CONVERSATIONS} conversations (rounds of "
-            f"{BUSY_CONVERSATIONS}, each turn its own script call, many conversations' calls arriving together); "
+            f"{BUSY_CONVERSATIONS}, each turn its own call, many conversations' calls arriving together); "
             f"command time {this.busy_usec:.3g} µs; one Redis core: {_per_core(this.busy_cpu_usec)} turns/s",
         ),
         row(

@@ -3,9 +3,11 @@
 The turn handler (runtime/turns.py) computes every meta field an append changes from the
 meta it knows, and sends that meta's revision with them: the script stores the turn only if
 the revision is still the stored one, and otherwise writes nothing and returns the stored
-meta (``stale``). So every decision stays in Python, in one place, and a stored turn costs one
-round trip. Duplicates and holds behind a gap depend on the stored sequence alone, so the
-script settles them whatever revision the caller knew.
+meta (``stale``). So every decision stays in Python, in one place. Duplicates and holds
+behind a gap depend on the stored sequence alone, so the script settles them whatever revision
+the caller knew. On a single Redis a plain append (the common case) is made without the
+script, as the same writes in a transaction once a read under ``WATCH`` confirms it is one
+(:class:`PlainAppend`): two round trips, and well under half the script's Redis CPU.
 
 A run (lua/turn_run.lua) is several consecutive turns of one conversation in one call, each
 turn's fields computed from the meta the turn before it leaves: the script appends them in
@@ -124,9 +126,17 @@ def encode_records(seq: int, first_n: int, messages: Sequence[NewMessage], at: f
     ]
 
 
-def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
-    """The per-turn script's arguments for a write, by position (lua/turn.lua names them)."""
-    records = encode_records(write.seq, write.first_n, write.messages, write.now)
+def records_of(write: TurnWrite) -> list[str]:
+    """A write's transcript records (:func:`encode_records`)."""
+    return encode_records(write.seq, write.first_n, write.messages, write.now)
+
+
+def script_args(
+    write: TurnWrite, retention_ms: int, records: Sequence[str] | None = None
+) -> list[str | bytes]:
+    """The per-turn script's arguments for a write, by position (lua/turn.lua names them);
+    ``records`` are its :func:`records_of`, if the caller has them."""
+    records = records_of(write) if records is None else records
     fields = [text for pair in write.fields.items() for text in pair]
     args: list[str | bytes] = [
         str(write.seq),
@@ -149,15 +159,118 @@ def script_args(write: TurnWrite, retention_ms: int) -> list[str | bytes]:
     return args
 
 
-def run_args(writes: Sequence[TurnWrite], retention_ms: int) -> list[str | bytes]:
+def run_args(
+    writes: Sequence[TurnWrite], retention_ms: int, records: Sequence[Sequence[str]] | None = None
+) -> list[str | bytes]:
     """The run script's arguments: the number of turns, then each turn's argument count and arguments."""
     args: list[str | bytes] = [str(len(writes))]
-    for write in writes:
+    for i, write in enumerate(writes):
         if write.held is not None:
             raise ValueError("a run's turns are appends: none carries a held form")
-        one = script_args(write, retention_ms)
+        one = script_args(write, retention_ms, None if records is None else records[i])
         args += [str(len(one)), *one]
     return args
+
+
+@dataclass(frozen=True, slots=True)
+class PlainAppend:
+    """Turns whose append is a plain one, made as a transaction instead of the script when a read says so.
+
+    Most stored turns are plain appends: the next seq, computed from the stored revision, no
+    job requested, no turn held. The script's work for those is a few writes, and on a single
+    Redis running them through Lua costs two to four times what the same writes cost as
+    commands (docs/performance.md, "Redis at agent pace"). So the turn path reads the meta
+    under ``WATCH`` (:attr:`read`) and, if it shows a plain append, makes exactly the writes
+    the script would (:meth:`writes_for`) in ``MULTI``/``EXEC``, answering as the script
+    would (:meth:`reply`). Any other turn, or a meta that changed between the read and the
+    ``EXEC`` (which then writes nothing), goes to the script, which decides as always.
+    ``tests/state/test_store.py`` holds the two equal, key by key.
+    """
+
+    watched: str
+    """The meta hash: every writer of the conversation's state bumps its revision."""
+    read: tuple[str, ...]
+    rev: int
+    """The revision the first turn was computed from; each later one from the one before."""
+    last_seq: int
+    """The seq the stored meta must have: the first turn's, minus one."""
+    times_ms: tuple[int, ...]
+    retention_ms: int
+    first: bool
+    """Whether the first turn creates the conversation: its new keys get the deadline."""
+    lists: tuple[tuple[str, ...], ...]
+    """The pushes to the transcript and the entries."""
+    fields: tuple[str, ...]
+    """The meta fields the turns change, in order (a later turn's value of a field is kept)."""
+    fingerprints: tuple[str, ...]
+    """The fingerprints' HSET."""
+    lasting: tuple[str, ...]
+    """The conversation's keys that expire together (turn.lua's KEYS): a moved deadline goes to each."""
+    run: bool
+    """Whether the script is the run script (its reply is a list of the turns')."""
+
+    @classmethod
+    def of(
+        cls,
+        keys: Sequence[str],
+        writes: Sequence[TurnWrite],
+        records: Sequence[Sequence[str]],
+        retention_ms: int,
+        *,
+        run: bool,
+    ) -> PlainAppend | None:
+        """The plain append of these consecutive writes (turn.lua's KEYS), or None if one asks for a
+        job or the caller knows no meta."""
+        first = writes[0]
+        if first.rev == UNKNOWN_REV:  # the script answers with the meta
+            return None
+        for i, write in enumerate(writes):
+            if write.job is not None or write.seq != first.seq + i or write.rev != first.rev + i:
+                return None
+        meta, transcript, entries, fingerprints = keys[0], keys[1], keys[2], keys[4]
+        pushed = [record for turn in records for record in turn]
+        return cls(
+            watched=meta,
+            read=("HMGET", meta, "rev", "last_seq", "expires_at", "held"),
+            rev=first.rev,
+            last_seq=first.seq - 1,
+            times_ms=tuple(int(write.now * 1000) for write in writes),
+            retention_ms=retention_ms,
+            first=first.first,
+            lists=(("RPUSH", transcript, *pushed), ("RPUSH", entries, *pushed)),
+            fields=tuple(text for write in writes for pair in write.fields.items() for text in pair),
+            fingerprints=("HSET", fingerprints, *(t for w in writes for t in (str(w.seq), w.fingerprint))),
+            lasting=tuple(keys),
+            run=run,
+        )
+
+    def writes_for(self, stored: Sequence[Any]) -> tuple[tuple[str, ...], ...] | None:
+        """The script's writes, if the meta read (``rev, last_seq, expires_at, held``) makes the
+        turns plain appends: the lists, the meta, the fingerprints, then the deadlines (lua/turn.lua, flush)."""
+        rev, last, deadline = (int(value or 0) for value in stored[:3])
+        if stored[3] is not None or rev != self.rev or last != self.last_seq:
+            return None
+        kept = deadline
+        for now_ms in self.times_ms:  # lua/expiry.lua, renewed
+            if self.retention_ms > 0 and kept - now_ms < self.retention_ms / 2:
+                kept = now_ms + self.retention_ms
+        meta = ("HSET", self.watched, "rev", str(rev + len(self.times_ms)), *self.fields)
+        if kept != deadline:  # every key that exists (PEXPIREAT leaves a missing one missing)
+            meta += ("expires_at", str(kept))
+            expired = self.lasting
+        else:  # a new conversation's keys, if it has a deadline
+            expired = (
+                (self.watched, self.lists[0][1], self.lists[1][1], self.fingerprints[1]) if self.first else ()
+            )
+        expiries = tuple(("PEXPIREAT", key, str(kept)) for key in expired if kept > 0)
+        return (*self.lists, meta, self.fingerprints, *expiries)
+
+    def reply(self) -> Any:
+        """What the script would have answered: the turn's reply, or a run's list of them."""
+        replies = [
+            ["appended", self.last_seq + 1 + i, self.rev + 1 + i, 0, 0] for i in range(len(self.times_ms))
+        ]
+        return replies if self.run else replies[0]
 
 
 def reply_of(raw: Sequence[Any]) -> AppendReply:

@@ -10,11 +10,14 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, TypeAlias
+from typing import Any, Protocol
 
-from redis.exceptions import NoScriptError
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import NoScriptError, ResponseError
 
 from compaction_worker.observability import metrics
 from compaction_worker.state.connection import RedisClient, is_cluster
@@ -49,41 +52,75 @@ class Script:
         return await self._script(keys=list(keys), args=[encode(header), *payload])
 
 
-_Call: TypeAlias = tuple["PositionalScript", Sequence[str], Sequence["str | bytes"], "asyncio.Future[Any]"]
+class Optimistic(Protocol):
+    """A call's common case, made without its script when a read says it is that case (appends.PlainAppend).
+
+    The read is made under ``WATCH`` of :attr:`watched`; if :meth:`writes_for` its reply gives
+    writes, they are made in ``MULTI``/``EXEC`` and :meth:`reply` answers for the script.
+    Otherwise, or if the watched key changed in between (the ``EXEC`` then writes nothing), the
+    script runs.
+    """
+
+    @property
+    def watched(self) -> str: ...
+    @property
+    def read(self) -> tuple[str, ...]: ...
+    def writes_for(self, stored: Sequence[Any]) -> tuple[tuple[str, ...], ...] | None: ...
+    def reply(self) -> Any: ...
+
+
+@dataclass(slots=True)
+class _Call:
+    script: PositionalScript
+    keys: Sequence[str]
+    args: Sequence[str | bytes]
+    reply: asyncio.Future[Any]
+    plain: Optimistic | None
+
+    def evalsha(self) -> tuple[str | bytes | int, ...]:
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
 
 class Pipeline:
-    """The per-turn script calls of one worker on one Redis, sent together, one round trip in flight.
+    """The per-turn calls of one worker on one Redis, sent together, one round trip in flight.
 
-    At agent pace every stored turn is a script call of its own, and on a single Redis most of a
+    At agent pace every stored turn is a call of its own, and on a single Redis most of a
     lone call's cost is reading, dispatching and answering the request, not running the script
     (docs/performance.md, "Redis at agent pace"). So a call is never sent alone while another
     round trip is in flight: it waits for that one's reply and goes with every call made
-    meanwhile, in one pipeline on one connection. Idle, a call goes at once (after the
-    coroutines ready in the same turn of the loop have made theirs); under load the round trips
-    grow instead of multiplying, so a worker keeps at most one connection busy with them and a
-    busy Redis slows its workers down rather than queueing more of their requests.
-    Each call keeps its own reply or error; an emptied script cache is reloaded and the calls
-    it refused are sent again.
+    meanwhile, on one connection. Idle, a call goes at once (after the coroutines ready in the
+    same turn of the loop have made theirs); under load the round trips grow instead of
+    multiplying, so a worker keeps at most one connection busy with them and a busy Redis slows
+    its workers down rather than queueing more of their requests.
+
+    A call given its common case (:class:`Optimistic`) is read first, under ``WATCH``, in the
+    same round trip as the others' scripts; those the read confirms are written together in one
+    ``MULTI``/``EXEC`` in a second, with the scripts of those it did not. Each call keeps its own
+    reply or error; an emptied script cache is reloaded and the calls it refused are sent again.
     """
 
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._waiting: list[_Call] = []
         self._sending: asyncio.Task[None] | None = None
-        self.round_trips = 0
-        """Round trips sent (the tests count them)."""
+        self.sends = 0
+        """Sends of the waiting calls, each one round trip, or a few: a common case's read, then its
+        writes; a script reload (the tests count them)."""
 
     def call(
-        self, script: PositionalScript, keys: Sequence[str], args: Sequence[str | bytes]
+        self,
+        script: PositionalScript,
+        keys: Sequence[str],
+        args: Sequence[str | bytes],
+        plain: Optimistic | None = None,
     ) -> asyncio.Future[Any]:
-        """The reply to ``script`` run with ``keys`` and ``args``, once its round trip returns."""
+        """The reply to ``script`` run with ``keys`` and ``args`` (or ``plain``'s), once its round trip returns."""
         loop = asyncio.get_running_loop()
         if self._sending is not None and self._sending.get_loop() is not loop:
             # Left by a loop that closed with a round trip in flight (its callback never ran).
-            self._sending, self._waiting = None, [c for c in self._waiting if c[3].get_loop() is loop]
+            self._sending, self._waiting = None, [c for c in self._waiting if c.reply.get_loop() is loop]
         reply: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append((script, keys, args, reply))
+        self._waiting.append(_Call(script, keys, args, reply, plain))
         if len(self._waiting) == 1 and self._sending is None:
             loop.call_soon(self._send_waiting)
         return reply
@@ -100,40 +137,136 @@ class Pipeline:
         self._send_waiting()  # the calls made meanwhile, together
 
     async def _send(self, calls: list[_Call]) -> None:
-        self.round_trips += 1
+        self.sends += 1
         started = time.perf_counter()
         try:
-            replies = await self._pipelined(calls)
-            missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-            if missing:  # a restarted (or flushed) Redis: load the scripts, then send those again
-                for script in {calls[i][0] for i in missing}:
-                    await self._redis.script_load(script.source)
-                again = await self._pipelined([calls[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+            replies = await self._replies(calls)
         except asyncio.CancelledError:
-            for *_, future in calls:
-                future.cancel()
+            for call in calls:
+                call.reply.cancel()
             raise
         except Exception as e:  # the connection failed: every call of the round trip did
-            for *_, future in calls:
-                if not future.done():
-                    future.set_exception(e)
+            for call in calls:
+                if not call.reply.done():
+                    call.reply.set_exception(e)
             return
         metrics.record_round_trip(time.perf_counter() - started, len(calls))
-        for (*_, future), reply in zip(calls, replies, strict=True):
-            if future.done():  # its caller was cancelled meanwhile
+        for call, reply in zip(calls, replies, strict=True):
+            if call.reply.done():  # its caller was cancelled meanwhile
                 continue
             if isinstance(reply, Exception):
-                future.set_exception(reply)
+                call.reply.set_exception(reply)
             else:
-                future.set_result(reply)
+                call.reply.set_result(reply)
 
-    async def _pipelined(self, calls: Sequence[_Call]) -> list[Any]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for script, keys, args, _ in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            return list(await pipe.execute(raise_on_error=False))
+    async def _replies(self, calls: list[_Call]) -> list[Any]:
+        """Every call's reply, on one connection of the pool (a failed one is dropped, and the
+        calls tried again as the client's retry policy says: each decides on what is stored)."""
+        assert isinstance(self._redis, Redis), "a cluster client sends each call itself"
+        pool = self._redis.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py's deprecation wrapper
+        try:
+            replies: list[Any] = await connection.retry.call_with_retry(
+                lambda: self._exchanges(connection, calls), lambda _error: connection.disconnect()
+            )
+            return replies
+        except BaseException:
+            await connection.disconnect()  # it may be watching, or owe replies
+            raise
+        finally:
+            await pool.release(connection)
+
+    async def _exchanges(self, connection: AbstractConnection, calls: list[_Call]) -> list[Any]:
+        """The scripts, and the common cases' reads under WATCH; then the confirmed ones' writes in
+        one MULTI/EXEC with the others' scripts; then the scripts of those the EXEC refused."""
+        replies: list[Any] = [None] * len(calls)
+        tried = [i for i, call in enumerate(calls) if call.plain is not None]
+        scripted = [i for i, call in enumerate(calls) if call.plain is None]
+        sent = [calls[i].evalsha() for i in scripted]
+        if tried:
+            watched = dict.fromkeys(_plain(calls[i]).watched for i in tried)
+            sent += [("WATCH", *watched), *(_plain(calls[i]).read for i in tried)]
+        answers = await self._exchange(connection, sent)
+        _place(replies, scripted, answers[: len(scripted)])
+        if tried:
+            _raise_any(answers[len(scripted) : len(scripted) + 1])  # WATCH
+            reads = answers[len(scripted) + 1 :]
+            writes = {
+                i: made
+                for i, read in zip(tried, reads, strict=True)
+                if not isinstance(read, Exception) and (made := _plain(calls[i]).writes_for(read)) is not None
+            }
+            rest = [i for i in tried if i not in writes]
+            refused = await self._written(connection, calls, writes, rest, replies)
+            _place(replies, refused, await self._exchange(connection, [calls[i].evalsha() for i in refused]))
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:  # a restarted (or flushed) Redis: load the scripts, then send those again
+            loads = [("SCRIPT", "LOAD", script.source) for script in {calls[i].script for i in missing}]
+            _raise_any(await self._exchange(connection, loads))
+            _place(replies, missing, await self._exchange(connection, [calls[i].evalsha() for i in missing]))
+        return replies
+
+    async def _written(
+        self,
+        connection: AbstractConnection,
+        calls: list[_Call],
+        writes: dict[int, tuple[tuple[str, ...], ...]],
+        rest: list[int],
+        replies: list[Any],
+    ) -> list[int]:
+        """Make the confirmed common cases' ``writes`` in one MULTI/EXEC (UNWATCH, if there are none),
+        then the scripts of the ``rest``: the calls whose writes the EXEC refused (a watched key
+        changed since the read)."""
+        scripts = [calls[i].evalsha() for i in rest]
+        made = [command for each in writes.values() for command in each]
+        sent = [("MULTI",), *made, ("EXEC",)] if writes else [("UNWATCH",)]
+        answers = await self._exchange(connection, [*sent, *scripts])
+        _place(replies, rest, answers[len(sent) :])
+        _raise_any(answers[:1])
+        if not writes:
+            return []
+        done = answers[len(sent) - 1]
+        if done is None:
+            return list(writes)
+        _raise_any([done])  # EXECABORT: a write was refused as it was queued
+        at = 0
+        for i, each in writes.items():
+            failed = [reply for reply in done[at : at + len(each)] if isinstance(reply, Exception)]
+            at += len(each)
+            replies[i] = failed[0] if failed else _plain(calls[i]).reply()
+        return []
+
+    async def _exchange(
+        self, connection: AbstractConnection, commands: Sequence[tuple[str | bytes | int, ...]]
+    ) -> list[Any]:
+        """One round trip: the commands sent together, their replies read in order (an error as its exception)."""
+        if not commands:
+            return []
+        await connection.send_packed_command(connection.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as e:
+                replies.append(e)
+        return replies
+
+
+def _plain(call: _Call) -> Optimistic:
+    assert call.plain is not None
+    return call.plain
+
+
+def _place(replies: list[Any], positions: Sequence[int], answers: Sequence[Any]) -> None:
+    for i, answer in zip(positions, answers, strict=True):
+        replies[i] = answer
+
+
+def _raise_any(answers: Sequence[Any]) -> None:
+    """Raise the first error among answers that must not be one (WATCH, MULTI, EXEC)."""
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
 
 
 class PositionalScript:
@@ -160,13 +293,17 @@ class PositionalScript:
     def source(self) -> str:
         return str(self._script.script)
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+    async def __call__(
+        self, keys: Sequence[str], args: Sequence[str | bytes], plain: Optimistic | None = None
+    ) -> Any:
+        """The script's reply; ``plain``, the call's common case, is made without it when it holds
+        (single Redis only: a cluster's keys of one call share a slot, not its connection)."""
         if is_cluster(self._redis):
             started = time.perf_counter()
             reply = await self._script(keys=list(keys), args=list(args))
             metrics.record_round_trip(time.perf_counter() - started, 1)
             return reply
-        return await self._pipeline.call(self, keys, args)
+        return await self._pipeline.call(self, keys, args, plain)
 
 
 def encode(value: object) -> str:

@@ -21,8 +21,10 @@ from compaction_worker.state.appends import (
     TURN_LUA,
     AppendReply,
     NewMessage,
+    PlainAppend,
     TurnWrite,
     first_fields,
+    records_of,
     reply_of,
     run_args,
     script_args,
@@ -102,14 +104,17 @@ class Store:
             await pipe.execute()
 
     async def write_turn(self, conversation_id: str, write: TurnWrite) -> AppendReply:
-        """Decide and store one turn in one script call (appends.py says what it does)."""
-        args = script_args(write, self.retention_ms)
-        return reply_of(await self._turn(self._turn_keys(conversation_id), args))
+        """Decide and store one turn: one script call, or its plain case as a transaction (appends.py)."""
+        keys, records = self._turn_keys(conversation_id), records_of(write)
+        plain = PlainAppend.of(keys, [write], [records], self.retention_ms, run=False)
+        return reply_of(await self._turn(keys, script_args(write, self.retention_ms, records), plain))
 
     async def write_run(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
-        """Append consecutive turns of one conversation in one script call, in order, while each is a
-        plain append: the replies of those appended (appends.py says when it stops)."""
-        raw = await self._run(self._turn_keys(conversation_id), run_args(writes, self.retention_ms))
+        """Append consecutive turns of one conversation in one call (as :meth:`write_turn`), in order,
+        while each is a plain append: the replies of those appended (appends.py says when it stops)."""
+        keys, records = self._turn_keys(conversation_id), [records_of(write) for write in writes]
+        plain = PlainAppend.of(keys, writes, records, self.retention_ms, run=True)
+        raw = await self._run(keys, run_args(writes, self.retention_ms, records), plain)
         return [reply_of(reply) for reply in raw]
 
     def _turn_keys(self, conversation_id: str) -> list[str]:

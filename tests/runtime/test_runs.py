@@ -62,9 +62,11 @@ def script_calls(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[str]:
     for name in ("_turn", "_run"):
         script = getattr(store, name)
 
-        async def counted(keys: Any, args: Any, _script: Any = script, _name: str = name) -> Any:
+        async def counted(
+            keys: Any, args: Any, plain: Any = None, _script: Any = script, _name: str = name
+        ) -> Any:
             calls[_name] += 1
-            return await _script(keys, args)
+            return await _script(keys, args, plain)
 
         monkeypatch.setattr(store, name, counted)
     return calls

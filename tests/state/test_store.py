@@ -5,19 +5,29 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 from unittest.mock import ANY
 
 import pytest
+import redis
 import redis.asyncio
 
 from compaction_worker.contracts.events import ChatMessage, ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
-from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, encode_records
+from compaction_worker.state.appends import (
+    AppendReply,
+    AppendStatus,
+    NewMessage,
+    PlainAppend,
+    TurnWrite,
+    encode_records,
+)
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
+from compaction_worker.state.scripts import as_text
 from compaction_worker.state.store import Store
 from tests.conftest import cluster_tests
 from tests.state.helpers import FP_A, FP_B, append, chunk, msg
@@ -226,17 +236,25 @@ class TestAppend:
         for key in (keys.meta, keys.transcript, keys.entries, keys.fingerprints):
             assert await store.redis.pexpiretime(key) == deadline, key
 
-    async def test_a_first_append_gives_its_deadline_to_what_exists_before_it_too(self, store: Store) -> None:
+    @pytest.mark.parametrize("plain", [True, False], ids=["plain", "script"])
+    async def test_a_first_append_gives_its_deadline_to_what_exists_before_it_too(
+        self, store: Store, plain: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A new conversation's keys get its first deadline: those the append writes, and a key
-        made before it with none (a fence from a lock taken first); the keys that do not exist
-        are not expired one by one (one EXISTS asks for them all)."""
+        made before it with none (a fence from a lock taken first). The script does not expire
+        the keys that do not exist one by one (one EXISTS asks for them all); a plain append's
+        PEXPIREAT of a missing key, a command of its own, leaves it missing."""
+        if not plain:
+            monkeypatch.setattr("compaction_worker.state.store.PlainAppend.of", lambda *_, **__: None)
         keys = store.keys("c")
         await store.redis.incr(keys.fence)  # a lock taken before any turn: its fence has no deadline
         await append(store, "c", 1, msg("a"), fingerprint=FP_A)
         deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
-        for key in (keys.meta, keys.transcript, keys.entries, keys.fingerprints, keys.fence):
+        made = (keys.meta, keys.transcript, keys.entries, keys.fingerprints, keys.fence)
+        for key in made:
             assert await store.redis.pexpiretime(key) == deadline, key
-        if cluster_tests():
+        assert await store.redis.exists(*(k for k in keys.lasting() if k not in made)) == 0
+        if plain or cluster_tests():
             return  # INFO commandstats is per node
         await store.redis.config_resetstat()
         assert await append(store, "d", 1, msg("a"), fingerprint=FP_A) == AppendStatus.APPENDED
@@ -264,6 +282,114 @@ class TestAppend:
         for key in keys.lasting():
             if await store.redis.exists(key):
                 assert await store.redis.pexpiretime(key) == moved, key
+
+
+JOB_OWN = {("job", b"id"), ("job", b"requested_at")}
+
+
+class TestPlainAppend:
+    """Issue 35: a plain append, read under WATCH, is the script's writes made as a transaction."""
+
+    @staticmethod
+    async def _stored(store: Store, cid: str) -> dict[str, Any]:
+        """Every key of the conversation, by its name: its value and its deadline."""
+        keys = store.keys(cid)
+        dump: dict[str, Any] = {}
+        for key in keys.lasting():
+            kind = as_text(await store.redis.type(key))
+            name = key.rsplit(":", 1)[1]
+            if kind == "hash":
+                stored = await store.redis.hgetall(key)
+                # The job's id and time are the job's own, made by the script for each.
+                dump[name] = {k: v for k, v in stored.items() if (name, k) not in JOB_OWN}
+            elif kind == "list":
+                dump[name] = await store.redis.lrange(key, 0, -1)
+            elif kind != "none":
+                dump[name] = await store.redis.get(key)
+            dump[f"{name} expires"] = await store.redis.pexpiretime(key)
+        return dump
+
+    @staticmethod
+    async def _ran(store: Store, *names: str) -> tuple[int, ...]:
+        """How many times each command ran without an error (a first call's NOSCRIPT is one)."""
+        stats = await store.redis.info("commandstats")
+        ran = {
+            n: stats[f"cmdstat_{n}"]["calls"] - stats[f"cmdstat_{n}"]["failed_calls"]
+            for n in names
+            if f"cmdstat_{n}" in stats
+        }
+        return tuple(ran.get(n, 0) for n in names)
+
+    @staticmethod
+    async def _turns(store: Store, cid: str, job: JobRequest) -> list[object]:
+        """A conversation's first turn, two plain appends, one asking for a job, then, with less
+        than half the retention left, a run of three that moves the deadline; all at one time."""
+        at = int(time.time()) + 0.25
+        fields = {"last_seq": "1", "msg_count": "1", "history_tokens": "10", "created_at": repr(at)}
+        first = TurnWrite(1, [msg("a")], 1, fields, rev=0, now=at, fingerprint=FP_A, first=True)
+        replies: list[object] = [await store.write_turn(cid, first)]
+
+        def turn(seq: int, job: JobRequest | None = None) -> TurnWrite:
+            counts = {"last_seq": str(seq), "msg_count": str(2 * seq - 1), "history_tokens": str(20 * seq)}
+            two = [msg(f"u{seq}"), msg(f"a{seq}", "assistant")]
+            return TurnWrite(
+                seq, two, 2 * seq - 2, counts, rev=seq - 1, now=at, fingerprint=f"{seq:032d}", job=job
+            )
+
+        for seq in (2, 3):
+            replies.append(await store.write_turn(cid, turn(seq)))
+        replies.append(await store.write_turn(cid, turn(4, job)))
+        soon = int(at * 1000) + 1_000_000  # the retention is an hour: less than half is left
+        await store.redis.hset(store.keys(cid).meta, "expires_at", soon)
+        replies.append(await store.write_run(cid, [turn(seq) for seq in (5, 6, 7)]))
+        return replies
+
+    async def test_it_stores_and_answers_as_the_script_does(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The same turns, made plain and through the script: the same keys, values, deadlines and replies."""
+        if cluster_tests():
+            pytest.skip("a cluster client sends every call to the script")
+        job = JobRequest(Trigger.MANUAL)
+        await store.redis.config_resetstat()
+        plain = await self._turns(store, "p", job)
+        # The turn asking for a job is the script's; the others, the run among them, are transactions.
+        assert await self._ran(store, "evalsha", "exec") == (1, 4)
+        monkeypatch.setattr("compaction_worker.state.store.PlainAppend.of", lambda *_, **__: None)
+        await store.redis.config_resetstat()
+        scripted = await self._turns(store, "s", job)
+        assert await self._ran(store, "evalsha", "exec") == (5, 0)
+
+        assert plain == scripted
+        assert plain[-1] == [AppendReply(AppendStatus.APPENDED, seq, rev=seq) for seq in (5, 6, 7)]
+        stored = await self._stored(store, "p")
+        assert stored == await self._stored(store, "s")
+        assert stored["meta expires"] == stored["transcript expires"] > int(time.time() * 1000) + 3_000_000
+
+    async def test_a_meta_written_between_the_read_and_the_write_leaves_the_turn_to_the_script(
+        self, store: Store, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Another writer bumps the revision after the read: the EXEC writes nothing, and the script
+        answers ``stale`` with the stored meta, as it would have without the read."""
+        if cluster_tests():
+            pytest.skip("a cluster client sends every call to the script")
+        assert await append(store, "c", 1, msg("a")) == AppendStatus.APPENDED
+        other = redis.Redis.from_url(redis_url)
+        writes_for = PlainAppend.writes_for
+
+        def read_then_written(self: PlainAppend, stored: Any) -> Any:
+            other.hincrby(store.keys("c").meta, "rev", 1)  # a compaction's commit, say
+            return writes_for(self, stored)
+
+        monkeypatch.setattr(PlainAppend, "writes_for", read_then_written)
+        try:
+            reply = await store.write_turn("c", _write(2, msg("b"), fields={"last_seq": "2"}))
+        finally:
+            other.close()
+        assert (reply.status, reply.last_seq) == (AppendStatus.STALE, 1)
+        assert reply.meta is not None
+        assert reply.meta["rev"] == "2"
+        assert await store.redis.llen(store.keys("c").transcript) == 1
 
 
 def _write(
