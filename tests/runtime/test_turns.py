@@ -25,10 +25,8 @@ from compaction_worker.runtime import plan
 from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.turns import TurnStatus
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import TURN_LUA
 from compaction_worker.state.connection import is_cluster
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import source
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
@@ -416,7 +414,7 @@ class RoundTrips:
 
 
 class TestOneRoundTrip:
-    async def test_a_stored_turn_costs_one_round_trip_or_two_when_plain(
+    async def test_a_stored_turn_costs_one_script_call(
         self,
         redis_url: str,
         redis_client: redis.asyncio.Redis,
@@ -424,9 +422,9 @@ class TestOneRoundTrip:
         published: Published,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """Deciding and storing a turn is one script call on the wire, or, for a plain append, two
-        round trips: the meta read under WATCH, then the writes (state/appends.PlainAppend). A
-        handler that never saw the conversation pays one more, once (the meta it computes from)."""
+        """Deciding and storing a turn is one command on the wire; a handler that never saw the
+        conversation pays one more, once (the meta it computes from). A lone call goes to the
+        script: only calls that travel together are read first as plain appends (state/scripts.PLAIN_FROM)."""
         if is_cluster(redis_client):
             pytest.skip("counted on one server's connections (the cluster pass runs the same script)")
         name = f"turns-{uuid.uuid4().hex[:6]}"
@@ -434,21 +432,19 @@ class TestOneRoundTrip:
         trips = RoundTrips(monkeypatch, name)
         try:
             handler = make_parts(handler_client, settings, published).turns
-            await handler_client.script_load(source(*TURN_LUA))  # not timed: a restart's first call
+            await handler.handle(turn_bytes("warm", 1, [user("w")]), b"warm")  # loads the script
             before = trips.count
             for seq in range(1, 11):
                 message = user(f"q{seq}") if seq % 2 else assistant(f"a{seq}")
                 outcome = await handler.handle(turn_bytes("c", seq, [message]), b"c")
                 assert outcome.status is TurnStatus.APPENDED
-            assert trips.count - before == 10 * 2  # the first append is a plain one too
+            assert trips.count - before == 10
             # Another handler (a rebalance moved the partition): its first turn reads the meta.
             other = make_parts(handler_client, settings, published).turns
             before = trips.count
             for seq in range(11, 14):
                 await other.handle(turn_bytes("c", seq, [user(f"q{seq}")]), b"c")
-            # Its first turn goes to the script, which answers stale with the meta; then it and the
-            # next two are plain appends.
-            assert trips.count - before == 1 + 3 * 2
+            assert trips.count - before == 3 + 1
         finally:
             await handler_client.aclose()
         meta = await Store(redis_client, settings.redis.key_prefix, None).meta("c")

@@ -15,6 +15,7 @@ import redis.asyncio
 from compaction_worker.contracts.events import ChatMessage, ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
+from compaction_worker.state import scripts
 from compaction_worker.state.appends import (
     AppendReply,
     AppendStatus,
@@ -244,7 +245,9 @@ class TestAppend:
         made before it with none (a fence from a lock taken first). The script does not expire
         the keys that do not exist one by one (one EXISTS asks for them all); a plain append's
         PEXPIREAT of a missing key, a command of its own, leaves it missing."""
-        if not plain:
+        if plain:
+            monkeypatch.setattr(scripts, "PLAIN_FROM", 1)
+        else:
             monkeypatch.setattr("compaction_worker.state.store.PlainAppend.of", lambda *_, **__: None)
         keys = store.keys("c")
         await store.redis.incr(keys.fence)  # a lock taken before any turn: its fence has no deadline
@@ -288,7 +291,13 @@ JOB_OWN = {("job", b"id"), ("job", b"requested_at")}
 
 
 class TestPlainAppend:
-    """Issue 35: a plain append, read under WATCH, is the script's writes made as a transaction."""
+    """Issue 35: a plain append, read under WATCH, is the script's writes made as a transaction.
+
+    The turns here are sent one at a time, each read first as if others travelled with it."""
+
+    @pytest.fixture(autouse=True)
+    def _every_call_read_first(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(scripts, "PLAIN_FROM", 1)
 
     @staticmethod
     async def _stored(store: Store, cid: str) -> dict[str, Any]:
@@ -343,6 +352,25 @@ class TestPlainAppend:
         await store.redis.hset(store.keys(cid).meta, "expires_at", soon)
         replies.append(await store.write_run(cid, [turn(seq) for seq in (5, 6, 7)]))
         return replies
+
+    async def test_turns_sent_together_are_read_first_and_a_lone_one_goes_to_the_script(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A lone call's read and writes would cost two round trips for the script's Redis CPU: it
+        goes to the script. Calls that travel together are read first, and written in one EXEC."""
+        if cluster_tests():
+            pytest.skip("a cluster client sends every call to the script")
+        monkeypatch.undo()  # the real PLAIN_FROM
+        for cid in "abc":
+            await append(store, cid, 1, msg("x"))
+        await store.redis.config_resetstat()
+        assert await append(store, "a", 2, msg("y")) is AppendStatus.APPENDED
+        assert await self._ran(store, "evalsha", "exec") == (1, 0)
+        await store.redis.config_resetstat()
+        turns = (store.write_turn(cid, _write(2, msg("y"), fields={"last_seq": "2"})) for cid in "bc")
+        together = await asyncio.gather(*turns)
+        assert [reply.status for reply in together] == [AppendStatus.APPENDED] * 2
+        assert await self._ran(store, "evalsha", "watch", "exec") == (0, 1, 1)
 
     async def test_it_stores_and_answers_as_the_script_does(
         self, store: Store, monkeypatch: pytest.MonkeyPatch
