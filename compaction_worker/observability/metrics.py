@@ -141,14 +141,15 @@ ROUND_TRIP = Instrument(
     "compaction.redis.round_trip.duration",
     "histogram",
     "s",
-    "A round trip of per-turn script calls (sent together, one in flight a worker): rising with "
-    "compaction.redis.round_trip.calls while the lag grows, Redis is the limit.",
+    "A send of per-turn calls (together, one in flight a worker; one round trip, two when plain "
+    "appends are read first): rising with compaction.redis.round_trip.calls while the lag grows, "
+    "Redis is the limit.",
 )
 ROUND_TRIP_CALLS = Instrument(
     "compaction.redis.round_trip.calls",
     "histogram",
     "{call}",
-    "Per-turn script calls a round trip carried: the calls made while the one before it was in flight.",
+    "Per-turn calls a send carried: the calls made while the one before it was in flight.",
 )
 CONSUMER_LAG = Instrument(
     "messaging.kafka.consumer.lag",
@@ -282,7 +283,7 @@ def record_breaker_open() -> None:
 
 
 def record_round_trip(seconds: float, calls: int) -> None:
-    """Record one round trip of per-turn script calls: how long it took and how many calls it carried."""
+    """Record one send of per-turn calls: how long it took and how many calls it carried."""
     _round_trip.record(seconds)
     _round_trip_calls.record(calls)
 
