@@ -11,6 +11,7 @@ from unittest.mock import ANY
 import pytest
 import redis
 import redis.asyncio
+import redis.exceptions
 
 from compaction_worker.contracts.events import ChatMessage, ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry
@@ -28,7 +29,7 @@ from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import as_text
+from compaction_worker.state.scripts import Pipeline, as_text
 from compaction_worker.state.store import Store
 from tests.conftest import cluster_tests
 from tests.state.helpers import FP_A, FP_B, append, chunk, msg
@@ -393,6 +394,30 @@ class TestPlainAppend:
         stored = await self._stored(store, "p")
         assert stored == await self._stored(store, "s")
         assert stored["meta expires"] == stored["transcript expires"] > int(time.time() * 1000) + 3_000_000
+
+    async def test_a_connection_lost_after_the_writes_were_sent_stores_the_turn_once(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The EXEC reached Redis, its reply did not: the send is tried again on a new connection
+        (the client's retry policy), the read finds the turn stored, and the script says so."""
+        if cluster_tests():
+            pytest.skip("a cluster client sends every call to the script")
+        assert await append(store, "c", 1, msg("a")) == AppendStatus.APPENDED
+        exchange, lost = Pipeline._exchange, []
+
+        async def losing(pipeline: Pipeline, connection: Any, commands: Any) -> list[Any]:
+            replies = await exchange(pipeline, connection, commands)
+            if commands[:1] == [("MULTI",)] and not lost:
+                lost.append(commands)
+                raise redis.exceptions.ConnectionError("the reply was lost")
+            return replies
+
+        monkeypatch.setattr(Pipeline, "_exchange", losing)
+        reply = await store.write_turn("c", _write(2, msg("b"), fields={"last_seq": "2"}))
+        assert lost
+        assert (reply.status, reply.last_seq) == (AppendStatus.DUPLICATE, 2)
+        assert [r["m"]["content"] for r in await store.transcript("c")] == ["a", "b"]
+        assert await store.redis.hget(store.keys("c").meta, "rev") == b"2"
 
     async def test_a_meta_written_between_the_read_and_the_write_leaves_the_turn_to_the_script(
         self, store: Store, redis_url: str, monkeypatch: pytest.MonkeyPatch
