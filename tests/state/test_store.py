@@ -403,7 +403,8 @@ class TestPlainAppend:
         if cluster_tests():
             pytest.skip("a cluster client sends every call to the script")
         assert await append(store, "c", 1, msg("a")) == AppendStatus.APPENDED
-        exchange, lost = Pipeline._exchange, []
+        exchange = Pipeline._exchange
+        lost: list[Any] = []
 
         async def losing(pipeline: Pipeline, connection: Any, commands: Any) -> list[Any]:
             replies = await exchange(pipeline, connection, commands)
