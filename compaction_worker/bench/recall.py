@@ -19,7 +19,6 @@ from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.report import Progress, Row
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import Outcome, Trigger
-from compaction_worker.recall.search import Recall
 from compaction_worker.runtime.components import build_components
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
@@ -67,7 +66,7 @@ async def recall_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     done = await run_job(parts.jobs, parts.compactor, cid)
     if done is None or done.outcome is not Outcome.COMPACTED:
         raise BenchError(f"recall: the conversation did not compact: {done}")
-    recall = Recall(parts.store)
+    recall = parts.recall
     asked = queries((await parts.store.meta(cid)).last_seq)
     cold: list[float] = []
     searched = 0

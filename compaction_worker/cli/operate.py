@@ -288,12 +288,11 @@ async def _stored_meta(client: Client, conversation_id: str) -> Meta:
 
 async def _breaker(client: Client, settings: SummarizerSettings, conversation_model: str) -> BreakerState:
     """The breaker of the model that summarizes this conversation (shared with every conversation on it)."""
-    from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
+    from compaction_worker.state.breaker import BreakerState, breaker_model
 
     if not settings.model:
         return BreakerState()  # the extractive summary only: nothing to break
-    model = breaker_model(settings.model, conversation_model)
-    return await Breaker(client.store.redis, client.store.prefix, settings).peek(model)
+    return await client.parts.breaker.peek(breaker_model(settings.model, conversation_model))
 
 
 def _line(message: Mapping[str, Any], width: int) -> str:

@@ -33,17 +33,16 @@ from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered, rendered
 from compaction_worker.observability.tracing import inject
-from compaction_worker.recall.search import Recall, RecallResult
+from compaction_worker.recall.search import RecallResult
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.runtime.pins import set_pinned
 from compaction_worker.runtime.preview import Preview, preview, proposal_preview
 from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
-from compaction_worker.state.archive import Archive, carried
+from compaction_worker.state.archive import carried
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.jobs import Job, JobQueue
-from compaction_worker.state.lock import Locks
+from compaction_worker.state.jobs import Job
 from compaction_worker.state.meta import Meta, write_field, write_instructions
 from compaction_worker.state.proposals import Proposals
 from compaction_worker.state.restore import Version, versions
@@ -133,8 +132,22 @@ class Client:
         self.producer = producer
         self._published: dict[str, int] = {}
         """The highest turn seq this client published, by conversation (``wait_for`` waits for it)."""
-        self._recall = Recall(store)
-        """Recall's indexes, one per recently searched conversation (recall/search.py)."""
+        self._parts: Components | None = None
+
+    @property
+    def parts(self) -> Components:
+        """The worker's parts over this client's store and producer (runtime/components.py), built on
+        first use; what they publish needs the producer (:meth:`_components` says so first)."""
+        if self._parts is None:
+            self._parts = build_components(self.settings, self.store.redis, self._publish, store=self.store)
+        return self._parts
+
+    async def _publish(self, topic: str, payload: bytes, key: bytes | None) -> None:
+        if self.producer is None:
+            raise ConfigError(
+                "publishing compaction events needs the broker: connect the client with kafka=True"
+            )
+        await self.producer.send_and_wait(topic, payload, key=key)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -277,7 +290,7 @@ class Client:
             pipe.hmget(keys.meta, "version", "last_seq", "retry_after")
             pipe.exists(keys.job)
             pipe.exists(keys.lock)
-            pipe.zscore(self._jobs().index.key_of(conversation_id), conversation_id)
+            pipe.zscore(self.parts.jobs.index.key_of(conversation_id), conversation_id)
             (current, last_seq, retry_after), job, locked, due_ms = await pipe.execute()
         reached = int(float(current or 0))
         if int(float(last_seq or 0)) < seq:
@@ -389,15 +402,7 @@ class Client:
 
     async def job(self, conversation_id: str) -> Job | None:
         """The conversation's pending compaction, if any."""
-        return await self._jobs().job(conversation_id)
-
-    def _locks(self) -> Locks:
-        return Locks(self.store.redis, self.settings.worker.lock_ttl_seconds)
-
-    def _jobs(self) -> JobQueue:
-        return JobQueue(
-            self.store.redis, self.store.prefix, self._locks(), shards=self.settings.redis.index_shards
-        )
+        return await self.parts.jobs.job(conversation_id)
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
         """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""
@@ -455,15 +460,10 @@ class Client:
         await self._components("a discard").compactor.discard(conversation_id, uuid.UUID(str(proposal_id)))
 
     def _components(self, what: str) -> Components:
-        """The worker's parts over this client's Redis and producer, for what publishes events."""
-        producer = self.producer
-        if producer is None:
+        """:attr:`parts`, for what publishes compaction events: a clear error without the broker."""
+        if self.producer is None:
             raise ConfigError(f"{what} publishes compaction events: connect the client with kafka=True")
-
-        async def publish(topic: str, payload: bytes, key: bytes | None) -> None:
-            await producer.send_and_wait(topic, payload, key=key)
-
-        return build_components(self.settings, self.store.redis, publish)
+        return self.parts
 
     async def pin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
         """Pin the messages of turn ``turn_seq`` (or only its ``index``-th, from 0) after the fact:
@@ -471,13 +471,13 @@ class Client:
         Returns their transcript ordinals. Raises PinError (no such turn or message, or a summary
         already replaced it) or LockNotAcquiredError (a compaction is running: try again)."""
         return await set_pinned(
-            self.store, self._locks(), conversation_id, turn_seq, index=index, pinned=True
+            self.store, self.parts.locks, conversation_id, turn_seq, index=index, pinned=True
         )
 
     async def unpin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
         """Undo :meth:`pin` (or a pin the turn was published with): the messages compact as any other."""
         return await set_pinned(
-            self.store, self._locks(), conversation_id, turn_seq, index=index, pinned=False
+            self.store, self.parts.locks, conversation_id, turn_seq, index=index, pinned=False
         )
 
     async def preview_compaction(self, conversation_id: str, instructions: str | None = None) -> Preview:
@@ -495,8 +495,7 @@ class Client:
         Summaries paraphrase and ledgers are bounded; what they let go stays here, with
         whether the effective history still carries it verbatim.
         """
-        archive = Archive(self.store.redis, self.store.prefix)
-        archived = await archive.all(conversation_id)
+        archived = await self.parts.archive.all(conversation_id)
         history = (await self.store.snapshot(conversation_id)).history
         present = carried([a.item for a in archived], history)
         return [Artifact(a.kind, a.text, a.seq, a.n, a.item in present) for a in archived]
@@ -508,7 +507,7 @@ class Client:
         hit); bounded by :class:`~compaction_worker.recall.RecallLimits`. The tool a model calls
         for it: :mod:`compaction_worker.recall.tools`; ``complete(..., recall=True)`` answers it.
         """
-        return await self._recall.search(conversation_id, query, limit)
+        return await self.parts.recall.search(conversation_id, query, limit)
 
 
 _FIRST_RECHECK = 0.02

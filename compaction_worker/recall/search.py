@@ -74,8 +74,9 @@ class _Built:
 class Recall:
     """Searches conversations in one Redis (a :class:`~compaction_worker.client.Client` holds one)."""
 
-    def __init__(self, store: Store, limits: RecallLimits | None = None) -> None:
+    def __init__(self, store: Store, archive: Archive, limits: RecallLimits | None = None) -> None:
         self.store = store
+        self.archive = archive
         self.limits = limits or RecallLimits()
         self._cache: OrderedDict[str, _Built] = OrderedDict()
         self._building: dict[str, asyncio.Task[_Built]] = {}
@@ -127,7 +128,7 @@ class Recall:
         snapshot = await self.store.snapshot(conversation_id)
         # Read the archive after the history: an artifact archived by a commit after the
         # snapshot is searched, and the next recall sees its new version and rebuilds.
-        artifacts = await Archive(self.store.redis, self.store.prefix).all(conversation_id)
+        artifacts = await self.archive.all(conversation_id)
         verbatim = {e.n for e in snapshot.history.entries if e.edit is None and not e.synthetic}
         gone = [n for n in range(1, snapshot.meta.msg_count + 1) if n not in verbatim]
         records, partial = await self._read(conversation_id, gone)

@@ -59,6 +59,7 @@ class Compactor:
         jobs: JobQueue,
         outbox: Outbox,
         archive: Archive,
+        breaker: Breaker,
         publish: Publisher,
         summarizers: Summarizers | None = None,
     ) -> None:
@@ -72,7 +73,7 @@ class Compactor:
         self.archive = archive
         self.publish = publish
         self.summarizers = summarizers
-        self.breaker = Breaker(store.redis, store.prefix, settings.summarizer)
+        self.breaker = breaker
 
     async def run(self, claim: Claim) -> CompactionCompleted | None:
         """Run a claimed job under its lock (in the span ``pool.run_job`` opened), finish it, and

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from compaction_worker.observability import metrics
 from compaction_worker.observability.health import Liveness
+from compaction_worker.recall.search import Recall
 from compaction_worker.runtime.compactor import Compactor
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.pool import CompactionPool
@@ -18,6 +19,7 @@ from compaction_worker.runtime.sweeper import Chore
 from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
+from compaction_worker.state.breaker import Breaker
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.gaps import GapIndex
 from compaction_worker.state.index import Sweep, now_ms
@@ -40,6 +42,10 @@ class Components:
     gaps: GapIndex
     outbox: Outbox
     archive: Archive
+    breaker: Breaker
+    """The summarizer models' breakers (shared by every conversation on a model)."""
+    recall: Recall
+    """Searches what compaction took out (the client's reads)."""
     dead_letters: DeadLetters
     turns: TurnHandler
     compactor: Compactor
@@ -50,17 +56,24 @@ class Components:
 
 
 def build_components(
-    settings: Settings, redis: RedisClient, publish: Publisher, *, summarizers: Summarizers | None = None
+    settings: Settings,
+    redis: RedisClient,
+    publish: Publisher,
+    *,
+    summarizers: Summarizers | None = None,
+    store: Store | None = None,
 ) -> Components:
-    """Build the components; ``summarizers`` replaces the configured ones, every profile's (tests, the demo)."""
+    """Build the components; ``summarizers`` replaces the configured ones, every profile's (tests, the
+    demo); ``store``, one over ``redis`` the caller holds already (a client's)."""
     worker = settings.worker
-    store = Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds)
+    store = store or Store(redis, settings.redis.key_prefix, settings.redis.retention_seconds)
     shards = settings.redis.index_shards
     wakes = Wakes(redis, store.prefix)
     locks = Locks(redis, worker.lock_ttl_seconds)
     jobs = JobQueue(redis, store.prefix, locks, shards=shards, wakes=wakes)
     outbox = Outbox(store, publish, locks, worker.outbox_grace_seconds, shards=shards, wakes=wakes)
     archive = Archive(redis, store.prefix)
+    breaker = Breaker(redis, store.prefix, settings.summarizer)
     dead_letters = DeadLetters(settings.topics, publish)
     gaps = GapIndex(store, worker.gap_timeout_seconds, locks=locks, shards=shards, wakes=wakes)
     liveness = Liveness(settings.health.liveness_timeout_seconds)
@@ -71,6 +84,7 @@ def build_components(
         jobs=jobs,
         outbox=outbox,
         archive=archive,
+        breaker=breaker,
         publish=publish,
         summarizers=summarizers,
     )
@@ -110,6 +124,8 @@ def build_components(
         gaps=gaps,
         outbox=outbox,
         archive=archive,
+        breaker=breaker,
+        recall=Recall(store, archive),
         dead_letters=dead_letters,
         turns=turns,
         compactor=compactor,

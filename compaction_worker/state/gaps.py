@@ -27,8 +27,6 @@ from compaction_worker.state.wake import Wakes
 
 log = logging.getLogger(__name__)
 
-SWEEP_LOCK_SECONDS = 60.0
-"""The lock's TTL when a GapIndex is built without the worker's locks (tests, tools)."""
 
 HELD_LUA = "held.lua"
 """The library that reads a held turn's stored form in Lua (the format below)."""
@@ -115,7 +113,7 @@ class GapIndex:
         store: Store,
         timeout_seconds: float,
         *,
-        locks: Locks | None = None,
+        locks: Locks,
         batch: int = 100,
         shards: int = DEFAULT_INDEX_SHARDS,
         wakes: Wakes | None = None,
@@ -129,7 +127,7 @@ class GapIndex:
         )
         self.next_due_ms: float | None = None
         """When the next held turn times out (epoch ms), as the last :meth:`expire` saw it; None: none held."""
-        self.locks = locks or Locks(store.redis, SWEEP_LOCK_SECONDS)
+        self.locks = locks
         self.batch = batch
         self.expired = 0
         self._drop = Script(self.redis, HELD_LUA, "gaps_drop.lua")

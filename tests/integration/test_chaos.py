@@ -31,7 +31,6 @@ from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, TurnEvent
 from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.settings import Settings
-from compaction_worker.state.gaps import GapIndex
 from compaction_worker.strategies import Draft, draft_tokens, summary_overhead
 from compaction_worker.testing import FakeLLMServer
 from tests.orchestration import make_settings
@@ -234,7 +233,7 @@ async def test_duplicates_and_reordering_across_two_worker_processes(
     began = time.monotonic()
     async with Client.connect(settings) as client:
         await publish_many(client, records(interleave(first_pass)))
-        gaps = GapIndex(client.store, settings.worker.gap_timeout_seconds)
+        gaps = client.parts.gaps
 
         async def held_behind_the_gap() -> bool:
             for cid in streams:

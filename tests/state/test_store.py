@@ -158,7 +158,7 @@ class TestAppend:
     async def test_a_held_flag_left_by_a_sweep_is_removed_by_the_next_append(self, store: Store) -> None:
         """A sweep that dead-letters the held turns leaves the flag (it touches only the held turns):
         the next append finds none held and removes it."""
-        gaps = GapIndex(store, timeout_seconds=60)
+        gaps = GapIndex(store, timeout_seconds=60, locks=Locks(store.redis, 60))
         await append(store, "c", 1, msg("a"))
         await gaps.hold("c", 3, b'{"held": 3}', fingerprint=FP_A)
         assert await store.redis.hget(store.keys("c").meta, "held") == b"1"
@@ -484,7 +484,7 @@ class TestFingerprints:
         self, store: Store
     ) -> None:
         """The turn held behind a gap came first: another turn with its seq is refused, the held one applies."""
-        gaps = GapIndex(store, 300)
+        gaps = GapIndex(store, 300, locks=Locks(store.redis, 60))
         await append(store, "c", 1, msg("a"), fingerprint=FP_B)
         assert await gaps.hold("c", 2, b'{"held": 1}', fingerprint=FP_A)
         assert await append(store, "c", 2, msg("other"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
