@@ -55,8 +55,8 @@ class Script:
 PLAIN_FROM = 2
 """The fewest calls a round trip must carry for their plain cases (:class:`Optimistic`) to be read
 first. A lone call goes to its script: one round trip, where the read and the writes take two,
-for the same Redis CPU (measured: 160 µs a turn through the script, 156 µs plain; two calls
-at a time: 114 and 105 µs; ten: 76 and 46 µs; docs/performance.md)."""
+for the same Redis CPU (docs/performance.md, "Third pass": alone, 147 µs a turn through the
+script and 149 plain; two calls a round trip, 100 and 78 µs; ten, 76 and 43 µs)."""
 
 
 class Optimistic(Protocol):
