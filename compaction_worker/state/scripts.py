@@ -89,7 +89,7 @@ class _Call:
 
 
 class Pipeline:
-    """The per-turn calls of one worker on one Redis, sent together, one round trip in flight.
+    """The per-turn calls of one worker on one Redis, sent together, one send in flight.
 
     At agent pace every stored turn is a call of its own, and on a single Redis most of a
     lone call's cost is reading, dispatching and answering the request, not running the script
