@@ -172,7 +172,7 @@ def run_args(
     return args
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlainAppend:
     """Turns whose append is a plain one, made as a transaction instead of the script when a read says so.
 
@@ -187,25 +187,12 @@ class PlainAppend:
     ``tests/state/test_store.py`` holds the two equal, key by key.
     """
 
-    watched: str
-    """The meta hash: every writer of the conversation's state bumps its revision."""
-    read: tuple[str, ...]
-    rev: int
-    """The revision the first turn was computed from; each later one from the one before."""
-    last_seq: int
-    """The seq the stored meta must have: the first turn's, minus one."""
-    times_ms: tuple[int, ...]
+    keys: Sequence[str]
+    """The per-turn script's KEYS (lua/turn.lua): the meta first, then those its writes touch."""
+    writes: Sequence[TurnWrite]
+    records: Sequence[Sequence[str]]
+    """Each write's transcript records (:func:`records_of`)."""
     retention_ms: int
-    first: bool
-    """Whether the first turn creates the conversation: its new keys get the deadline."""
-    lists: tuple[tuple[str, ...], ...]
-    """The pushes to the transcript and the entries."""
-    fields: tuple[str, ...]
-    """The meta fields the turns change, in order (a later turn's value of a field is kept)."""
-    fingerprints: tuple[str, ...]
-    """The fingerprints' HSET."""
-    lasting: tuple[str, ...]
-    """The conversation's keys that expire together (turn.lua's KEYS): a moved deadline goes to each."""
     run: bool
     """Whether the script is the run script (its reply is a list of the turns')."""
 
@@ -219,57 +206,60 @@ class PlainAppend:
         *,
         run: bool,
     ) -> PlainAppend | None:
-        """The plain append of these consecutive writes (turn.lua's KEYS), or None if one asks for a
-        job or the caller knows no meta."""
+        """The plain append of these consecutive writes, or None if one asks for a job or the
+        caller knows no meta. Nothing is built until a read confirms it (:meth:`writes_for`)."""
         first = writes[0]
         if first.rev == UNKNOWN_REV:  # the script answers with the meta
             return None
         for i, write in enumerate(writes):
             if write.job is not None or write.seq != first.seq + i or write.rev != first.rev + i:
                 return None
-        meta, transcript, entries, fingerprints = keys[0], keys[1], keys[2], keys[4]
-        pushed = [record for turn in records for record in turn]
-        return cls(
-            watched=meta,
-            read=("HMGET", meta, "rev", "last_seq", "expires_at", "held"),
-            rev=first.rev,
-            last_seq=first.seq - 1,
-            times_ms=tuple(int(write.now * 1000) for write in writes),
-            retention_ms=retention_ms,
-            first=first.first,
-            lists=(("RPUSH", transcript, *pushed), ("RPUSH", entries, *pushed)),
-            fields=tuple(text for write in writes for pair in write.fields.items() for text in pair),
-            fingerprints=("HSET", fingerprints, *(t for w in writes for t in (str(w.seq), w.fingerprint))),
-            lasting=tuple(keys),
-            run=run,
-        )
+        return cls(keys, writes, records, retention_ms, run)
+
+    @property
+    def watched(self) -> str:
+        """The meta hash: every writer of the conversation's state bumps its revision."""
+        return self.keys[0]
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        return ("HMGET", self.keys[0], "rev", "last_seq", "expires_at", "held")
 
     def writes_for(self, stored: Sequence[Any]) -> tuple[tuple[str, ...], ...] | None:
         """The script's writes, if the meta read (``rev, last_seq, expires_at, held``) makes the
         turns plain appends: the lists, the meta, the fingerprints, then the deadlines (lua/turn.lua, flush)."""
+        first = self.writes[0]
         rev, last, deadline = (int(value or 0) for value in stored[:3])
-        if stored[3] is not None or rev != self.rev or last != self.last_seq:
+        if stored[3] is not None or rev != first.rev or last != first.seq - 1:
             return None
         kept = deadline
-        for now_ms in self.times_ms:  # lua/expiry.lua, renewed
+        for write in self.writes:  # lua/expiry.lua, renewed
+            now_ms = int(write.now * 1000)
             if self.retention_ms > 0 and kept - now_ms < self.retention_ms / 2:
                 kept = now_ms + self.retention_ms
-        meta = ("HSET", self.watched, "rev", str(rev + len(self.times_ms)), *self.fields)
+        meta, transcript, entries, fingerprints = self.keys[0], self.keys[1], self.keys[2], self.keys[4]
+        pushed = [record for turn in self.records for record in turn]
+        fields = ["rev", str(rev + len(self.writes))]
+        fingerprinted: list[str] = []
+        for write in self.writes:
+            fields += [text for pair in write.fields.items() for text in pair]
+            fingerprinted += [str(write.seq), write.fingerprint]
         if kept != deadline:  # every key that exists (PEXPIREAT leaves a missing one missing)
-            meta += ("expires_at", str(kept))
-            expired = self.lasting
-        else:  # a new conversation's keys, if it has a deadline
-            expired = (
-                (self.watched, self.lists[0][1], self.lists[1][1], self.fingerprints[1]) if self.first else ()
-            )
-        expiries = tuple(("PEXPIREAT", key, str(kept)) for key in expired if kept > 0)
-        return (*self.lists, meta, self.fingerprints, *expiries)
+            fields += ["expires_at", str(kept)]
+            expired: Sequence[str] = self.keys
+        else:  # a new conversation's keys (turn.lua's WRITTEN), if it has a deadline
+            expired = (meta, transcript, entries, fingerprints) if first.first else ()
+        return (
+            ("RPUSH", transcript, *pushed),
+            ("RPUSH", entries, *pushed),
+            ("HSET", meta, *fields),
+            ("HSET", fingerprints, *fingerprinted),
+            *(("PEXPIREAT", key, str(kept)) for key in expired if kept > 0),
+        )
 
     def reply(self) -> Any:
         """What the script would have answered: the turn's reply, or a run's list of them."""
-        replies = [
-            ["appended", self.last_seq + 1 + i, self.rev + 1 + i, 0, 0] for i in range(len(self.times_ms))
-        ]
+        replies = [["appended", write.seq, write.rev + 1, 0, 0] for write in self.writes]
         return replies if self.run else replies[0]
 
 

@@ -332,12 +332,17 @@ class TestPlainAppend:
 
     @staticmethod
     async def _turns(store: Store, cid: str, job: JobRequest) -> list[object]:
-        """A conversation's first turn, two plain appends, one asking for a job, then, with less
-        than half the retention left, a run of three that moves the deadline; all at one time."""
+        """A conversation's first turn (its meta given a deadline before it, as a seq handed out
+        gives it: the keys the append creates get it), two plain appends, one asking for a job,
+        then, with less than half the retention left, a run of three that moves the deadline."""
         at = int(time.time()) + 0.25
+        deadline = int(at * 1000) + 3_600_000
+        await store.redis.hset(store.keys(cid).meta, "expires_at", deadline)
+        await store.redis.pexpireat(store.keys(cid).meta, deadline)
         fields = {"last_seq": "1", "msg_count": "1", "history_tokens": "10", "created_at": repr(at)}
         first = TurnWrite(1, [msg("a")], 1, fields, rev=0, now=at, fingerprint=FP_A, first=True)
         replies: list[object] = [await store.write_turn(cid, first)]
+        replies.append(await TestPlainAppend._stored(store, cid))  # the new keys' deadline
 
         def turn(seq: int, job: JobRequest | None = None) -> TurnWrite:
             counts = {"last_seq": str(seq), "msg_count": str(2 * seq - 1), "history_tokens": str(20 * seq)}
