@@ -540,8 +540,8 @@ def _fit(
         (p for p, size in zip(points, suffix, strict=True) if size <= keeps.tail), points[-1] if points else 0
     )
     if sum(e.tokens for e in tail) > keeps.tail and start:
-        for entry in tail[:start]:
-            (pinned if entry.pinned or entry.role == "system" else head).append(entry)
+        for entry in tail[:start]:  # the task, when the tail held it, stays as pinned messages do
+            (pinned if entry.pinned or entry.role == "system" or entry is task else head).append(entry)
         tail = tail[start:]
     head = sorted((e for e in head if not e.synthetic), key=lambda e: order[id(e)])
     pinned = sorted(pinned, key=lambda e: order[id(e)])

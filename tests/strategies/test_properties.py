@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import LlmUsage, Outcome
-from compaction_worker.contracts.history import EffectiveHistory, SummaryPlacement, render
+from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryPlacement, render
 from compaction_worker.settings import BudgetSettings, PipelineSettings
 from compaction_worker.strategies import CompactionResult, Limits, compact, provider_problems
 from compaction_worker.strategies.dedup import deduplicate
@@ -42,6 +42,7 @@ from .conversations import (
     coverage_problems,
     limits_for,
     stage_context,
+    words,
 )
 from .helpers import COUNTER
 from .ownership import duplicates_ids, ownership_problems
@@ -348,3 +349,39 @@ def test_rolling_compaction(data: st.DataObject) -> None:
     second = Case(grown, data.draw(limits_for(tokens)), case.placement)
     result, used = run(second, kind)
     check(second, result, used, COUNTER)
+
+
+def test_a_task_that_begins_the_newest_step_stays_when_the_tail_gives_way() -> None:
+    """Found by the properties above: in a window this small, the task (the only user message,
+    so it begins the newest step) did not fit the verbatim tail with the answer after it, and
+    the tail gave its older part back to be summarized, the task with it. It stays, as pinned
+    messages do."""
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": words(100, "u0")},
+        {"role": "assistant", "content": words(100, "a0")},
+    ]
+    entries = tuple(
+        Entry(n=n, seq=n, message=m, tokens=COUNTER.message(m)) for n, m in enumerate(messages, start=1)
+    )
+    conversation = Conversation(
+        history=EffectiveHistory(chunks=(), entries=entries),
+        transcript=dict(enumerate(messages, start=1)),
+        pinned=frozenset(),
+        must_keep=frozenset(),
+    )
+    limits = Limits(
+        target=157,
+        fixed_tokens=0,
+        window=196,
+        tail_max_messages=2,
+        tail_max_tokens=98,
+        max_summary_tokens=64,
+        chunk_budget=7,
+        force=True,
+        task_max_tokens=39,
+    )
+    case = Case(conversation, limits, "separate")
+    for kind in ("succeeds", "fails", "extractive"):
+        result, used = run(case, kind)
+        check(case, result, used, COUNTER)
