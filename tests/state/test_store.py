@@ -331,11 +331,10 @@ class TestPlainAppend:
         return tuple(ran.get(n, 0) for n in names)
 
     @staticmethod
-    async def _turns(store: Store, cid: str, job: JobRequest) -> list[object]:
+    async def _turns(store: Store, cid: str, job: JobRequest, at: float) -> list[object]:
         """A conversation's first turn (its meta given a deadline before it, as a seq handed out
         gives it: the keys the append creates get it), two plain appends, one asking for a job,
-        then, with less than half the retention left, a run of three that moves the deadline."""
-        at = int(time.time()) + 0.25
+        then, with less than half the retention left, a run of three that moves the deadline; all at ``at``."""
         deadline = int(at * 1000) + 3_600_000
         await store.redis.hset(store.keys(cid).meta, "expires_at", deadline)
         await store.redis.pexpireat(store.keys(cid).meta, deadline)
@@ -384,14 +383,14 @@ class TestPlainAppend:
         """The same turns, made plain and through the script: the same keys, values, deadlines and replies."""
         if cluster_tests():
             pytest.skip("a cluster client sends every call to the script")
-        job = JobRequest(Trigger.MANUAL)
+        job, at = JobRequest(Trigger.MANUAL), int(time.time()) + 0.25  # one time for both conversations
         await store.redis.config_resetstat()
-        plain = await self._turns(store, "p", job)
+        plain = await self._turns(store, "p", job, at)
         # The turn asking for a job is the script's; the others, the run among them, are transactions.
         assert await self._ran(store, "evalsha", "exec") == (1, 4)
         monkeypatch.setattr("compaction_worker.state.store.PlainAppend.of", lambda *_, **__: None)
         await store.redis.config_resetstat()
-        scripted = await self._turns(store, "s", job)
+        scripted = await self._turns(store, "s", job, at)
         assert await self._ran(store, "evalsha", "exec") == (5, 0)
 
         assert plain == scripted
