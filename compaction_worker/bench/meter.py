@@ -28,6 +28,9 @@ from redis.asyncio import Redis
 
 SCRIPT_CALLS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
 """Commands that run a script: sent by a client, never inside a script."""
+TRANSACTION = "exec"
+"""Runs the commands queued since ``MULTI``: its time includes theirs, which ``commandstats`` also
+counts under their own names (and ``MONITOR`` shows as sent)."""
 OWN = frozenset({"info"})
 """What the meter's snapshots send (the first snapshot's ``INFO`` shows in the second)."""
 _LINE = re.compile(rb'\[\d+ (.*?)\] "([^"]*)"')

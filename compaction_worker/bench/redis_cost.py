@@ -14,10 +14,14 @@ is read from the group's committed offsets on the broker):
    a time (each round of 20 is sent once the round before it is committed), as agents produce
    them: every turn is a call of its own, where a backlog gives a call a run of turns.
    Redis is idle between rounds, so this is what a turn costs a shard that wakes up for it;
-4. agent pace, a busy shard: 400 other conversations x 5 turns, one turn per conversation at a
+4. agent pace, a busy shard: 400 other conversations x 6 turns, one turn per conversation at a
    time (rounds of 400): still one call a turn, but many conversations' calls arrive
-   together, as they do on a shard whose capacity matters;
-5. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
+   together, as they do on a shard whose capacity matters. The first round opens the
+   conversations (a first turn creates their keys and gives each its deadline) and is measured
+   apart: a shard carries its conversations' later turns far more often than their first;
+5. a busy shard (shard.py): Redis on a core of its own, sent the worker's writes by several
+   stores at once, at agent pace and as a backlog: its capacity;
+6. counted: 20 other conversations x 20 turns under ``MONITOR``, which splits the commands
    clients sent from those run inside scripts.
 
 The CPU figures are the Redis process's (user + system), less what the idle worker costs
@@ -39,13 +43,22 @@ from redis.asyncio import Redis
 
 from compaction_worker.bench.environment import BenchEnv, BenchError, WorkerSource
 from compaction_worker.bench.load import Attached, Input, StoredCounter, make_input, wait_committed
-from compaction_worker.bench.meter import SCRIPT_CALLS, Meter, Monitored, Snapshot
+from compaction_worker.bench.meter import SCRIPT_CALLS, TRANSACTION, Meter, Monitored, Snapshot
 from compaction_worker.bench.report import Progress, Row
+from compaction_worker.bench.shard import (
+    BACKLOG_CONVERSATIONS,
+    BACKLOG_TURNS,
+    CLIENTS,
+    PACED_CONVERSATIONS,
+    ShardCost,
+    busy_shard,
+)
 from compaction_worker.runtime.connections import WORKER_CLIENT_NAME
 
 CONVERSATIONS, TURNS = 20, 20
-BUSY_CONVERSATIONS, BUSY_TURNS = 400, 5
-"""The agent-pace phase on a busy shard: many conversations, one turn each at a time."""
+BUSY_CONVERSATIONS, BUSY_TURNS = 400, 6
+"""The agent-pace phase on a busy shard: many conversations, one turn each at a time (the first
+round, their first turns, measured apart)."""
 IDLE_SECONDS = 5.0
 PACED_CPU_TARGET = 30.0
 """Redis CPU µs per stored turn at agent pace (issue 35)."""
@@ -85,6 +98,14 @@ class TurnCost:
     """Redis process CPU per stored turn at agent pace on a busy shard (phase 4), the idle worker's cost left out."""
     busy_usec: float
     """Command time per stored turn at agent pace on a busy shard (phase 4)."""
+    opening_cpu_usec: float
+    """Redis process CPU per stored turn of the busy shard's first round: each conversation's first turn."""
+    shard_paced_cpu_usec: float
+    """Redis CPU per stored turn on a busy shard at agent pace (phase 5; 0: Redis could not have a core of its own)."""
+    shard_paced_per_send: float
+    shard_backlog_cpu_usec: float
+    """Redis CPU per stored turn on a busy shard in a backlog (phase 5; 0: not measured)."""
+    shard_backlog_per_send: float
     connections: float
     """The Redis connections the worker process held after the backlog and the agent-pace phases (``CLIENT LIST``)."""
     idle_sent: float
@@ -101,11 +122,13 @@ def sent_time(stats: Snapshot, counted: Monitored) -> tuple[float, list[str], li
     script's time already includes it: only the commands clients sent add up. A name seen
     only as sent, or only inside scripts, is exact. A name seen both ways has its time split
     by its calls; one the ``MONITOR`` phase did not see (a sweep that ran in one phase only)
-    counts as sent.
+    counts as sent. ``EXEC`` is left out: its time is its queued commands', counted by their names.
     """
     total, split, unseen = 0.0, [], []
     for name, usec in stats.usec.items():
         head = name.split("|")[0]
+        if head == TRANSACTION:
+            continue
         sent, inside = counted.sent[head], counted.inside[head]
         if head in SCRIPT_CALLS or (sent and not inside):
             total += usec
@@ -118,6 +141,11 @@ def sent_time(stats: Snapshot, counted: Monitored) -> tuple[float, list[str], li
     return total, split, unseen
 
 
+def cpu_per_turn(stats: Snapshot, seconds: float, turns: int, idle_cpu: float) -> float:
+    """Redis process CPU µs per stored turn over a phase, less the idle worker's over its ``seconds``."""
+    return max(0.0, stats.cpu_seconds - idle_cpu * seconds) * 1e6 / turns
+
+
 def turn_cost(
     turns: int,
     stats: Snapshot,
@@ -128,19 +156,24 @@ def turn_cost(
     paced: Snapshot,
     busy: Snapshot,
     busy_turns: int,
+    opening: Snapshot | None = None,
+    opening_seconds: float = 0.0,
     idle_cpu: float = 0.0,
     timed_seconds: float = 0.0,
     paced_seconds: float = 0.0,
     busy_seconds: float = 0.0,
     connections: int = 0,
+    shard: ShardCost | None = None,
 ) -> TurnCost:
-    """The figures of one run from its phases; ``idle_cpu``: the idle worker's Redis CPU seconds per second."""
+    """The figures of one run from its phases; ``idle_cpu``: the idle worker's Redis CPU seconds per
+    second; ``shard``: a busy shard's figures (phase 5)."""
     usec, split, unseen = sent_time(stats, counted)
     detail = (
         f"per turn, sent: {_top(counted.sent, turns)}; inside scripts: {_top(counted.inside, turns)}; "
         f"idle, per second: {_top(idle.sent, idle_seconds)}"
     )
     detail += f"; at agent pace, executed per turn: {_top(paced.calls, turns)}"
+    detail += f"; busy shard, executed per turn: {_top(busy.calls, busy_turns)}"
     if split:
         detail += f"; sent and inside scripts, time split by calls: {', '.join(sorted(split))}"
     if unseen:
@@ -150,11 +183,18 @@ def turn_cost(
         inside=counted.inside.total() / turns,
         executed=stats.calls.total() / turns,
         usec=usec / turns,
-        cpu_usec=max(0.0, stats.cpu_seconds - idle_cpu * timed_seconds) * 1e6 / turns,
-        paced_cpu_usec=max(0.0, paced.cpu_seconds - idle_cpu * paced_seconds) * 1e6 / turns,
+        cpu_usec=cpu_per_turn(stats, timed_seconds, turns, idle_cpu),
+        paced_cpu_usec=cpu_per_turn(paced, paced_seconds, turns, idle_cpu),
         paced_usec=sent_time(paced, counted)[0] / turns,
-        busy_cpu_usec=max(0.0, busy.cpu_seconds - idle_cpu * busy_seconds) * 1e6 / busy_turns,
+        busy_cpu_usec=cpu_per_turn(busy, busy_seconds, busy_turns, idle_cpu),
         busy_usec=sent_time(busy, counted)[0] / busy_turns,
+        opening_cpu_usec=cpu_per_turn(opening, opening_seconds, BUSY_CONVERSATIONS, idle_cpu)
+        if opening
+        else 0.0,
+        shard_paced_cpu_usec=shard.paced_cpu_usec if shard else 0.0,
+        shard_paced_per_send=shard.paced_per_send if shard else 0.0,
+        shard_backlog_cpu_usec=shard.backlog_cpu_usec if shard else 0.0,
+        shard_backlog_per_send=shard.backlog_per_send if shard else 0.0,
         connections=connections,
         idle_sent=idle.sent.total() / idle_seconds,
         idle_inside=idle.inside.total() / idle_seconds,
@@ -168,8 +208,11 @@ def _top(counts: Counter[str], per: float, most: int = 6) -> str:
     return (shown + (f", others {rest / per:.2g}" if rest else "")) or "none"
 
 
-async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, progress: Progress) -> TurnCost:
-    """The five phases on a worker attached and warmed up (see the module's docstring)."""
+async def redis_phases(
+    env: BenchEnv, worker: Attached, idle_seconds: float, progress: Progress, *, shard: bool = True
+) -> TurnCost:
+    """The phases on a worker attached and warmed up (see the module's docstring); ``shard``: with
+    the busy shard's (phase 5: this checkout's Store, so not for a baseline's worker)."""
     if not isinstance(env.redis, Redis):
         raise BenchError("the Redis rows need a single Redis, not a cluster (MONITOR and INFO are per node)")
     timed, paced, busy, counted_input = (
@@ -193,6 +236,13 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
         return await meter.snapshot() - before, time.monotonic() - started
 
+    async def as_backlog(built: Built) -> tuple[Snapshot, float]:
+        """The turns sent at once: the Redis figures and the seconds until the last is committed."""
+        before, started = await meter.snapshot(), time.monotonic()
+        ends = await worker.batches.send(topic, built)
+        await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
+        return await meter.snapshot() - before, time.monotonic() - started
+
     async with Meter(env.redis) as meter:
         await asyncio.sleep(SETTLE_SECONDS)
         progress(f"redis cost: idle for {idle_seconds:g} s, then counted for as long")
@@ -205,15 +255,14 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
             f"redis cost: {timed.total} turns as a backlog, {paced.total} at agent pace, {busy.total} at agent "
             f"pace on a busy shard, then {counted_input.total} counted"
         )
-        before, started = await meter.snapshot(), time.monotonic()
-        ends = await worker.batches.send(topic, timed_built)
-        await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
-        stats, timed_seconds = await meter.snapshot() - before, time.monotonic() - started
+        stats, timed_seconds = await as_backlog(timed_built)
         connections = await worker_connections(env.redis)
         paced_stats, paced_seconds = await at_agent_pace(rounds)
         connections = max(connections, await worker_connections(env.redis))
-        busy_stats, busy_seconds = await at_agent_pace(busy_rounds)
+        opening_stats, opening_seconds = await at_agent_pace(busy_rounds[:1])
+        busy_stats, busy_seconds = await at_agent_pace(busy_rounds[1:])
         connections = max(connections, await worker_connections(env.redis))
+        shard_cost = await busy_shard(env, idle_cpu, progress) if shard else None
         async with meter.monitor() as counted:
             ends = await worker.batches.send(topic, counted_built)
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
@@ -229,12 +278,15 @@ async def redis_phases(env: BenchEnv, worker: Attached, idle_seconds: float, pro
         idle_seconds,
         paced=paced_stats,
         busy=busy_stats,
-        busy_turns=busy.total,
+        busy_turns=busy.total - BUSY_CONVERSATIONS,
+        opening=opening_stats,
+        opening_seconds=opening_seconds,
         idle_cpu=idle_cpu,
         timed_seconds=timed_seconds,
         paced_seconds=paced_seconds,
         busy_seconds=busy_seconds,
         connections=connections,
+        shard=shard_cost,
     )
 
 
@@ -268,8 +320,10 @@ def cost_rows(
     """The rows: targets from issue 24 on the value, the command time's on the ratio beside a baseline."""
     beside = source.label if source else ""
 
-    def row(name: str, field: str, unit: str, target: float | None, note: str = "") -> Row:
-        figure = getattr(base, field) if base else None
+    def row(
+        name: str, field: str, unit: str, target: float | None, note: str = "", *, alone: bool = False
+    ) -> Row:
+        figure = getattr(base, field) if base and not alone else None
         return Row(
             name, getattr(this, field), unit, figure, beside, target=target, target_on_value=True, note=note
         )
@@ -290,6 +344,33 @@ def cost_rows(
         target_on_value=base is None,
         note=f"commandstats time of the commands clients sent; one Redis core: {_per_core(this.usec)} turns/s of command time",
     )
+    shard = (
+        [
+            row(
+                "Redis CPU per stored turn, a busy shard, agent pace",
+                "shard_paced_cpu_usec",
+                "µs",
+                PACED_CPU_TARGET,
+                note=f"Redis on a core of its own sent the worker's writes by {CLIENTS} stores (as many workers), "
+                f"one turn per conversation at a time over {PACED_CONVERSATIONS} conversations: "
+                f"{this.shard_paced_per_send:.3g} turns a send; one Redis core: "
+                f"{_per_core(this.shard_paced_cpu_usec)} turns/s",
+                alone=True,  # this checkout's Store, in the bench's process: no baseline's
+            ),
+            row(
+                "Redis CPU per stored turn, a busy shard, backlog",
+                "shard_backlog_cpu_usec",
+                "µs",
+                BACKLOG_CPU_TARGET,
+                note=f"the same, {BACKLOG_CONVERSATIONS} conversations' {BACKLOG_TURNS} turns sent as runs: "
+                f"{this.shard_backlog_per_send:.3g} turns a send; one Redis core: "
+                f"{_per_core(this.shard_backlog_cpu_usec)} turns/s",
+                alone=True,
+            ),
+        ]
+        if this.shard_paced_cpu_usec
+        else []
+    )
     return [
         row("Redis commands sent per stored turn", "sent", "commands", 1.5, note=shape),
         row("Redis commands inside scripts per stored turn", "inside", "commands", 12.0),
@@ -301,7 +382,8 @@ def cost_rows(
             "µs",
             BACKLOG_CPU_TARGET,
             note=f"INFO cpu (process, user + system) less the idle worker's; {CONVERSATIONS} conversations' "
-            f"{TURNS} turns each sent at once; one Redis core: {_per_core(this.cpu_usec)} turns/s",
+            f"{TURNS} turns each sent at once; Redis sharing the cores with the worker, the broker and the bench; "
+            f"one Redis core: {_per_core(this.cpu_usec)} turns/s",
         ),
         row(
             "Redis CPU per stored turn, agent pace, busy shard",
@@ -310,8 +392,10 @@ def cost_rows(
             PACED_CPU_TARGET,
             note=f"one turn per conversation at a time over {BUSY_CONVERSATIONS} conversations (rounds of "
             f"{BUSY_CONVERSATIONS}, each turn its own call, many conversations' calls arriving together); "
-            f"command time {this.busy_usec:.3g} µs; one Redis core: {_per_core(this.busy_cpu_usec)} turns/s",
+            f"command time {this.busy_usec:.3g} µs; one Redis core: {_per_core(this.busy_cpu_usec)} turns/s; "
+            f"their first turns (a round sent before, which creates their keys): {this.opening_cpu_usec:.3g} µs a turn",
         ),
+        *shard,
         row(
             "Redis CPU per stored turn, agent pace, quiet shard",
             "paced_cpu_usec",

@@ -112,7 +112,9 @@ async def _one_run(env: BenchEnv, data: Input, kind: _Kind, progress: Progress) 
                 if not kind.redis:
                     return _Run(rate, cpu, None, redis_us, held)
                 attached = Attached(topic, group, prefix, batches, workers.check_alive)
-                cost = await redis_phases(env, attached, idle_seconds(env.scale), progress)
+                cost = await redis_phases(
+                    env, attached, idle_seconds(env.scale), progress, shard=kind.source is None
+                )
                 return _Run(rate, cpu, cost, redis_us, held)
     finally:
         await delete_prefix(env, prefix)

@@ -9,7 +9,7 @@ import pytest
 
 from compaction_worker.bench.environment import WorkerSource
 from compaction_worker.bench.meter import Monitored, Snapshot
-from compaction_worker.bench.redis_cost import TurnCost, cost_rows, median_cost, turn_cost
+from compaction_worker.bench.redis_cost import TurnCost, cost_rows, median_cost, sent_time, turn_cost
 
 TURNS = 400
 
@@ -26,6 +26,11 @@ def _cost(**figures: float) -> TurnCost:
             "paced_usec",
             "busy_cpu_usec",
             "busy_usec",
+            "opening_cpu_usec",
+            "shard_paced_cpu_usec",
+            "shard_paced_per_send",
+            "shard_backlog_cpu_usec",
+            "shard_backlog_per_send",
             "connections",
             "idle_sent",
             "idle_inside",
@@ -48,6 +53,7 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
     idle = Monitored(sent=Counter({"zrangebyscore": 100, "zcard": 100}), inside=Counter({"zadd": 10}))
     paced = Snapshot(Counter({"evalsha": TURNS}), Counter({"evalsha": 50 * TURNS}), cpu_seconds=0.06)
     busy = Snapshot(Counter({"evalsha": 2000}), Counter({"evalsha": 30 * 2000}), cpu_seconds=0.1)
+    opening = Snapshot(Counter({"evalsha": 400}), Counter({"evalsha": 60 * 400}), cpu_seconds=0.05)
     cost = turn_cost(
         TURNS,
         stats,
@@ -57,6 +63,8 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
         paced=paced,
         busy=busy,
         busy_turns=2000,
+        opening=opening,
+        opening_seconds=2.0,
         idle_cpu=0.001,
         timed_seconds=2.0,
         paced_seconds=8.0,
@@ -74,6 +82,8 @@ def test_a_turns_figures_come_from_the_counted_phase_its_time_from_the_sent_comm
     # A busy shard's phase: its own turns, (0.1 - 0.01) s over 2,000.
     assert cost.busy_cpu_usec == pytest.approx(45.0)
     assert cost.busy_usec == 30.0
+    # The busy shard's first round, apart: (0.05 - 0.002) s over its 400 first turns.
+    assert cost.opening_cpu_usec == pytest.approx(120.0)
     assert (cost.idle_sent, cost.idle_inside) == (40.0, 2.0)
     assert "time split by calls: hgetall" in cost.detail
     assert "taken as sent): zcard" in cost.detail
@@ -102,3 +112,41 @@ def test_alone_the_targets_are_issue_24s_values_beside_a_baseline_the_time_is_a_
     sent = beside["Redis commands sent per stored turn"]
     assert (sent.value, sent.baseline, sent.met) == (1.2, 2.0, True)  # the target stays on the value
     assert set(beside) == set(alone)
+
+
+def test_the_busy_shards_rows_show_only_when_redis_could_have_a_core_of_its_own() -> None:
+    shared = {row.name for row in cost_rows(_cost(shard_paced_cpu_usec=0.0), None, None, 3, 5.0)}
+    own = {
+        row.name: row
+        for row in cost_rows(
+            _cost(shard_paced_cpu_usec=31.0, shard_backlog_cpu_usec=12.0), None, None, 3, 5.0
+        )
+    }
+    assert set(own) - shared == {
+        "Redis CPU per stored turn, a busy shard, agent pace",
+        "Redis CPU per stored turn, a busy shard, backlog",
+    }
+    assert own["Redis CPU per stored turn, a busy shard, agent pace"].met is False  # 31 > 30
+    assert own["Redis CPU per stored turn, a busy shard, backlog"].met is True  # 12 <= 15
+
+
+def test_a_baselines_rows_show_no_busy_shard_beside_this_checkouts() -> None:
+    """The busy shard runs this checkout's Store in the bench's process: a baseline has none to show."""
+    source = WorkerSource(Path("/tmp/base"), "worker at abc1234")
+    this, base = _cost(shard_paced_cpu_usec=31.0), _cost(shard_paced_cpu_usec=0.0)
+    rows = {row.name: row for row in cost_rows(this, base, source, 3, 5.0)}
+    assert rows["Redis CPU per stored turn, a busy shard, agent pace"].baseline is None
+    assert rows["Redis CPU per stored turn, backlog"].baseline == 1.0
+
+
+def test_a_transactions_time_is_its_commands_counted_once() -> None:
+    """``EXEC``'s commandstats time includes the commands it ran, counted under their names too."""
+    stats = Snapshot(
+        Counter({"watch": 1, "hmget": 10, "multi": 1, "rpush": 20, "exec": 1}),
+        Counter({"watch": 5, "hmget": 20, "multi": 1, "rpush": 100, "exec": 110}),
+        cpu_seconds=0.0,
+    )
+    counted = Monitored(
+        sent=Counter({"watch": 1, "hmget": 10, "multi": 1, "rpush": 20, "exec": 1}), inside=Counter()
+    )
+    assert sent_time(stats, counted)[0] == 126.0

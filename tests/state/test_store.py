@@ -331,13 +331,20 @@ class TestPlainAppend:
         return tuple(ran.get(n, 0) for n in names)
 
     @staticmethod
-    async def _turns(store: Store, cid: str, job: JobRequest, at: float) -> list[object]:
-        """A conversation's first turn (its meta given a deadline before it, as a seq handed out
-        gives it: the keys the append creates get it), two plain appends, one asking for a job,
-        then, with less than half the retention left, a run of three that moves the deadline; all at ``at``."""
-        deadline = int(at * 1000) + 3_600_000
-        await store.redis.hset(store.keys(cid).meta, "expires_at", deadline)
-        await store.redis.pexpireat(store.keys(cid).meta, deadline)
+    async def _turns(store: Store, cid: str, job: JobRequest, at: float, before: str) -> list[object]:
+        """A conversation's first turn, two plain appends, one asking for a job, then, with less than
+        half the retention left, a run of three that moves the deadline; all at ``at``.
+
+        Before the first turn (``before``): nothing; a deadline on the meta, as a seq handed out
+        gives it (the keys the append creates get it); or a lock's fence, taken with no deadline
+        to give it (the first append gives it one)."""
+        keys = store.keys(cid)
+        if before == "deadline":
+            deadline = int(at * 1000) + 3_600_000
+            await store.redis.hset(keys.meta, "expires_at", deadline)
+            await store.redis.pexpireat(keys.meta, deadline)
+        elif before == "fence":
+            await store.redis.incr(keys.fence)
         fields = {"last_seq": "1", "msg_count": "1", "history_tokens": "10", "created_at": repr(at)}
         first = TurnWrite(1, [msg("a")], 1, fields, rev=0, now=at, fingerprint=FP_A, first=True)
         replies: list[object] = [await store.write_turn(cid, first)]
@@ -377,20 +384,21 @@ class TestPlainAppend:
         assert [reply.status for reply in together] == [AppendStatus.APPENDED] * 2
         assert await self._ran(store, "evalsha", "watch", "exec") == (0, 1, 1)
 
+    @pytest.mark.parametrize("before", ["nothing", "deadline", "fence"])
     async def test_it_stores_and_answers_as_the_script_does(
-        self, store: Store, monkeypatch: pytest.MonkeyPatch
+        self, store: Store, monkeypatch: pytest.MonkeyPatch, before: str
     ) -> None:
         """The same turns, made plain and through the script: the same keys, values, deadlines and replies."""
         if cluster_tests():
             pytest.skip("a cluster client sends every call to the script")
         job, at = JobRequest(Trigger.MANUAL), int(time.time()) + 0.25  # one time for both conversations
         await store.redis.config_resetstat()
-        plain = await self._turns(store, "p", job, at)
+        plain = await self._turns(store, "p", job, at, before)
         # The turn asking for a job is the script's; the others, the run among them, are transactions.
         assert await self._ran(store, "evalsha", "exec") == (1, 4)
         monkeypatch.setattr("compaction_worker.state.store.PlainAppend.of", lambda *_, **__: None)
         await store.redis.config_resetstat()
-        scripted = await self._turns(store, "s", job, at)
+        scripted = await self._turns(store, "s", job, at, before)
         assert await self._ran(store, "evalsha", "exec") == (5, 0)
 
         assert plain == scripted
@@ -398,6 +406,36 @@ class TestPlainAppend:
         stored = await self._stored(store, "p")
         assert stored == await self._stored(store, "s")
         assert stored["meta expires"] == stored["transcript expires"] > int(time.time() * 1000) + 3_000_000
+        first = plain[1]
+        assert isinstance(first, dict)
+        assert first["meta expires"] == first["fingerprints expires"] > 0
+        assert first["fence expires"] == (first["meta expires"] if before == "fence" else -2)
+
+    async def test_a_key_made_between_the_read_and_a_first_append_gets_its_deadline(
+        self, store: Store, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A lock taken on a new conversation after the first append's read: its fence, made with no
+        deadline to take, gets the one the append gives the conversation."""
+        if cluster_tests():
+            pytest.skip("a cluster client sends every call to the script")
+        other = redis.Redis.from_url(redis_url)
+        writes_for = PlainAppend.writes_for
+
+        def read_then_locked(self: PlainAppend, stored: Any) -> Any:
+            other.incr(store.keys("n").fence)
+            return writes_for(self, stored)
+
+        monkeypatch.setattr(PlainAppend, "writes_for", read_then_locked)
+        first = TurnWrite(
+            1, [msg("a")], 1, {"last_seq": "1"}, rev=0, now=time.time(), fingerprint=FP_A, first=True
+        )
+        try:
+            reply = await store.write_turn("n", first)
+        finally:
+            other.close()
+        assert reply.status is AppendStatus.APPENDED
+        keys = store.keys("n")
+        assert await store.redis.pexpiretime(keys.fence) == await store.redis.pexpiretime(keys.meta) > 0
 
     async def test_a_connection_lost_after_the_writes_were_sent_stores_the_turn_once(
         self, store: Store, monkeypatch: pytest.MonkeyPatch

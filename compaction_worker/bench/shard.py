@@ -1,0 +1,156 @@
+"""A busy shard: the worker's writes sent straight to a Redis that has a core of its own.
+
+One worker process on this machine cannot keep a Redis core busy: it spends ten times Redis's
+CPU on a turn, so its sends carry a few turns each, and a turn's share of a send's cost (reading
+the request, waking up, answering) stays high. A shard in production carries a node's workers,
+and their sends grow as it gets busy (scripts.Pipeline). So this phase gives Redis a core of
+its own (cores.py) and sends it what workers would, without their CPU: each turn planned
+beforehand by the worker's own code (prepare.py, plan.py) and written through the worker's
+Store by :data:`CLIENTS` stores (a connection and a pipeline each, as many workers):
+
+- at agent pace: one turn per conversation at a time, each conversation's next turn once the
+  one before it is stored (their first turns, which create their keys, go before the clock);
+- in a backlog: each conversation's turns as runs, as a worker sends a batch that holds them.
+
+What it gives is the shard's capacity: Redis CPU per stored turn while it is kept busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from compaction_worker.bench.cores import local_pid, own_core
+from compaction_worker.bench.environment import BenchEnv, BenchError
+from compaction_worker.bench.load import delete_prefix, make_input
+from compaction_worker.bench.report import Progress
+from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.runtime.connections import connect_redis
+from compaction_worker.runtime.plan import plan_append
+from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
+from compaction_worker.runtime.runs import RUN_MAX
+from compaction_worker.settings import Settings
+from compaction_worker.state.appends import AppendStatus, TurnWrite
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Store
+
+CLIENTS = 4
+"""Stores sending at once, each on its own connection: as many workers."""
+PACED_CONVERSATIONS, PACED_TURNS = 400, 6
+BACKLOG_CONVERSATIONS, BACKLOG_TURNS = 100, 20
+_Part: TypeAlias = Callable[[list[TurnWrite]], list[TurnWrite]]
+"""Which of a conversation's writes a phase sends."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCost:
+    """Redis process CPU per stored turn on a core of its own, and the turns a send carried."""
+
+    paced_cpu_usec: float
+    paced_per_send: float
+    backlog_cpu_usec: float
+    backlog_per_send: float
+
+
+def planned(settings: Settings, events: Sequence[tuple[bytes, bytes]]) -> dict[str, list[TurnWrite]]:
+    """Each conversation's writes, in order, as the turn handler plans them, each from the meta
+    the one before it leaves (no I/O: as runs.py plans a run)."""
+    budget, metas = settings.budget, dict[str, Meta]()
+    writes: dict[str, list[TurnWrite]] = {}
+    for key, raw in events:
+        event = TurnEvent.model_validate_json(raw, strict=True)
+        cid = key.decode()
+        meta = metas.get(cid, Meta())
+        counter, new = counted(event, budget)
+        plan = plan_append(
+            event, meta, new, request_of(event), counter=counter, settings=budget, traceparent=None
+        )
+        writes.setdefault(cid, []).append(plan.write(new, fingerprint_of(event, new), rev=meta.rev))
+        metas[cid] = plan.after
+    return writes
+
+
+async def busy_shard(env: BenchEnv, idle_cpu: float, progress: Progress) -> ShardCost | None:
+    """The two phases (the module's docstring), or None when Redis cannot have a core of its own
+    (one core; a Redis on another machine)."""
+    with own_core(local_pid(await env.redis.info("server"))) as alone:
+        if not alone:
+            return None
+        progress(
+            f"redis cost: a busy shard, {CLIENTS} stores sending the turns of {PACED_CONVERSATIONS} "
+            f"conversations at agent pace, then {BACKLOG_CONVERSATIONS}'s as a backlog"
+        )
+        prefix = env.unique("shard")
+        stores = [
+            Store(connect_redis(env.settings.redis), prefix, env.settings.redis.retention_seconds)
+            for _ in range(CLIENTS)
+        ]
+        try:
+            paced = planned(env.settings, make_input(PACED_CONVERSATIONS, PACED_TURNS, "paced").events)
+            await _sent(stores, paced, lambda writes: writes[:1], runs=False)  # the first turns
+            paced_cpu, paced_sends = await _measured(
+                env, stores, paced, lambda writes: writes[1:], runs=False
+            )
+            backlog = planned(
+                env.settings, make_input(BACKLOG_CONVERSATIONS, BACKLOG_TURNS, "backlog").events
+            )
+            backlog_cpu, backlog_sends = await _measured(
+                env, stores, backlog, lambda writes: writes, runs=True
+            )
+        finally:
+            for store in stores:
+                await store.redis.aclose()
+            await delete_prefix(env, prefix)
+    paced_turns = PACED_CONVERSATIONS * (PACED_TURNS - 1)
+    backlog_turns = BACKLOG_CONVERSATIONS * BACKLOG_TURNS
+    return ShardCost(
+        paced_cpu_usec=max(0.0, paced_cpu[0] - idle_cpu * paced_cpu[1]) * 1e6 / paced_turns,
+        paced_per_send=paced_turns / max(1, paced_sends),
+        backlog_cpu_usec=max(0.0, backlog_cpu[0] - idle_cpu * backlog_cpu[1]) * 1e6 / backlog_turns,
+        backlog_per_send=backlog_turns / max(1, backlog_sends),
+    )
+
+
+async def _measured(
+    env: BenchEnv, stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool
+) -> tuple[tuple[float, float], int]:
+    """(Redis CPU seconds, seconds) taken to send ``part`` of every conversation's writes, and the sends made."""
+    sends = sum(store.pipeline.sends for store in stores)
+    cpu, started = await _redis_cpu(env), time.monotonic()
+    await _sent(stores, writes, part, runs=runs)
+    spent = (await _redis_cpu(env) - cpu, time.monotonic() - started)
+    return spent, sum(store.pipeline.sends for store in stores) - sends
+
+
+async def _sent(stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool) -> None:
+    """Every conversation's ``part`` of its writes, conversations spread over the stores, each
+    conversation's in order (one turn, or one run, at a time), all conversations at once."""
+
+    async def conversation(store: Store, cid: str, mine: list[TurnWrite]) -> None:
+        if runs:
+            for at in range(0, len(mine), RUN_MAX):
+                replies = await store.write_run(cid, mine[at : at + RUN_MAX])
+                _appended(cid, [reply.status for reply in replies], len(mine[at : at + RUN_MAX]))
+        else:
+            for write in mine:
+                _appended(cid, [(await store.write_turn(cid, write)).status], 1)
+
+    await asyncio.gather(
+        *(
+            conversation(stores[i % len(stores)], cid, part(each))
+            for i, (cid, each) in enumerate(writes.items())
+        )
+    )
+
+
+def _appended(cid: str, statuses: list[AppendStatus], expected: int) -> None:
+    if statuses != [AppendStatus.APPENDED] * expected:
+        raise BenchError(f"{cid}: the busy shard's writes were answered {statuses}, not all appended")
+
+
+async def _redis_cpu(env: BenchEnv) -> float:
+    info = await env.redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
