@@ -125,7 +125,7 @@ class Pipeline:
         """The reply to ``script`` run with ``keys`` and ``args`` (or ``plain``'s), once its round trip returns."""
         loop = asyncio.get_running_loop()
         if self._sending is not None and self._sending.get_loop() is not loop:
-            # Left by a loop that closed with a round trip in flight (its callback never ran).
+            # Left by another loop with a round trip in flight (one closed, or not running: its callback never ran).
             self._sending, self._waiting = None, [c for c in self._waiting if c.reply.get_loop() is loop]
         reply: asyncio.Future[Any] = loop.create_future()
         self._waiting.append(_Call(script, keys, args, reply, plain))
