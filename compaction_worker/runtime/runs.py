@@ -3,11 +3,11 @@
 A partition's batch often holds several turns of a conversation in a row (a backlog, a fast
 agent loop). The per-turn path (turns.py) costs each a script call and a round trip. A run
 computes each turn's fields from the meta the turn before it leaves (plan.py, no I/O), and the
-run script (state/appends.py) appends them in order, each only if it is the next turn and the
-stored meta is the one its fields were computed from; it stops at the first turn that would be
-anything but a plain append, writing nothing for it. Whatever a run did not append goes through
-the per-turn path, which decides everything else (duplicates, gaps, conflicts, a meta changed
-by another writer, failures and the DLQ). So a run changes what turns cost, never what is stored.
+per-turn script (state/appends.py; a single turn is a run of one) decides them in order, each
+on the meta the one before it leaves, and stops after the first it does not append, writing
+nothing for it. Whatever a run did not append goes through the per-turn path, which acts on
+everything else (duplicates, gaps, conflicts, a meta changed by another writer, failures and
+the DLQ). So a run changes what turns cost, never what is stored.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import AppendPlan
 from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
-from compaction_worker.state.appends import TurnWrite
+from compaction_worker.state.appends import AppendStatus, TurnWrite
 from compaction_worker.state.meta import Meta
 
 if TYPE_CHECKING:
@@ -161,7 +161,13 @@ def _planned(
 
 
 async def _append(handler: TurnHandler, cid: str, planned: Sequence[_Planned]) -> list[TurnOutcome]:
-    replies = await handler.store.write_run(cid, [p.write for p in planned])
+    # The script's verdict on the turn it stopped at (a duplicate, a gap, a stale meta) is the
+    # per-turn path's to act on: nothing was written for it, and that path sends it again.
+    replies = [
+        reply
+        for reply in await handler.store.write_run(cid, [p.write for p in planned])
+        if reply.status is AppendStatus.APPENDED
+    ]
     outcomes = []
     for done, reply in zip(planned, replies, strict=False):
         with bound(turn_seq=done.event.turn_seq), tracing.current(done.span):

@@ -1,4 +1,4 @@
-"""The per-turn script's contract: one call decides and stores one turn (lua/turn.lua), or a run of them.
+"""The per-turn script's contract: one call decides and stores a run of turns (lua/turn.lua); one turn is a run of one.
 
 The turn handler (runtime/turns.py) computes every meta field an append changes from the
 meta it knows, and sends that meta's revision with them: the script stores the turn only if
@@ -9,10 +9,10 @@ the caller knew. On a single Redis a plain append (the common case) is made with
 script, as the same writes in a transaction once a read under ``WATCH`` confirms it is one
 (:class:`PlainAppend`): two round trips, and well under half the script's Redis CPU.
 
-A run (lua/turn_run.lua) is several consecutive turns of one conversation in one call, each
-turn's fields computed from the meta the turn before it leaves: the script appends them in
-order while each is a plain append, and stops, writing nothing more, at the first that is not
-(the caller sends that one alone, with the per-turn script).
+A run (lua/turn_run.lua) is consecutive turns of one conversation in one call, each turn's
+fields computed from the meta the turn before it leaves: the script decides them in order, and
+stops after the first that is not appended (writing nothing for it but its hold), or after one
+whose next turn is held behind a gap. A single turn is a run of one.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any
 from compaction_worker.state.jobs import SET_JOB_LUA, JobRequest
 from compaction_worker.state.scripts import as_text, encode
 
-TURN_LUA = ("push.lua", "expiry.lua", SET_JOB_LUA, "held.lua", "turn.lua", "turn_one.lua")
-"""The per-turn script: its libraries, then its body (called by position: scripts.PositionalScript)."""
-RUN_LUA = (*TURN_LUA[:-1], "turn_run.lua")
-"""The run script: the per-turn script's libraries, then a loop over the turns."""
+TURN_LUA = ("push.lua", "expiry.lua", SET_JOB_LUA, "held.lua", "turn.lua", "turn_run.lua")
+"""The per-turn script: its libraries, then its loop over a call's turns (called by position:
+scripts.PositionalScript)."""
 
 UNKNOWN_REV = -1
 """The revision to send when the caller knows no meta: an append is then ``stale``."""
@@ -131,11 +130,9 @@ def records_of(write: TurnWrite) -> list[str]:
     return encode_records(write.seq, write.first_n, write.messages, write.now)
 
 
-def script_args(
-    write: TurnWrite, retention_ms: int, records: Sequence[str] | None = None
-) -> list[str | bytes]:
-    """The per-turn script's arguments for a write, by position (lua/turn.lua names them);
-    ``records`` are its :func:`records_of`, if the caller has them."""
+def turn_args(write: TurnWrite, retention_ms: int, records: Sequence[str] | None = None) -> list[str | bytes]:
+    """One turn's arguments, by position (lua/turn.lua names them); ``records`` are its
+    :func:`records_of`, if the caller has them."""
     records = records_of(write) if records is None else records
     fields = [text for pair in write.fields.items() for text in pair]
     args: list[str | bytes] = [
@@ -162,12 +159,10 @@ def script_args(
 def run_args(
     writes: Sequence[TurnWrite], retention_ms: int, records: Sequence[Sequence[str]] | None = None
 ) -> list[str | bytes]:
-    """The run script's arguments: the number of turns, then each turn's argument count and arguments."""
+    """The script's arguments: the number of turns, then each turn's argument count and arguments."""
     args: list[str | bytes] = [str(len(writes))]
     for i, write in enumerate(writes):
-        if write.held is not None:
-            raise ValueError("a run's turns are appends: none carries a held form")
-        one = script_args(write, retention_ms, None if records is None else records[i])
+        one = turn_args(write, retention_ms, None if records is None else records[i])
         args += [str(len(one)), *one]
     return args
 
@@ -193,8 +188,6 @@ class PlainAppend:
     records: Sequence[Sequence[str]]
     """Each write's transcript records (:func:`records_of`)."""
     retention_ms: int
-    run: bool
-    """Whether the script is the run script (its reply is a list of the turns')."""
 
     @classmethod
     def of(
@@ -203,8 +196,6 @@ class PlainAppend:
         writes: Sequence[TurnWrite],
         records: Sequence[Sequence[str]],
         retention_ms: int,
-        *,
-        run: bool,
     ) -> PlainAppend | None:
         """The plain append of these consecutive writes, or None if one asks for a job or the
         caller knows no meta. Nothing is built until a read confirms it (:meth:`writes_for`)."""
@@ -214,7 +205,7 @@ class PlainAppend:
         for i, write in enumerate(writes):
             if write.job is not None or write.seq != first.seq + i or write.rev != first.rev + i:
                 return None
-        return cls(keys, writes, records, retention_ms, run)
+        return cls(keys, writes, records, retention_ms)
 
     @property
     def watched(self) -> str:
@@ -258,9 +249,8 @@ class PlainAppend:
         )
 
     def reply(self) -> Any:
-        """What the script would have answered: the turn's reply, or a run's list of them."""
-        replies = [["appended", write.seq, write.rev + 1, 0, 0] for write in self.writes]
-        return replies if self.run else replies[0]
+        """What the script would have answered: each turn's reply."""
+        return [["appended", write.seq, write.rev + 1, 0, 0] for write in self.writes]
 
 
 def reply_of(raw: Sequence[Any]) -> AppendReply:

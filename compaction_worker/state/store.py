@@ -17,7 +17,6 @@ from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.state.appends import (
-    RUN_LUA,
     TURN_LUA,
     AppendReply,
     NewMessage,
@@ -27,7 +26,6 @@ from compaction_worker.state.appends import (
     records_of,
     reply_of,
     run_args,
-    script_args,
 )
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobRequest
@@ -85,7 +83,6 @@ class Store:
         self.pipeline = Pipeline(redis)
         """The per-turn calls' round trips (scripts.Pipeline): a turn's and a run's travel together."""
         self._turn = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
-        self._run = PositionalScript(redis, *RUN_LUA, pipeline=self.pipeline)
         self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
 
     def keys(self, conversation_id: str) -> ConversationKeys:
@@ -104,17 +101,16 @@ class Store:
             await pipe.execute()
 
     async def write_turn(self, conversation_id: str, write: TurnWrite) -> AppendReply:
-        """Decide and store one turn: one script call, or its plain case as a transaction (appends.py)."""
-        keys, records = self._turn_keys(conversation_id), records_of(write)
-        plain = PlainAppend.of(keys, [write], [records], self.retention_ms, run=False)
-        return reply_of(await self._turn(keys, script_args(write, self.retention_ms, records), plain))
+        """Decide and store one turn: a run of one (:meth:`write_run`)."""
+        return (await self.write_run(conversation_id, [write]))[0]
 
     async def write_run(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
-        """Append consecutive turns of one conversation in one call (as :meth:`write_turn`), in order,
-        while each is a plain append: the replies of those appended (appends.py says when it stops)."""
+        """Decide and store consecutive turns of one conversation in one script call, or their plain
+        case as a transaction (appends.py): each turn's reply, in order, up to the first that is
+        not appended, or the one after which a turn is held (appends.py says when it stops)."""
         keys, records = self._turn_keys(conversation_id), [records_of(write) for write in writes]
-        plain = PlainAppend.of(keys, writes, records, self.retention_ms, run=True)
-        raw = await self._run(keys, run_args(writes, self.retention_ms, records), plain)
+        plain = PlainAppend.of(keys, writes, records, self.retention_ms)
+        raw = await self._turn(keys, run_args(writes, self.retention_ms, records), plain)
         return [reply_of(reply) for reply in raw]
 
     def _turn_keys(self, conversation_id: str) -> list[str]:

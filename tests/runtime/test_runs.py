@@ -37,13 +37,6 @@ pytestmark = pytest.mark.integration
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
 
 
-@pytest.fixture(autouse=True)
-def untraced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tracing off, as it is unless configured: a test run earlier in this process may have
-    installed a tracer provider, which stays, and runs are off while tracing is on."""
-    monkeypatch.setattr(tracing, "enabled", lambda: False)
-
-
 def turn(cid: str, seq: int) -> bytes:
     """A turn with what the plan reads: a system prompt and tools on the first, usage on the even ones."""
     fields: dict[str, Any] = {"system_prompt": "Be brief.", "tools": TOOLS} if seq == 1 else {}
@@ -57,18 +50,16 @@ def items(cid: str, seqs: Sequence[int]) -> list[tuple[bytes, bytes | None]]:
 
 
 def script_calls(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[str]:
-    """Counts the per-turn (``_turn``) and run (``_run``) script calls ``store`` makes."""
+    """Counts the per-turn script's calls ``store`` makes: ``_turn`` for a single turn's, ``_run``
+    for a run's (a call of several turns)."""
     calls: Counter[str] = Counter()
-    for name in ("_turn", "_run"):
-        script = getattr(store, name)
+    script = store._turn
 
-        async def counted(
-            keys: Any, args: Any, plain: Any = None, _script: Any = script, _name: str = name
-        ) -> Any:
-            calls[_name] += 1
-            return await _script(keys, args, plain)
+    async def counted(keys: Any, args: Any, plain: Any = None) -> Any:
+        calls["_turn" if args[0] == "1" else "_run"] += 1
+        return await script(keys, args, plain)
 
-        monkeypatch.setattr(store, name, counted)
+    monkeypatch.setattr(store, "_turn", counted)
     return calls
 
 

@@ -537,6 +537,36 @@ class TestFingerprints:
         assert await store.fingerprint("c", 2) == FP_A
 
 
+class TestOneScript:
+    """A single turn is a run of one: the script answers a run's first turn as it answers it alone."""
+
+    async def test_a_run_whose_first_turn_is_not_appended_gets_its_verdict_and_writes_nothing(
+        self, store: Store
+    ) -> None:
+        assert await append(store, "c", 1, msg("a"), fingerprint=FP_A) == AppendStatus.APPENDED
+        keys = store.keys("c")
+        before = [await store.redis.dump(k) for k in keys.all()]
+        cases = [
+            (_write(1, msg("a"), rev=0, fingerprint=FP_A), AppendStatus.DUPLICATE),
+            (_write(1, msg("other"), rev=0, fingerprint=FP_B), AppendStatus.CONFLICTING_DUPLICATE),
+            (_write(2, msg("b"), rev=7), AppendStatus.STALE),  # a revision another writer moved on from
+        ]
+        for first, status in cases:
+            alone = await store.write_turn("c", first)
+            assert alone.status is status
+            following = _write(first.seq + 1, msg("next"), rev=first.rev + 1)
+            assert await store.write_run("c", [first, following]) == [alone]
+        assert [await store.redis.dump(k) for k in keys.all()] == before
+
+    async def test_a_run_of_one_holds_a_turn_ahead_of_a_gap(self, store: Store) -> None:
+        assert await append(store, "c", 1, msg("a")) == AppendStatus.APPENDED
+        ahead = _write(3, msg("c"), held=b'{"held": 3}')
+        assert [(r.status, r.last_seq) for r in await store.write_run("c", [ahead])] == [
+            (AppendStatus.HELD, 1)
+        ]
+        assert await store.redis.hget(store.keys("c").pending, "3") == b'{"held": 3}'
+
+
 class TestCommit:
     async def _setup(self, store: Store, locks: Locks) -> tuple[int, str]:
         await append(store, "c", 1, msg("q1"), msg("a1", "assistant"))

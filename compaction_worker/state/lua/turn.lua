@@ -1,10 +1,10 @@
--- Library (appends.py): decides and stores one turn; turn_one.lua calls it once, turn_run.lua for
--- several consecutive turns of one conversation in one call.
+-- Library (appends.py): decides and stores one turn; turn_run.lua calls it for each turn of a call
+-- (one, or several consecutive turns of one conversation: a single turn is a run of one).
 -- KEYS: meta, transcript, entries, pending, fingerprints, job, then the conversation's other
 --   keys that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq):
 --   their expiry moves with the rest (expiry.lua).
--- A turn's arguments, by position from ARGV[at + 1] (it runs for every turn: a JSON header to
---   decode was a fifth of its time):
+-- A turn's arguments follow their count, ARGV[at], by position from ARGV[at + 1] (it runs for
+--   every turn: a JSON header to decode was a fifth of its time):
 --   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none;
 --   it must still be the stored one: every writer of the meta bumps it),
 --   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
@@ -19,9 +19,6 @@
 --   {'appended', seq, rev, next_held, job_due}: job_due is 1 when the job is to be indexed now: the
 --   request was recorded, or it was asked for (a manual or reactive request, `asked`) and a
 --   stronger job is pending: someone asked, so that one is made due at once.
--- With `run` set, only a plain append is made: a turn that would get any other reply (or
--- that a held turn with its seq waits for) is left alone and nil returned, for the caller to
--- send it again on its own.
 -- An append's writes to the conversation's lists and hashes are gathered in `w` (writes())
 -- and made once per call by flush(): a run's turns cost one RPUSH per list and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
@@ -93,19 +90,18 @@ local function flush(w)
   if w.renewed then expire_moved(KEYS, WRITTEN, w.before, w.renewed) end
 end
 
-local function turn(at, run, w)
+local function turn(at, w)
   local meta, pending, fingerprints, job = KEYS[1], KEYS[4], KEYS[5], KEYS[6]
   local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
   local fields_at, fields_n = at + 10, tonumber(ARGV[at + 9])
   local n = tonumber(ARGV[fields_at + fields_n])
   local records_at = fields_at + fields_n + 1
   local held_form = nil
-  if not run then held_form = ARGV[records_at + n] end
+  if records_at + n <= at + tonumber(ARGV[at]) then held_form = ARGV[records_at + n] end
   local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'held')
   local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
   local holds = state[4]
   local seq = tonumber(seq_text)
-  if run and seq ~= last + 1 then return nil end
   if seq <= last then
     local stored = redis.call('HGET', fingerprints, seq_text)
     if stored and stored ~= fingerprint then
@@ -129,14 +125,12 @@ local function turn(at, run, w)
     return {'held', last}
   end
   if tonumber(ARGV[at + 3]) ~= rev then
-    if run then return nil end
     return {'stale', last, redis.call('HGETALL', meta)}
   end
   local next_held = 0
   if holds then
     local waiting = redis.call('HMGET', pending, seq_text, ARGV[at + 2])
     if waiting[1] then
-      if run then return nil end
       local held_fp = held_fingerprint(waiting[1])
       if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
       redis.call('HDEL', pending, seq_text)

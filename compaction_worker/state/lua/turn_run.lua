@@ -1,18 +1,16 @@
--- The run script (appends.py): consecutive turns of one conversation, appended in order in one call.
--- ARGV: the number of turns, then for each its argument count and its arguments (turn.lua).
--- Each turn is appended only if it is the next one and its stamp is the stored meta's (the
--- turn before it, appended by this call, gives the revision the caller computed it from).
--- It stops at the first turn that is not a plain append (nothing written for it) and after a
--- turn whose next seq is held behind a gap (the caller applies that one first).
--- Reply: the 'appended' replies of the turns appended, in order (none: the caller sends the first alone).
+-- The per-turn script (appends.py): the turns of one call, in order (ARGV[1] of them, each its
+-- argument count then its arguments: turn.lua), consecutive turns of one conversation, each
+-- decided as turn.lua says on the meta the one before it leaves. A single turn is a run of one.
+-- It stops after the first turn that is not appended (nothing written for it but its hold) and
+-- after a turn whose next seq is held behind a gap (the caller applies that one first).
+-- Reply: each turn's reply, in order, up to the one it stopped at.
 -- The turns' writes are made once, after the last (turn.lua, flush).
-local replies, at, w = {}, 1, writes()
+local replies, at, w = {}, 2, writes()
 for _ = 1, tonumber(ARGV[1]) do
-  local reply = turn(at + 1, true, w)
-  if not reply then break end
+  local reply = turn(at, w)
   replies[#replies + 1] = reply
-  if reply[4] == 1 then break end
-  at = at + 1 + tonumber(ARGV[at + 1])
+  if reply[1] ~= 'appended' or reply[4] == 1 then break end
+  at = at + 1 + tonumber(ARGV[at])
 end
 flush(w)
 return replies
