@@ -44,6 +44,11 @@ class Snapshot:
     usec: Counter[str]
     cpu_seconds: float
 
+    def cpu_per_turn(self, seconds: float, turns: int, idle_cpu: float) -> float:
+        """Redis process CPU µs per stored turn over this phase (a difference), less an idle worker's
+        ``idle_cpu`` seconds per second over its ``seconds``."""
+        return max(0.0, self.cpu_seconds - idle_cpu * seconds) * 1e6 / turns
+
     def __sub__(self, before: Snapshot) -> Snapshot:
         calls, usec = Counter(self.calls), Counter(self.usec)
         calls.subtract(before.calls)

@@ -141,11 +141,6 @@ def sent_time(stats: Snapshot, counted: Monitored) -> tuple[float, list[str], li
     return total, split, unseen
 
 
-def cpu_per_turn(stats: Snapshot, seconds: float, turns: int, idle_cpu: float) -> float:
-    """Redis process CPU µs per stored turn over a phase, less the idle worker's over its ``seconds``."""
-    return max(0.0, stats.cpu_seconds - idle_cpu * seconds) * 1e6 / turns
-
-
 def turn_cost(
     turns: int,
     stats: Snapshot,
@@ -183,12 +178,12 @@ def turn_cost(
         inside=counted.inside.total() / turns,
         executed=stats.calls.total() / turns,
         usec=usec / turns,
-        cpu_usec=cpu_per_turn(stats, timed_seconds, turns, idle_cpu),
-        paced_cpu_usec=cpu_per_turn(paced, paced_seconds, turns, idle_cpu),
+        cpu_usec=stats.cpu_per_turn(timed_seconds, turns, idle_cpu),
+        paced_cpu_usec=paced.cpu_per_turn(paced_seconds, turns, idle_cpu),
         paced_usec=sent_time(paced, counted)[0] / turns,
-        busy_cpu_usec=cpu_per_turn(busy, busy_seconds, busy_turns, idle_cpu),
+        busy_cpu_usec=busy.cpu_per_turn(busy_seconds, busy_turns, idle_cpu),
         busy_usec=sent_time(busy, counted)[0] / busy_turns,
-        opening_cpu_usec=cpu_per_turn(opening, opening_seconds, BUSY_CONVERSATIONS, idle_cpu)
+        opening_cpu_usec=opening.cpu_per_turn(opening_seconds, BUSY_CONVERSATIONS, idle_cpu)
         if opening
         else 0.0,
         shard_paced_cpu_usec=shard.paced_cpu_usec if shard else 0.0,
@@ -236,13 +231,6 @@ async def redis_phases(
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
         return await meter.snapshot() - before, time.monotonic() - started
 
-    async def as_backlog(built: Built) -> tuple[Snapshot, float]:
-        """The turns sent at once: the Redis figures and the seconds until the last is committed."""
-        before, started = await meter.snapshot(), time.monotonic()
-        ends = await worker.batches.send(topic, built)
-        await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
-        return await meter.snapshot() - before, time.monotonic() - started
-
     async with Meter(env.redis) as meter:
         await asyncio.sleep(SETTLE_SECONDS)
         progress(f"redis cost: idle for {idle_seconds:g} s, then counted for as long")
@@ -255,14 +243,17 @@ async def redis_phases(
             f"redis cost: {timed.total} turns as a backlog, {paced.total} at agent pace, {busy.total} at agent "
             f"pace on a busy shard, then {counted_input.total} counted"
         )
-        stats, timed_seconds = await as_backlog(timed_built)
+        before, started = await meter.snapshot(), time.monotonic()
+        ends = await worker.batches.send(topic, timed_built)
+        await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
+        stats, timed_seconds = await meter.snapshot() - before, time.monotonic() - started
         connections = await worker_connections(env.redis)
         paced_stats, paced_seconds = await at_agent_pace(rounds)
         connections = max(connections, await worker_connections(env.redis))
         opening_stats, opening_seconds = await at_agent_pace(busy_rounds[:1])
         busy_stats, busy_seconds = await at_agent_pace(busy_rounds[1:])
         connections = max(connections, await worker_connections(env.redis))
-        shard_cost = await busy_shard(env, idle_cpu, progress) if shard else None
+        shard_cost = await busy_shard(env, meter, idle_cpu, progress) if shard else None
         async with meter.monitor() as counted:
             ends = await worker.batches.send(topic, counted_built)
             await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)

@@ -26,6 +26,7 @@ from typing import TypeAlias
 from compaction_worker.bench.cores import local_pid, own_core
 from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.load import delete_prefix, make_input
+from compaction_worker.bench.meter import Meter, Snapshot
 from compaction_worker.bench.report import Progress
 from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.runtime.connections import connect_redis
@@ -73,9 +74,9 @@ def planned(settings: Settings, events: Sequence[tuple[bytes, bytes]]) -> dict[s
     return writes
 
 
-async def busy_shard(env: BenchEnv, idle_cpu: float, progress: Progress) -> ShardCost | None:
-    """The two phases (the module's docstring), or None when Redis cannot have a core of its own
-    (one core; a Redis on another machine)."""
+async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Progress) -> ShardCost | None:
+    """The two phases (the module's docstring), measured by ``meter`` on ``env``'s Redis, or None
+    when Redis cannot have a core of its own (one core; a Redis on another machine)."""
     with own_core(local_pid(await env.redis.info("server"))) as alone:
         if not alone:
             return None
@@ -91,14 +92,14 @@ async def busy_shard(env: BenchEnv, idle_cpu: float, progress: Progress) -> Shar
         try:
             paced = planned(env.settings, make_input(PACED_CONVERSATIONS, PACED_TURNS, "paced").events)
             await _sent(stores, paced, lambda writes: writes[:1], runs=False)  # the first turns
-            paced_cpu, paced_sends = await _measured(
-                env, stores, paced, lambda writes: writes[1:], runs=False
+            paced_cpu, paced_seconds, paced_sends = await _measured(
+                meter, stores, paced, lambda writes: writes[1:], runs=False
             )
             backlog = planned(
                 env.settings, make_input(BACKLOG_CONVERSATIONS, BACKLOG_TURNS, "backlog").events
             )
-            backlog_cpu, backlog_sends = await _measured(
-                env, stores, backlog, lambda writes: writes, runs=True
+            backlog_cpu, backlog_seconds, backlog_sends = await _measured(
+                meter, stores, backlog, lambda writes: writes, runs=True
             )
         finally:
             for store in stores:
@@ -107,22 +108,22 @@ async def busy_shard(env: BenchEnv, idle_cpu: float, progress: Progress) -> Shar
     paced_turns = PACED_CONVERSATIONS * (PACED_TURNS - 1)
     backlog_turns = BACKLOG_CONVERSATIONS * BACKLOG_TURNS
     return ShardCost(
-        paced_cpu_usec=max(0.0, paced_cpu[0] - idle_cpu * paced_cpu[1]) * 1e6 / paced_turns,
+        paced_cpu_usec=paced_cpu.cpu_per_turn(paced_seconds, paced_turns, idle_cpu),
         paced_per_send=paced_turns / max(1, paced_sends),
-        backlog_cpu_usec=max(0.0, backlog_cpu[0] - idle_cpu * backlog_cpu[1]) * 1e6 / backlog_turns,
+        backlog_cpu_usec=backlog_cpu.cpu_per_turn(backlog_seconds, backlog_turns, idle_cpu),
         backlog_per_send=backlog_turns / max(1, backlog_sends),
     )
 
 
 async def _measured(
-    env: BenchEnv, stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool
-) -> tuple[tuple[float, float], int]:
-    """(Redis CPU seconds, seconds) taken to send ``part`` of every conversation's writes, and the sends made."""
+    meter: Meter, stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool
+) -> tuple[Snapshot, float, int]:
+    """What Redis spent sending ``part`` of every conversation's writes, the seconds it took, and the sends made."""
     sends = sum(store.pipeline.sends for store in stores)
-    cpu, started = await _redis_cpu(env), time.monotonic()
+    before, started = await meter.snapshot(), time.monotonic()
     await _sent(stores, writes, part, runs=runs)
-    spent = (await _redis_cpu(env) - cpu, time.monotonic() - started)
-    return spent, sum(store.pipeline.sends for store in stores) - sends
+    spent, seconds = await meter.snapshot() - before, time.monotonic() - started
+    return spent, seconds, sum(store.pipeline.sends for store in stores) - sends
 
 
 async def _sent(stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool) -> None:
@@ -149,8 +150,3 @@ async def _sent(stores: list[Store], writes: dict[str, list[TurnWrite]], part: _
 def _appended(cid: str, statuses: list[AppendStatus], expected: int) -> None:
     if statuses != [AppendStatus.APPENDED] * expected:
         raise BenchError(f"{cid}: the busy shard's writes were answered {statuses}, not all appended")
-
-
-async def _redis_cpu(env: BenchEnv) -> float:
-    info = await env.redis.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
