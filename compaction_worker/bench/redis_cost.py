@@ -106,6 +106,8 @@ class TurnCost:
     shard_backlog_cpu_usec: float
     """Redis CPU per stored turn on a busy shard in a backlog (phase 5; 0: not measured)."""
     shard_backlog_per_send: float
+    shard_writes_cpu_usec: float
+    """Redis CPU per stored turn on a busy shard for the plain append's writes alone (phase 5; 0: not measured)."""
     connections: float
     """The Redis connections the worker process held after the backlog and the agent-pace phases (``CLIENT LIST``)."""
     idle_sent: float
@@ -190,6 +192,7 @@ def turn_cost(
         shard_paced_per_send=shard.paced_per_send if shard else 0.0,
         shard_backlog_cpu_usec=shard.backlog_cpu_usec if shard else 0.0,
         shard_backlog_per_send=shard.backlog_per_send if shard else 0.0,
+        shard_writes_cpu_usec=shard.writes_cpu_usec if shard else 0.0,
         connections=connections,
         idle_sent=idle.sent.total() / idle_seconds,
         idle_inside=idle.inside.total() / idle_seconds,
@@ -345,7 +348,8 @@ def cost_rows(
                 note=f"Redis on a core of its own sent the worker's writes by {CLIENTS} stores (as many workers), "
                 f"one turn per conversation at a time over {PACED_CONVERSATIONS} conversations: "
                 f"{this.shard_paced_per_send:.3g} turns a send; one Redis core: "
-                f"{_per_core(this.shard_paced_cpu_usec)} turns/s",
+                f"{_per_core(this.shard_paced_cpu_usec)} turns/s; "
+                f"{this.shard_paced_cpu_usec / max(this.shard_writes_cpu_usec, 1e-9):.2f}x the writes alone",
                 alone=True,  # this checkout's Store, in the bench's process: no baseline's
             ),
             row(
@@ -356,6 +360,16 @@ def cost_rows(
                 note=f"the same, {BACKLOG_CONVERSATIONS} conversations' {BACKLOG_TURNS} turns sent as runs: "
                 f"{this.shard_backlog_per_send:.3g} turns a send; one Redis core: "
                 f"{_per_core(this.shard_backlog_cpu_usec)} turns/s",
+                alone=True,
+            ),
+            row(
+                "Redis CPU per stored turn, a busy shard, the writes alone",
+                "shard_writes_cpu_usec",
+                "µs",
+                None,
+                note="other conversations' turns at agent pace, each round's writes (the plain append's: "
+                "RPUSH x2, HSET x2) in one MULTI/EXEC a store, with no read and no check: what storing "
+                "these turns costs at least",
                 alone=True,
             ),
         ]

@@ -10,7 +10,11 @@ Store by :data:`CLIENTS` stores (a connection and a pipeline each, as many worke
 
 - at agent pace: one turn per conversation at a time, each conversation's next turn once the
   one before it is stored (their first turns, which create their keys, go before the clock);
-- in a backlog: each conversation's turns as runs, as a worker sends a batch that holds them.
+- in a backlog: each conversation's turns as runs, as a worker sends a batch that holds them;
+- the writes alone: other conversations' turns at agent pace, each round's writes (those the
+  plain append makes: appends.PlainAppend) sent as one ``MULTI``/``EXEC`` a store, with no read
+  and no check. No worker can store these turns for less: the agent-pace figure over this one
+  is what the worker's reads and checks cost, whatever the size of the turns.
 
 What it gives is the shard's capacity: Redis CPU per stored turn while it is kept busy.
 """
@@ -34,7 +38,7 @@ from compaction_worker.runtime.plan import plan_append
 from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
 from compaction_worker.runtime.runs import RUN_MAX
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import AppendStatus, TurnWrite
+from compaction_worker.state.appends import AppendStatus, PlainAppend, TurnWrite, records_of
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
 
@@ -54,6 +58,8 @@ class ShardCost:
     paced_per_send: float
     backlog_cpu_usec: float
     backlog_per_send: float
+    writes_cpu_usec: float
+    """The writes alone (the module's docstring): what storing these turns costs at least."""
 
 
 def planned(settings: Settings, events: Sequence[tuple[bytes, bytes]]) -> dict[str, list[TurnWrite]]:
@@ -101,6 +107,12 @@ async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Pro
             backlog_cpu, backlog_seconds, backlog_sends = await _measured(
                 meter, stores, backlog, lambda writes: writes, runs=True
             )
+            bare = planned(env.settings, make_input(PACED_CONVERSATIONS, PACED_TURNS, "bare").events)
+            await _sent(stores, bare, lambda writes: writes[:1], runs=False)
+            deadlines = await _deadlines(stores[0], bare)
+            before, started = await meter.snapshot(), time.monotonic()
+            await _written(stores, bare, deadlines)
+            writes_cpu, writes_seconds = await meter.snapshot() - before, time.monotonic() - started
         finally:
             for store in stores:
                 await store.redis.aclose()
@@ -112,6 +124,7 @@ async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Pro
         paced_per_send=paced_turns / max(1, paced_sends),
         backlog_cpu_usec=backlog_cpu.cpu_per_turn(backlog_seconds, backlog_turns, idle_cpu),
         backlog_per_send=backlog_turns / max(1, backlog_sends),
+        writes_cpu_usec=writes_cpu.cpu_per_turn(writes_seconds, paced_turns, idle_cpu),
     )
 
 
@@ -145,6 +158,40 @@ async def _sent(stores: list[Store], writes: dict[str, list[TurnWrite]], part: _
             for i, (cid, each) in enumerate(writes.items())
         )
     )
+
+
+async def _deadlines(store: Store, writes: dict[str, list[TurnWrite]]) -> dict[str, int]:
+    """Each conversation's stored deadline (``expires_at``), read before the clock."""
+    async with store.redis.pipeline(transaction=False) as pipe:
+        for cid in writes:
+            pipe.hget(store.keys(cid).meta, "expires_at")
+        return {cid: int(value or 0) for cid, value in zip(writes, await pipe.execute(), strict=True)}
+
+
+async def _written(
+    stores: list[Store], writes: dict[str, list[TurnWrite]], deadlines: dict[str, int]
+) -> None:
+    """Every conversation's writes after its first, a round at a time (one turn of each), each
+    round's as the plain append makes them (PlainAppend.writes_for, on the meta they were
+    planned from) in one ``MULTI``/``EXEC`` a store: the conversations spread as :func:`_sent` spreads them."""
+    mine = [list(writes.items())[at :: len(stores)] for at in range(len(stores))]
+
+    async def round_of(store: Store, conversations: list[tuple[str, list[TurnWrite]]], at: int) -> None:
+        async with store.redis.pipeline(transaction=True) as pipe:
+            for cid, each in conversations:
+                write = each[at]
+                plain = PlainAppend.of(store.turn_keys(cid), [write], [records_of(write)], store.retention_ms)
+                commands = (
+                    plain.writes_for([write.rev, write.seq - 1, deadlines[cid], None]) if plain else None
+                )
+                if commands is None:
+                    raise BenchError(f"{cid}: turn {write.seq} is not a plain append")
+                for command in commands:
+                    pipe.execute_command(*command)
+            await pipe.execute()
+
+    for at in range(1, min(len(each) for each in writes.values())):
+        await asyncio.gather(*(round_of(store, mine[i], at) for i, store in enumerate(stores)))
 
 
 def _appended(cid: str, statuses: list[AppendStatus], expected: int) -> None:

@@ -29,6 +29,7 @@ from compaction_worker.contracts.events import (
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
+from compaction_worker.retry import RetryPolicy
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.pins import apply_asked
@@ -58,6 +59,8 @@ _METRIC_STATUS = {TurnStatus.BUFFERED: "held"}
 
 STALE_TRIES = 3
 """Script calls a turn may take when other writers keep changing its conversation's meta."""
+_AGAIN = RetryPolicy(STALE_TRIES, base_seconds=0.0, cap_seconds=0.0)
+"""A call made again at once on what the script answered: nothing failed, so no wait."""
 KNOWN_CONVERSATIONS = 4096
 """How many conversations' meta a handler remembers (the least recently served are forgotten)."""
 
@@ -74,6 +77,10 @@ class TurnOutcome:
     """After an append, whether the next turn is held behind a gap; after a duplicate, whether the one after the last stored is."""
     last_seq: int = 0
     """The conversation's last stored seq (this turn's, after an append)."""
+
+
+class _Again(Exception):
+    """The script answered a call to be made again (``stale``, ``need_held``); nothing was written."""
 
 
 class TurnHandler:
@@ -250,8 +257,10 @@ class TurnHandler:
     async def _apply(self, event: TurnEvent, raw: bytes) -> TurnOutcome:
         """Append, hold or recognise a redelivery, in one script call (two when the meta was not known).
 
-        Raises BadEventError for a conflicting duplicate, ConcurrentUpdateError when other
-        writers changed the meta between every try.
+        A call answered ``stale`` (another writer changed the meta) or ``need_held`` (a gap the
+        handler did not expect) is made again on what the script answered, by the retry driver
+        with no wait (:data:`STALE_TRIES` calls in all). Raises BadEventError for a conflicting
+        duplicate, ConcurrentUpdateError when other writers changed the meta before every call.
         """
         cid, seq = event.conversation_id, event.turn_seq
         counter, new = counted(event, self.settings.budget)
@@ -260,7 +269,9 @@ class TurnHandler:
         known = self._known.get(cid)
         send_held = known is None or seq > known.last_seq + 1
         held_ms = int(time.time() * 1000)  # when it is held, if it is (an earlier hold keeps its own)
-        for _ in range(STALE_TRIES):
+
+        async def once() -> TurnOutcome:
+            nonlocal known, send_held
             meta = known or Meta()
             with tracing.span(tracing.BUDGET_SPAN) as span:
                 # The job's compaction continues this span's trace (jobs.py keeps its context).
@@ -296,9 +307,14 @@ class TurnHandler:
                 case AppendStatus.STALE:
                     known = Meta.from_hash(reply.meta or {})
                     self.remember(cid, known)
-        raise ConcurrentUpdateError(
-            f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
-        )
+            raise _Again(reply.status)
+
+        try:
+            return await _AGAIN.run(once, retry_if=lambda error: isinstance(error, _Again))
+        except _Again:
+            raise ConcurrentUpdateError(
+                f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
+            ) from None
 
     def plan(
         self,

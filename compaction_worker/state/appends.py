@@ -230,11 +230,12 @@ class PlainAppend:
                 kept = now_ms + self.retention_ms
         meta, transcript, entries, fingerprints = self.keys[0], self.keys[1], self.keys[2], self.keys[4]
         pushed = [record for turn in self.records for record in turn]
-        fields = ["rev", str(rev + len(self.writes))]
+        merged = {"rev": str(rev + len(self.writes))}
         fingerprinted: list[str] = []
-        for write in self.writes:
-            fields += [text for pair in write.fields.items() for text in pair]
+        for write in self.writes:  # a field a later turn writes again: its value is the one kept
+            merged |= write.fields
             fingerprinted += [str(write.seq), write.fingerprint]
+        fields = [text for pair in merged.items() for text in pair]
         if kept != deadline:  # every key that exists (PEXPIREAT leaves a missing one missing)
             fields += ["expires_at", str(kept)]
             expired: Sequence[str] = self.keys

@@ -108,12 +108,12 @@ class Store:
         """Decide and store consecutive turns of one conversation in one script call, or their plain
         case as a transaction (appends.py): each turn's reply, in order, up to the first that is
         not appended, or the one after which a turn is held (appends.py says when it stops)."""
-        keys, records = self._turn_keys(conversation_id), [records_of(write) for write in writes]
+        keys, records = self.turn_keys(conversation_id), [records_of(write) for write in writes]
         plain = PlainAppend.of(keys, writes, records, self.retention_ms)
         raw = await self._turn(keys, run_args(writes, self.retention_ms, records), plain)
         return [reply_of(reply) for reply in raw]
 
-    def _turn_keys(self, conversation_id: str) -> list[str]:
+    def turn_keys(self, conversation_id: str) -> list[str]:
         """The per-turn script's keys (lua/turn.lua names them)."""
         keys = self.keys(conversation_id)
         first = (keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)

@@ -51,6 +51,7 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
         paced = rows["Redis CPU per stored turn, a busy shard, agent pace"]
         assert (paced["target"], paced["baseline"]) == (30.0, None)
         assert rows["Redis CPU per stored turn, a busy shard, backlog"]["value"] > 0
+        assert rows["Redis CPU per stored turn, a busy shard, the writes alone"]["value"] > 0
     assert any(name.startswith("per-turn cost") for name in rows)
     assert any(name.startswith("compaction cost incl. LiteLLM's CPU, excl. the LLM's wait") for name in rows)
     assert any(name.startswith("summarizer input tokens") for name in rows)

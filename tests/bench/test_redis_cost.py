@@ -31,6 +31,7 @@ def _cost(**figures: float) -> TurnCost:
             "shard_paced_per_send",
             "shard_backlog_cpu_usec",
             "shard_backlog_per_send",
+            "shard_writes_cpu_usec",
             "connections",
             "idle_sent",
             "idle_inside",
@@ -119,15 +120,23 @@ def test_the_busy_shards_rows_show_only_when_redis_could_have_a_core_of_its_own(
     own = {
         row.name: row
         for row in cost_rows(
-            _cost(shard_paced_cpu_usec=31.0, shard_backlog_cpu_usec=12.0), None, None, 3, 5.0
+            _cost(shard_paced_cpu_usec=31.0, shard_backlog_cpu_usec=12.0, shard_writes_cpu_usec=24.8),
+            None,
+            None,
+            3,
+            5.0,
         )
     }
     assert set(own) - shared == {
         "Redis CPU per stored turn, a busy shard, agent pace",
         "Redis CPU per stored turn, a busy shard, backlog",
+        "Redis CPU per stored turn, a busy shard, the writes alone",
     }
-    assert own["Redis CPU per stored turn, a busy shard, agent pace"].met is False  # 31 > 30
+    paced = own["Redis CPU per stored turn, a busy shard, agent pace"]
+    assert paced.met is False  # 31 > 30
+    assert "1.25x the writes alone" in paced.note  # 31 / 24.8
     assert own["Redis CPU per stored turn, a busy shard, backlog"].met is True  # 12 <= 15
+    assert own["Redis CPU per stored turn, a busy shard, the writes alone"].target is None
 
 
 def test_a_baselines_rows_show_no_busy_shard_beside_this_checkouts() -> None:

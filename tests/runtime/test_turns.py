@@ -20,6 +20,7 @@ from compaction_worker.contracts.events import (
     TurnEvent,
 )
 from compaction_worker.contracts.fingerprints import turn_fingerprint
+from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability.logs import ContextFilter
 from compaction_worker.runtime import plan
 from compaction_worker.runtime import turns as turns_module
@@ -140,10 +141,10 @@ class TestTurns:
         assert {k: await redis_client.dump(k) for k in sorted(await all_keys(redis_client))} == before
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["hi", "hello"]
 
-    async def test_turns_stored_without_a_fingerprint_take_redeliveries_as_duplicates(
+    async def test_a_stored_turn_whose_fingerprint_is_gone_takes_a_redelivery_as_a_duplicate(
         self, parts: Parts, published: Published
     ) -> None:
-        """A conversation stored before fingerprints were kept keeps working: any redelivery is a duplicate."""
+        """With nothing to compare (its fingerprints' hash deleted by hand), a redelivery is a duplicate, not a conflict."""
         await parts.turns.handle(turn_bytes("c", 1, [user("hi")]), b"c")
         await parts.store.redis.delete(parts.store.keys("c").fingerprints)
         assert (
@@ -460,6 +461,34 @@ class TestOneRoundTrip:
         assert outcome.status is TurnStatus.APPENDED
         meta = await parts.store.meta("c")
         assert (meta.last_seq, meta.msg_count, meta.noop_tokens) == (2, 2, 12345)
+
+    async def test_a_meta_changed_before_every_call_is_an_outage_after_stale_tries_calls(
+        self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Another writer bumps the revision before each of the turn's calls: each is answered
+        ``stale`` and writes nothing; after STALE_TRIES calls the turn is left unacknowledged
+        (ConcurrentUpdateError is an outage: redelivered, never dead-lettered), stored turns untouched."""
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        real, calls = parts.store.write_turn, 0
+
+        async def raced(cid: str, write: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            await parts.store.set_meta(cid, noop_tokens=calls)
+            return await real(cid, write)
+
+        monkeypatch.setattr(parts.store, "write_turn", raced)
+        with pytest.raises(ConcurrentUpdateError, match="every one of 3 tries of turn 2"):
+            await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        assert calls == turns_module.STALE_TRIES
+        assert published.on("conversation.turn.dlq") == []
+        meta = await parts.store.meta("c")
+        assert (meta.last_seq, meta.msg_count, meta.noop_tokens) == (1, 1, 3)
+        monkeypatch.setattr(
+            parts.store, "write_turn", real
+        )  # the other writer is done: the redelivery is stored
+        outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
+        assert outcome.status is TurnStatus.APPENDED
 
 
 class TestPoisonTurns:
