@@ -5,7 +5,9 @@ An idle worker sends Redis almost nothing. While it has room it blocks on the wa
 becomes a timer, and the chore of that index acts on the one conversation when the timer
 comes due. Each chore (jobs, held turns, outbox, backlog gauges) also sweeps its index: at
 once when it did something last time or when its next entry is due, else after a backoff that
-doubles from ``sweep_interval`` to ``idle_max`` (docs/design.md, "Waking").
+doubles from ``sweep_interval`` to ``idle_max`` (docs/design.md, "Waking"). A sweep that fails
+(Redis away) waits the retry driver's backoff instead (retry.py: full jitter, so that the
+workers that lost Redis together do not sweep together when it is back).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Chore:
     """The first interval after a sweep that did nothing; default: the sweeper's ``interval``."""
     next_at: float = 0.0
     backoff: float = 0.0
+    failures: int = 0
+    """Sweeps in a row that failed."""
 
 
 @dataclass(eq=False)
@@ -115,6 +119,10 @@ class Sweeper:
         heapq.heappush(self._timers, (wake.at_ms / 1000, next(self._order), wake))
         self._event.set()
 
+    def _failed(self, floor: float) -> RetryPolicy:
+        """How long a failed look at Redis waits: from ``floor``, doubling to ``idle_max``, jittered."""
+        return RetryPolicy(0, floor, max(self.idle_max, floor))
+
     async def _loop(self) -> None:
         while not self._stopped:
             self._event.clear()
@@ -138,13 +146,17 @@ class Sweeper:
 
     async def _sweep(self, chore: Chore) -> None:
         started = time.time()
+        floor = self.interval if chore.floor is None else chore.floor
         try:
             swept = await chore.sweep()
-        except Exception:  # Redis or Kafka away: back off like an idle pass
-            log.warning("sweep of %s failed", chore.name, exc_info=True)
-            swept = Sweep(0, None)
-        floor = self.interval if chore.floor is None else chore.floor
-        if swept.done:
+        except Exception:  # Redis or Kafka away: the driver's backoff, jittered
+            chore.failures += 1
+            log.warning("sweep of %s failed", chore.name, exc_info=chore.failures == 1)
+            chore.backoff = self._failed(floor).backoff(chore.failures)
+            chore.next_at = started + chore.backoff
+            return
+        recovered, chore.failures = chore.failures > 0, 0
+        if swept.done or recovered:  # idle after failures: the doubling starts again from the floor
             chore.backoff = floor
         else:
             chore.backoff = min(max(chore.backoff * 2, floor), max(self.idle_max, floor))
@@ -184,9 +196,7 @@ class Sweeper:
                 failures += 1
                 log.warning("waiting for wake-ups failed", exc_info=failures == 1)
                 # Full jitter: the workers that lost Redis together do not come back together.
-                await asyncio.sleep(
-                    RetryPolicy(0, self.interval, max(self.idle_max, self.interval)).backoff(failures)
-                )
+                await asyncio.sleep(self._failed(self.interval).backoff(failures))
                 continue
             failures = 0
             if wake is not None:
