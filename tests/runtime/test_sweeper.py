@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from compaction_worker.runtime.sweeper import Chore, Sweeper
 from compaction_worker.state.index import Sweep
 
 
-def _chore(results: list[Sweep | Exception]) -> Chore:
+def _chore(results: Sequence[Sweep | Exception]) -> Chore:
+    left = list(results)
+
     async def sweep() -> Sweep:
-        result = results.pop(0)
+        result = left.pop(0)
         if isinstance(result, Exception):
             raise result
         return result
@@ -16,7 +20,9 @@ def _chore(results: list[Sweep | Exception]) -> Chore:
     return Chore("jobs", sweep, floor=1.0)
 
 
-async def test_an_idle_sweep_doubles_its_wait_up_to_idle_max_and_one_that_did_work_goes_back_to_the_floor() -> None:
+async def test_an_idle_sweep_doubles_its_wait_up_to_idle_max_and_one_that_did_work_goes_back_to_the_floor() -> (
+    None
+):
     chore = _chore([Sweep(0, None)] * 5 + [Sweep(1, None)])
     sweeper = Sweeper([chore], interval=1.0, idle_max=8.0)
     waits = []
@@ -26,7 +32,9 @@ async def test_an_idle_sweep_doubles_its_wait_up_to_idle_max_and_one_that_did_wo
     assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 1.0]
 
 
-async def test_failed_sweeps_wait_a_jittered_backoff_within_the_drivers_ceiling_and_a_success_resets_it() -> None:
+async def test_failed_sweeps_wait_a_jittered_backoff_within_the_drivers_ceiling_and_a_success_resets_it() -> (
+    None
+):
     """Workers that lost Redis together must not sweep together once it is back: each failed
     sweep waits uniform(0, ceiling), the ceiling doubling from the floor to idle_max."""
     failures = 4
