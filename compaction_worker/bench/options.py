@@ -17,6 +17,7 @@ SCENARIO_NAMES = (
     "per_turn",
     "compaction",
     "long_conversation",
+    "telemetry",
     "recall",
     "cache",
 )

@@ -12,6 +12,7 @@ from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.recall import recall_rows
 from compaction_worker.bench.report import Progress, Row
 from compaction_worker.bench.startup import startup_rows
+from compaction_worker.bench.telemetry import telemetry_rows
 from compaction_worker.bench.throughput import head_of_line_rows, throughput_rows
 
 Scenario = Callable[[BenchEnv, Progress], Awaitable[Sequence[Row]]]
@@ -39,6 +40,7 @@ SCENARIOS: dict[str, Scenario] = {
     "throughput": throughput_rows,
     "head_of_line": head_of_line_rows,
     **{scenario.__name__.removesuffix("_rows"): cost_scenario(scenario) for scenario in costs.ROWS},
+    "telemetry": telemetry_rows,
     "recall": recall_rows,
     "cache": cache_rows,
 }

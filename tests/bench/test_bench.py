@@ -53,6 +53,10 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
         assert rows["Redis CPU per stored turn, a busy shard, backlog"]["value"] > 0
         assert rows["Redis CPU per stored turn, a busy shard, the writes alone"]["value"] > 0
     assert any(name.startswith("per-turn cost") for name in rows)
+    off = rows["per-turn cost, telemetry off (no SDK: the default)"]  # each in a child process
+    assert min(off["value"], off["baseline"]) > 0
+    assert off["target"] == 1.05
+    assert rows["per-turn cost, telemetry on (SDK, every span exported)"]["baseline"] == off["value"]
     assert any(name.startswith("compaction cost incl. LiteLLM's CPU, excl. the LLM's wait") for name in rows)
     assert any(name.startswith("summarizer input tokens") for name in rows)
     assert Row(**{k: v for k, v in one.items() if k not in ("ratio", "met")}).met == one["met"]

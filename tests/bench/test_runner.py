@@ -14,7 +14,9 @@ def test_help_names_every_scenario_in_order() -> None:
 
 
 def test_every_cost_scenario_is_a_bench_scenario() -> None:
-    assert len(SCENARIOS) == 3 + len(costs.ROWS) + 2  # startup, throughput, head_of_line; recall, cache
+    assert (
+        len(SCENARIOS) == 3 + len(costs.ROWS) + 3
+    )  # startup, throughput, head_of_line; telemetry, recall, cache
 
 
 def test_recall_is_a_scenario_of_its_own() -> None:

@@ -1,0 +1,195 @@
+"""The telemetry rows of ``bench``: what a stored turn costs with the instrumentation bare, off and on.
+
+OpenTelemetry's global providers can be set once per process, so each configuration runs in a
+child process (``python -m compaction_worker.bench.telemetry``), and the children alternate
+bare, off, on, bare, ... for ``repeat`` rounds, so that the machine's noise hits each alike.
+Each child times the whole per-turn path (parse, count, plan, the append) inside the worker's
+consume span (a ``traceparent`` header, as the broker delivers it) on a conversation of
+:data:`HISTORY` messages, against the bench's Redis:
+
+- bare: the telemetry calls replaced by nothing (the path without instrumentation);
+- off: no SDK installed, as a worker runs with no ``OTEL_*`` variable (the default);
+- on: SDK tracer and meter providers, every span exported (in memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from compaction_worker.bench.environment import BenchEnv, BenchError, worker_environment
+from compaction_worker.bench.load import delete_prefix
+from compaction_worker.bench.report import Progress, Row
+from compaction_worker.observability import metrics as metrics_api
+from compaction_worker.observability import tracing
+from compaction_worker.runtime.components import build_components
+from compaction_worker.runtime.connections import connect_redis
+from compaction_worker.settings import load_settings
+from compaction_worker.state.appends import NewMessage
+from compaction_worker.testing import turn_payload
+
+MODES = ("bare", "off", "on")
+HISTORY = 1_000
+"""Messages stored before the timed turns (nothing on the per-turn path reads them)."""
+MODEL = "gpt-4.1"
+"""A 1M-token window: no compaction comes due while the turns are timed."""
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+OFF_TARGET = 1.05
+"""Off against bare: with no SDK the instrumentation must cost next to nothing."""
+
+
+async def telemetry_rows(env: BenchEnv, progress: Progress) -> list[Row]:
+    """Per-turn cost off against bare, and on against off (medians of the rounds' medians)."""
+    turns = env.size(300, 40)
+    medians: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for round_ in range(env.repeat):
+        for mode in MODES:
+            progress(f"telemetry: round {round_ + 1}/{env.repeat}, {mode}, {turns} turns")
+            prefix = env.unique(f"telemetry-{mode}")
+            try:
+                medians[mode].append(await _child(env, mode, turns, prefix))
+            finally:
+                await delete_prefix(env, prefix)
+    bare, off, on = (statistics.median(medians[mode]) for mode in MODES)
+    calls = calls_cost()
+    shape = f"{turns} turns on a {HISTORY}-message history, inside the consume span; median of {env.repeat} rounds"
+    return [
+        Row(
+            "per-turn cost, telemetry off (no SDK: the default)",
+            off * 1000,
+            "ms",
+            bare * 1000,
+            "no telemetry calls",
+            target=OFF_TARGET,
+            note=f"{shape}; the telemetry calls of one turn alone, off: {calls * 1e6:.2f} µs "
+            f"({calls / off:.2%} of the turn)",
+        ),
+        Row(
+            "per-turn cost, telemetry on (SDK, every span exported)",
+            on * 1000,
+            "ms",
+            off * 1000,
+            "telemetry off",
+            note="the SDK's tracer and meter providers, spans to an in-memory exporter (no network)",
+        ),
+    ]
+
+
+async def _child(env: BenchEnv, mode: str, turns: int, prefix: str) -> float:
+    """The median seconds per turn of one child process in ``mode``."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        __name__,
+        mode,
+        str(turns),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=worker_environment(env, {"REDIS__KEY_PREFIX": prefix}),  # the bench's Redis, its settings
+    )
+    out, err = await process.communicate()
+    if process.returncode != 0:
+        raise BenchError(f"the telemetry child ({mode}) failed: {err.decode(errors='replace')[-2000:]}")
+    return float(out.decode().strip().splitlines()[-1])
+
+
+def _strip() -> None:
+    """Replace the instrumentation's entry points by nothing (``bare``: this child process only)."""
+
+    def nothing(*_args: object, **_kwargs: object) -> contextlib.nullcontext[trace.Span]:
+        return contextlib.nullcontext(trace.INVALID_SPAN)
+
+    setattr(tracing, "span", nothing)  # noqa: B010
+    setattr(tracing, "consume_span", nothing)  # noqa: B010
+    setattr(tracing, "current_traceparent", lambda: None)  # noqa: B010
+    setattr(metrics_api, "record_turn", lambda *_args, **_kwargs: None)  # noqa: B010
+
+
+async def timed_turns(mode: str, turns: int) -> float:
+    """Median seconds per stored turn in this process, in ``mode`` (a child's work, on the settings
+    its environment gives: the bench's Redis, a key prefix of its own)."""
+    exporter = InMemorySpanExporter()
+    if mode == "bare":
+        _strip()
+    elif mode == "on":
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    settings = load_settings()
+    redis = connect_redis(settings.redis)
+
+    async def discard(topic: str, payload: bytes, key: bytes | None) -> None:
+        """No compaction comes due: nothing is published."""
+
+    try:
+        parts = build_components(settings, redis, discard)
+        cid = "t"
+        filler = [NewMessage({"role": "user", "content": f"message {i} " * 5}, 15) for i in range(HISTORY)]
+        await parts.store.append_turn(cid, 1, filler, {"model": MODEL})
+        timings: list[float] = []
+        for turn in range(turns):
+            message = {"role": "assistant", "content": f"reply {turn} " * 20}
+            payload = json.dumps(turn_payload(cid, turn + 2, [message], model=MODEL)).encode()
+            started = time.perf_counter()
+            with tracing.consume_span(
+                topic="turns",
+                partition=0,
+                offset=turn,
+                group="bench",
+                conversation_id=cid,
+                headers=[("traceparent", TRACEPARENT)],
+            ):
+                outcome = await parts.turns.handle(payload, cid.encode())
+            timings.append(time.perf_counter() - started)
+            if outcome.status.value != "appended":
+                raise BenchError(f"turn {turn + 2} was {outcome.status.value}, not appended")
+    finally:
+        await redis.aclose()
+    if mode == "on" and not exporter.get_finished_spans():
+        raise BenchError("telemetry on, yet no span was exported")
+    return statistics.median(timings)
+
+
+def _one_turns_calls() -> None:
+    """The telemetry calls the per-turn path makes: the consume, append and budget spans, the turn counter."""
+    with tracing.consume_span(
+        topic="turns",
+        partition=0,
+        offset=0,
+        group="bench",
+        conversation_id="t",
+        headers=[("traceparent", TRACEPARENT)],
+    ):
+        with tracing.span(tracing.APPEND_SPAN) as append:
+            append.set_attribute("compaction.append.status", "appended")
+        with tracing.span(tracing.BUDGET_SPAN):
+            tracing.current_traceparent()
+        metrics_api.record_turn("appended")
+
+
+def calls_cost(repeat: int = 20_000) -> float:
+    """Seconds per turn of the telemetry calls alone, in this process (the bench's: no SDK, off);
+    the best of five timings, the least disturbed by other processes."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(repeat):
+            _one_turns_calls()
+        best = min(best, (time.perf_counter() - started) / repeat)
+    return best
+
+
+if __name__ == "__main__":  # a child: MODE TURNS
+    print(asyncio.run(timed_turns(sys.argv[1], int(sys.argv[2]))))
