@@ -26,7 +26,6 @@ from compaction_worker.strategies.draft import (
     add_usage,
     plural,
 )
-from compaction_worker.strategies.ledger import finalize_ledger, ledger_allowance, plan_ledger
 from compaction_worker.strategies.oversized import cut_kept, cut_to
 from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import Partition, newest_step, partition, split_points, task_index
@@ -38,6 +37,7 @@ from compaction_worker.summaries.contract import (
     SummaryResult,
     transcript_limit,
 )
+from compaction_worker.summaries.ledger import finalize_ledger, plan_ledger
 from compaction_worker.summaries.prompts import piece_boundaries, piece_end, transcript_costs
 from compaction_worker.summaries.standing import Item, quoted
 
@@ -299,6 +299,19 @@ async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple
         await off_loop(span.add, piece, summary)
         start = stop
     return attempts, None
+
+
+def ledger_allowance(ctx: StageContext) -> int:
+    """What a chunk's ledger may take before room runs out (see ``summarize`` for the room).
+
+    It scales with the window: a span of a long coding session names hundreds of files,
+    commands and errors, and a fixed few hundred tokens would keep a fraction of them,
+    while the window has room for all. ``artifact_budget_tokens`` is the floor.
+    """
+    settings = ctx.settings
+    if settings.artifact_budget_tokens == 0:
+        return 0
+    return max(settings.artifact_budget_tokens, int(settings.artifact_budget_fraction * ctx.limits.window))
 
 
 def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> int | None:

@@ -20,10 +20,10 @@ from compaction_worker.strategies.draft import (
     StageReport,
     plural,
 )
-from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import partition
 from compaction_worker.summaries.instructions import Terms
+from compaction_worker.summaries.ledger import merge_ledgers
 from compaction_worker.summaries.prompts import render_content
 
 STAGE = "truncate"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from compaction_worker.strategies.ledger import merge_ledgers
 from compaction_worker.strategies.truncate import retain_summaries
 from compaction_worker.summaries.carry import carry
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.instructions import applied_instructions, instruction_terms, matches
+from compaction_worker.summaries.ledger import merge_ledgers
 from compaction_worker.summaries.prompts import build_prompt
 from tests.strategies.summarizers import old_chunk
 from tests.summaries.helpers import count, request

@@ -1,6 +1,9 @@
 """A chunk's verbatim ledger: what it keeps exactly of the span and chunks it replaces.
 
-Planned before the summary, completed after it with what the summary text lost.
+Planned before the summary, completed after it with what the summary text lost. Its items
+come from :mod:`artifacts` (extracted from the messages; :mod:`mentions` for those written in
+prose) and are chosen within a budget by :mod:`selection`: the ledger's whole story is in
+this package.
 """
 
 from __future__ import annotations
@@ -10,21 +13,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from compaction_worker.contracts.history import SummaryChunk
-from compaction_worker.strategies.draft import CountText, StageContext
 from compaction_worker.summaries.artifacts import (
     KINDS,
     extract_artifacts,
     item_kind,
     scan_items,
 )
+from compaction_worker.summaries.contract import CountTokens
 from compaction_worker.summaries.instructions import Terms, matches
 from compaction_worker.summaries.selection import select_items
 
-__all__ = ["finalize_ledger", "ledger_allowance", "merge_ledgers", "plan_ledger", "span_ledger"]
+__all__ = ["finalize_ledger", "merge_ledgers", "plan_ledger", "span_ledger"]
 
 
 def merge_ledgers(
-    ledgers: Sequence[Sequence[str]], budget: int, count: CountText, *, terms: Terms = frozenset()
+    ledgers: Sequence[Sequence[str]], budget: int, count: CountTokens, *, terms: Terms = frozenset()
 ) -> tuple[str, ...]:
     """One ledger from several, given newest first, within ``budget`` tokens (items joined by newlines).
 
@@ -43,7 +46,7 @@ def merge_ledgers(
 def _merge(
     ledgers: Sequence[Sequence[str]],
     budget: int,
-    count: CountText,
+    count: CountTokens,
     carried: str = "",
     *,
     terms: Terms = frozenset(),
@@ -75,7 +78,7 @@ def span_ledger(
     messages: Sequence[Mapping[str, Any]],
     folded: Sequence[SummaryChunk],
     budget: int,
-    count: CountText,
+    count: CountTokens,
     *,
     terms: Terms = frozenset(),
 ) -> tuple[str, ...]:
@@ -95,7 +98,7 @@ def plan_ledger(
     *,
     allowance: int,
     cap: int,
-    count: CountText,
+    count: CountTokens,
     terms: Terms = frozenset(),
 ) -> tuple[int, tuple[str, ...]]:
     """A new chunk's ledger budget, and its ledger before the summary (``span_ledger``).
@@ -119,19 +122,6 @@ def plan_ledger(
     return budget, everything if need <= budget else _merge(sources, budget, cached, terms=terms)
 
 
-def ledger_allowance(ctx: StageContext) -> int:
-    """What a chunk's ledger may take before room runs out (see ``summarize`` for the room).
-
-    It scales with the window: a span of a long coding session names hundreds of files,
-    commands and errors, and a fixed few hundred tokens would keep a fraction of them,
-    while the window has room for all. ``artifact_budget_tokens`` is the floor.
-    """
-    settings = ctx.settings
-    if settings.artifact_budget_tokens == 0:
-        return 0
-    return max(settings.artifact_budget_tokens, int(settings.artifact_budget_fraction * ctx.limits.window))
-
-
 def finalize_ledger(
     summary: str,
     ledger: Sequence[str],
@@ -139,7 +129,7 @@ def finalize_ledger(
     folded: Sequence[SummaryChunk],
     *,
     budget: int,
-    count: CountText,
+    count: CountTokens,
     fits: Callable[[tuple[str, ...]], bool] | None = None,
     terms: Terms = frozenset(),
 ) -> tuple[str, ...]:
@@ -174,7 +164,7 @@ def finalize_ledger(
     return choose(low)
 
 
-def _cached(count: CountText) -> CountText:
+def _cached(count: CountTokens) -> CountTokens:
     """``count`` remembering its answers: choosing a ledger counts the same items repeatedly."""
     memo: dict[str, int] = {}
 
