@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
@@ -24,13 +22,10 @@ from compaction_worker.contracts.events import BadEventError, TurnEvent
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.outages import is_outage
-from compaction_worker.runtime.plan import AppendPlan
 from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
-from compaction_worker.state.appends import AppendStatus, TurnWrite
+from compaction_worker.runtime.turns import Planned, TurnHandler, TurnOutcome
+from compaction_worker.state.appends import AppendStatus
 from compaction_worker.state.meta import Meta
-
-if TYPE_CHECKING:
-    from compaction_worker.runtime.turns import TurnHandler, TurnOutcome
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +34,6 @@ RUN_MAX = 32
 RUN_MAX_BYTES = 1 << 20
 """The most event bytes one run takes (a turn over it alone goes the per-turn way): a bound on a
 call's size, whatever ``kafka.max_event_bytes`` allows one turn."""
-
-
-@dataclass(slots=True)
-class _Planned:
-    event: TurnEvent
-    plan: AppendPlan
-    write: TurnWrite
-    span: Span
-    """The turn's own consume span (tracing off: the invalid span, which records nothing)."""
 
 
 def _no_span(_index: int) -> Span:
@@ -134,7 +120,7 @@ def _planned(
     meta: Meta,
     span_of: Callable[[int], Span],
     spans: list[Span],
-) -> list[_Planned]:
+) -> list[Planned]:
     """Each turn's write, computed from the meta the turn before it leaves once appended, with its
     span current (added to ``spans``, for the caller to end).
 
@@ -155,29 +141,25 @@ def _planned(
                 handler.failed_in_run.clear()
             handler.failed_in_run[raw] = 1
             break
-        planned.append(_Planned(event, plan, plan.write(new, fingerprint_of(event, new), rev=meta.rev), span))
+        planned.append(Planned(event, plan, plan.write(new, fingerprint_of(event, new), rev=meta.rev), span))
         meta = plan.after
     return planned
 
 
-async def _append(handler: TurnHandler, cid: str, planned: Sequence[_Planned]) -> list[TurnOutcome]:
+async def _append(handler: TurnHandler, cid: str, planned: Sequence[Planned]) -> list[TurnOutcome]:
     # The script's verdict on the turn it stopped at (a duplicate, a gap, a stale meta) is the
     # per-turn path's to act on: nothing was written for it, and that path sends it again.
-    replies = [
-        reply
-        for reply in await handler.store.write_run(cid, [p.write for p in planned])
-        if reply.status is AppendStatus.APPENDED
-    ]
-    outcomes = []
-    for done, reply in zip(planned, replies, strict=False):
-        with bound(turn_seq=done.event.turn_seq), tracing.current(done.span):
+    replies = await handler.store.write_run(cid, [p.write for p in planned])
+    appended = sum(1 for reply in replies if reply.status is AppendStatus.APPENDED)
+    for done, reply in zip(planned, replies[:appended], strict=False):
+        if done.span is not None:
             done.span.set_attribute("compaction.append.status", reply.status.value)
-            done.span.set_attribute("compaction.append.run", len(replies))
-            handler.remember(cid, done.plan.after)
-            outcomes.append(await handler.appended(cid, done.plan, reply))
-    for done in planned[len(replies) :]:  # left to the per-turn path, which traces it again
-        done.span.set_attribute("compaction.append.status", "left to the per-turn path")
+            done.span.set_attribute("compaction.append.run", appended)
+    outcomes, _ = await handler.acted(cid, planned, replies)
+    for done in planned[len(outcomes) :]:  # left to the per-turn path, which traces it again
+        if done.span is not None:
+            done.span.set_attribute("compaction.append.status", "left to the per-turn path")
     metrics.record_turn("appended", count=len(outcomes))
-    if replies and replies[-1].next_held:  # the run stopped after it: the held turn applies now
-        await handler.drain_pending(cid, replies[-1].last_seq)
+    if outcomes and outcomes[-1].next_held:  # the run stopped after it: the held turn applies now
+        await handler.drain_pending(cid, outcomes[-1].last_seq)
     return outcomes

@@ -3,7 +3,8 @@
 It never waits on an LLM: compactions run later, from the job queue (compactor.py). What an
 append changes is planned in plan.py; what the script decides is read in state/appends.py.
 Consecutive turns of one conversation in a batch are stored together by runs.py, with this
-handler's plan and effects; what a run does not store comes here.
+handler's plan, the same script call (a single turn is a run of one) and the same action on
+its replies (:meth:`TurnHandler.acted`); what a run does not store comes here.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 
+from opentelemetry.trace import Span
 from pydantic import ValidationError
 
 from compaction_worker.budget.tokens import TokenCounter
@@ -36,7 +39,7 @@ from compaction_worker.runtime.pins import apply_asked
 from compaction_worker.runtime.plan import AppendPlan, plan_append
 from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage
+from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
 from compaction_worker.state.jobs import JobQueue, JobRequest
 from compaction_worker.state.meta import Meta
@@ -77,6 +80,17 @@ class TurnOutcome:
     """After an append, whether the next turn is held behind a gap; after a duplicate, whether the one after the last stored is."""
     last_seq: int = 0
     """The conversation's last stored seq (this turn's, after an append)."""
+
+
+@dataclass(slots=True)
+class Planned:
+    """A turn planned onto the meta the turn before it leaves, and the write the script is sent for it."""
+
+    event: TurnEvent
+    plan: AppendPlan
+    write: TurnWrite
+    span: Span | None = None
+    """A run's turn: its own consume span (current while its append is acted on); None: the current one."""
 
 
 class _Again(Exception):
@@ -286,12 +300,12 @@ class TurnHandler:
                 held=held_value(raw, held_ms, fingerprint) if send_held else None,
             )
             with tracing.span(tracing.APPEND_SPAN) as span:
-                reply = await self.store.write_turn(cid, write)
+                reply = await self.store.write_turn(cid, write)  # a run of one
                 span.set_attribute("compaction.append.status", reply.status.value)
+            outcomes, refused = await self.acted(cid, [Planned(event, plan, write)], [reply])
+            if refused is None:
+                return outcomes[0]
             match reply.status:
-                case AppendStatus.APPENDED:
-                    self.remember(cid, plan.after)
-                    return await self.appended(cid, plan, reply)
                 case AppendStatus.DUPLICATE:
                     return await self._duplicate(cid, reply)
                 case AppendStatus.HELD:
@@ -336,6 +350,24 @@ class TurnHandler:
             settings=self.settings.for_profile(profile).budget,
             traceparent=tracing.current_traceparent(),
         )
+
+    async def acted(
+        self, cid: str, turns: Sequence[Planned], replies: Sequence[AppendReply]
+    ) -> tuple[list[TurnOutcome], AppendReply | None]:
+        """Act on the script's replies to ``turns``, sent in one call (a single turn is a run of one):
+        each append, in order; then the verdict on the turn the script stopped at, returned for the
+        caller to act on (None: every reply is an append). Nothing was written for that turn."""
+        outcomes: list[TurnOutcome] = []
+        for turn, reply in zip(turns, replies, strict=False):
+            if reply.status is not AppendStatus.APPENDED:
+                return outcomes, reply
+            with (
+                bound(turn_seq=turn.event.turn_seq),
+                tracing.current(turn.span) if turn.span else nullcontext(),
+            ):
+                self.remember(cid, turn.plan.after)
+                outcomes.append(await self.appended(cid, turn.plan, reply))
+        return outcomes, None
 
     async def appended(self, cid: str, plan: AppendPlan, reply: AppendReply) -> TurnOutcome:
         for note in plan.notes:
