@@ -1,15 +1,17 @@
 """The telemetry rows of ``bench``: what a stored turn costs with the instrumentation bare, off and on.
 
-OpenTelemetry's global providers can be set once per process, so each configuration runs in a
-child process (``python -m compaction_worker.bench.telemetry``), and the children alternate
-bare, off, on, bare, ... for ``repeat`` rounds, so that the machine's noise hits each alike.
-Each child times the whole per-turn path (parse, count, plan, the append) inside the worker's
-consume span (a ``traceparent`` header, as the broker delivers it) on a conversation of
-:data:`HISTORY` messages, against the bench's Redis:
+Each configuration times the whole per-turn path (parse, count, plan, the append) inside the
+worker's consume span (a ``traceparent`` header, as the broker delivers it) on a conversation
+of :data:`HISTORY` messages, against the bench's Redis:
 
-- bare: the telemetry calls replaced by nothing (the path without instrumentation);
 - off: no SDK installed, as a worker runs with no ``OTEL_*`` variable (the default);
+- bare: the telemetry calls replaced by nothing (the path without instrumentation);
 - on: SDK tracer and meter providers, every span exported (in memory).
+
+OpenTelemetry's global providers can be set once per process, so "on" runs in a child process
+of its own and "off" in another (``python -m compaction_worker.bench.telemetry``), for
+``repeat`` rounds. Off and bare alternate turn by turn in one process, so that the machine's
+noise, which moves far more between two processes than the calls cost, hits both alike.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -39,7 +42,8 @@ from compaction_worker.settings import load_settings
 from compaction_worker.state.appends import NewMessage
 from compaction_worker.testing import turn_payload
 
-MODES = ("bare", "off", "on")
+MODES = ("off", "on")
+"""The child processes: "off" times off and bare turn by turn; "on" times on."""
 HISTORY = 1_000
 """Messages stored before the timed turns (nothing on the per-turn path reads them)."""
 MODEL = "gpt-4.1"
@@ -52,18 +56,23 @@ OFF_TARGET = 1.05
 async def telemetry_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     """Per-turn cost off against bare, and on against off (medians of the rounds' medians)."""
     turns = env.size(300, 40)
-    medians: dict[str, list[float]] = {mode: [] for mode in MODES}
+    medians: dict[str, list[float]] = {"off": [], "bare": [], "on": []}
     for round_ in range(env.repeat):
         for mode in MODES:
             progress(f"telemetry: round {round_ + 1}/{env.repeat}, {mode}, {turns} turns")
             prefix = env.unique(f"telemetry-{mode}")
             try:
-                medians[mode].append(await _child(env, mode, turns, prefix))
+                figures = await _child(env, mode, turns, prefix)
             finally:
                 await delete_prefix(env, prefix)
-    bare, off, on = (statistics.median(medians[mode]) for mode in MODES)
+            for name, seconds in figures.items():
+                medians[name].append(seconds)
+    bare, off, on = (statistics.median(medians[name]) for name in ("bare", "off", "on"))
     calls = calls_cost()
-    shape = f"{turns} turns on a {HISTORY}-message history, inside the consume span; median of {env.repeat} rounds"
+    shape = (
+        f"{turns} turns on a {HISTORY}-message history, inside the consume span, off and bare alternating "
+        f"turn by turn in one process; median of {env.repeat} rounds"
+    )
     return [
         Row(
             "per-turn cost, telemetry off (no SDK: the default)",
@@ -81,13 +90,14 @@ async def telemetry_rows(env: BenchEnv, progress: Progress) -> list[Row]:
             "ms",
             off * 1000,
             "telemetry off",
-            note="the SDK's tracer and meter providers, spans to an in-memory exporter (no network)",
+            note="the SDK's tracer and meter providers, spans to an in-memory exporter (no network); "
+            "a process of its own beside off's",
         ),
     ]
 
 
-async def _child(env: BenchEnv, mode: str, turns: int, prefix: str) -> float:
-    """The median seconds per turn of one child process in ``mode``."""
+async def _child(env: BenchEnv, mode: str, turns: int, prefix: str) -> dict[str, float]:
+    """The median seconds per turn of one child process in ``mode``, by configuration."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -101,28 +111,42 @@ async def _child(env: BenchEnv, mode: str, turns: int, prefix: str) -> float:
     out, err = await process.communicate()
     if process.returncode != 0:
         raise BenchError(f"the telemetry child ({mode}) failed: {err.decode(errors='replace')[-2000:]}")
-    return float(out.decode().strip().splitlines()[-1])
+    figures: dict[str, float] = json.loads(out.decode().strip().splitlines()[-1])
+    return figures
 
 
-def _strip() -> None:
-    """Replace the instrumentation's entry points by nothing (``bare``: this child process only)."""
+@contextlib.contextmanager
+def _stripped() -> Iterator[None]:
+    """The instrumentation's entry points replaced by nothing while the block runs (``bare``)."""
 
     def nothing(*_args: object, **_kwargs: object) -> contextlib.nullcontext[trace.Span]:
         return contextlib.nullcontext(trace.INVALID_SPAN)
 
-    setattr(tracing, "span", nothing)  # noqa: B010
-    setattr(tracing, "consume_span", nothing)  # noqa: B010
-    setattr(tracing, "current_traceparent", lambda: None)  # noqa: B010
-    setattr(metrics_api, "record_turn", lambda *_args, **_kwargs: None)  # noqa: B010
+    def no_count(*_args: object, **_kwargs: object) -> None:
+        return None
+
+    stubs = [
+        (tracing, "span", nothing),
+        (tracing, "consume_span", nothing),
+        (tracing, "current_traceparent", lambda: None),
+        (metrics_api, "record_turn", no_count),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in stubs]
+    for module, name, stub in stubs:
+        setattr(module, name, stub)
+    try:
+        yield
+    finally:
+        for module, name, real in saved:
+            setattr(module, name, real)
 
 
-async def timed_turns(mode: str, turns: int) -> float:
-    """Median seconds per stored turn in this process, in ``mode`` (a child's work, on the settings
-    its environment gives: the bench's Redis, a key prefix of its own)."""
+async def timed_turns(mode: str, turns: int) -> dict[str, float]:
+    """Median seconds per stored turn in this process, by configuration: off and bare turn by
+    turn, or on (a child's work, on the settings its environment gives: the bench's Redis, a key
+    prefix of its own)."""
     exporter = InMemorySpanExporter()
-    if mode == "bare":
-        _strip()
-    elif mode == "on":
+    if mode == "on":
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
@@ -133,33 +157,35 @@ async def timed_turns(mode: str, turns: int) -> float:
     async def discard(topic: str, payload: bytes, key: bytes | None) -> None:
         """No compaction comes due: nothing is published."""
 
+    timings: dict[str, list[float]] = {"on": []} if mode == "on" else {"off": [], "bare": []}
     try:
         parts = build_components(settings, redis, discard)
         cid = "t"
         filler = [NewMessage({"role": "user", "content": f"message {i} " * 5}, 15) for i in range(HISTORY)]
         await parts.store.append_turn(cid, 1, filler, {"model": MODEL})
-        timings: list[float] = []
         for turn in range(turns):
+            config = "on" if mode == "on" else ("off", "bare")[turn % 2]
             message = {"role": "assistant", "content": f"reply {turn} " * 20}
             payload = json.dumps(turn_payload(cid, turn + 2, [message], model=MODEL)).encode()
-            started = time.perf_counter()
-            with tracing.consume_span(
-                topic="turns",
-                partition=0,
-                offset=turn,
-                group="bench",
-                conversation_id=cid,
-                headers=[("traceparent", TRACEPARENT)],
-            ):
-                outcome = await parts.turns.handle(payload, cid.encode())
-            timings.append(time.perf_counter() - started)
+            with _stripped() if config == "bare" else contextlib.nullcontext():
+                started = time.perf_counter()
+                with tracing.consume_span(
+                    topic="turns",
+                    partition=0,
+                    offset=turn,
+                    group="bench",
+                    conversation_id=cid,
+                    headers=[("traceparent", TRACEPARENT)],
+                ):
+                    outcome = await parts.turns.handle(payload, cid.encode())
+                timings[config].append(time.perf_counter() - started)
             if outcome.status.value != "appended":
                 raise BenchError(f"turn {turn + 2} was {outcome.status.value}, not appended")
     finally:
         await redis.aclose()
     if mode == "on" and not exporter.get_finished_spans():
         raise BenchError("telemetry on, yet no span was exported")
-    return statistics.median(timings)
+    return {config: statistics.median(values) for config, values in timings.items()}
 
 
 def _one_turns_calls() -> None:
@@ -192,4 +218,4 @@ def calls_cost(repeat: int = 20_000) -> float:
 
 
 if __name__ == "__main__":  # a child: MODE TURNS
-    print(asyncio.run(timed_turns(sys.argv[1], int(sys.argv[2]))))
+    print(json.dumps(asyncio.run(timed_turns(sys.argv[1], int(sys.argv[2])))))
