@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -169,14 +170,7 @@ async def timed_turns(mode: str, turns: int) -> dict[str, float]:
             payload = json.dumps(turn_payload(cid, turn + 2, [message], model=MODEL)).encode()
             with _stripped() if config == "bare" else contextlib.nullcontext():
                 started = time.perf_counter()
-                with tracing.consume_span(
-                    topic="turns",
-                    partition=0,
-                    offset=turn,
-                    group="bench",
-                    conversation_id=cid,
-                    headers=[("traceparent", TRACEPARENT)],
-                ):
+                with _consumed(turn, cid):
                     outcome = await parts.turns.handle(payload, cid.encode())
                 timings[config].append(time.perf_counter() - started)
             if outcome.status.value != "appended":
@@ -188,16 +182,22 @@ async def timed_turns(mode: str, turns: int) -> dict[str, float]:
     return {config: statistics.median(values) for config, values in timings.items()}
 
 
-def _one_turns_calls() -> None:
-    """The telemetry calls the per-turn path makes: the consume, append and budget spans, the turn counter."""
-    with tracing.consume_span(
+def _consumed(offset: int, cid: str) -> AbstractContextManager[trace.Span]:
+    """The worker's consume span of record ``offset``, its producer's trace in the headers (looked up
+    on the module at each call: bare turns get the stub)."""
+    return tracing.consume_span(
         topic="turns",
         partition=0,
-        offset=0,
+        offset=offset,
         group="bench",
-        conversation_id="t",
+        conversation_id=cid,
         headers=[("traceparent", TRACEPARENT)],
-    ):
+    )
+
+
+def _one_turns_calls() -> None:
+    """The telemetry calls the per-turn path makes: the consume, append and budget spans, the turn counter."""
+    with _consumed(0, "t"):
         with tracing.span(tracing.APPEND_SPAN) as append:
             append.set_attribute("compaction.append.status", "appended")
         with tracing.span(tracing.BUDGET_SPAN):

@@ -363,7 +363,7 @@ class TurnHandler:
                 return outcomes, reply
             with (
                 bound(turn_seq=turn.event.turn_seq),
-                tracing.current(turn.span) if turn.span else nullcontext(),
+                tracing.current(turn.span) if turn.span is not None else nullcontext(),
             ):
                 self.remember(cid, turn.plan.after)
                 outcomes.append(await self.appended(cid, turn.plan, reply))
