@@ -145,11 +145,12 @@ async def per_turn_rows(env: CostEnv, progress: Progress) -> list[Row]:
 
 
 async def _naive_turn(parts: Components, cid: str, counter: TokenCounter) -> float:
-    """One turn of the naive baseline: read and decode the whole history, recount it, append."""
+    """One turn of the naive baseline: read and decode the whole history (never compacted: the
+    transcript), recount it, append."""
     start = time.perf_counter()
     meta = await parts.store.meta(cid)
     message = agent_turn(meta.last_seq + 1)[0]
-    raw = await parts.store.redis.lrange(parts.store.keys(cid).entries, 0, -1)
+    raw = await parts.store.redis.lrange(parts.store.keys(cid).transcript, 0, -1)
     total = sum(counter.message(json.loads(r)["m"]) for r in raw) + counter.message(message)
     await parts.store.append_turn(
         cid,

@@ -368,7 +368,7 @@ def cost_rows(
                 "µs",
                 None,
                 note="other conversations' turns at agent pace, each round's writes (the plain append's: "
-                "RPUSH x2, HSET x2) in one MULTI/EXEC a store, with no read and no check: what storing "
+                "RPUSH, HSET x2) in one MULTI/EXEC a store, with no read and no check: what storing "
                 "these turns costs at least",
                 alone=True,
             ),

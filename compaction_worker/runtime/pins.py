@@ -27,6 +27,11 @@ from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
 
+_EXPIRE_WITH_META = """
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'expires_at') or '0')
+if deadline > 0 then redis.call('PEXPIREAT', KEYS[2], deadline) end
+"""
+
 
 async def set_pinned(
     store: Store, locks: Locks, conversation_id: str, turn_seq: int, *, index: int | None, pinned: bool
@@ -85,21 +90,47 @@ async def _ordinals(store: Store, conversation_id: str, turn_seq: int, index: in
 async def _write(
     store: Store, conversation_id: str, turn_seq: int, ordinals: list[int], *, pinned: bool
 ) -> None:
-    """Set the flag on the entries of ``ordinals``; the conversation's lock is held."""
+    """Set the flag on the entries of ``ordinals``; the conversation's lock is held.
+
+    A message appended since the last compaction is an entry in the transcript, not in the
+    entries list (store.py): the transcript's records up to the last such one move to the
+    list, flagged, and the meta's ``tail`` moves past them.
+    """
     keys = store.keys(conversation_id)
-    # Under the lock nothing rewrites the entries (a commit or a rewind would hold it); appends
-    # only push new ones at the end, so the indexes read here stay right for the writes.
-    raw = await store.redis.lrange(keys.entries, 0, -1)
+    # Under the lock nothing rewrites the entries or moves the tail (a commit, a rewind or a pin
+    # would hold it); appends only push to the transcript, which is never rewritten, so what is
+    # read here stays right for the writes.
+    async with store.redis.pipeline(transaction=True) as pipe:
+        pipe.lrange(keys.entries, 0, -1)
+        pipe.hget(keys.meta, "tail")
+        raw, stored_tail = await pipe.execute()
+    tail = int(stored_tail or 0)
     at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
-    gone = [n for n in ordinals if n not in at]
+    gone = [n for n in ordinals if n <= tail and n not in at]
     if gone:
         raise PinError(
             f"message {', '.join(map(str, gone))} of {conversation_id} (turn {turn_seq}) is already "
             "summarized: rewind the compaction that replaced it first"
         )
+    last = max(ordinals)
+    moved = await store.redis.lrange(keys.transcript, tail, last - 1) if last > tail else []
     async with store.redis.pipeline(transaction=True) as pipe:
         for n in ordinals:
-            i, entry = at[n]
-            message = {**entry.message, "pinned": pinned}
-            pipe.lset(keys.entries, i, Entry(entry.n, entry.seq, message, entry.tokens, entry.edit).to_json())
+            if n in at:
+                i, entry = at[n]
+                pipe.lset(keys.entries, i, _flagged(entry, pinned).to_json())
+        if moved:
+            records = [Entry.from_json(r) for r in moved]
+            pipe.rpush(
+                keys.entries,
+                *(_flagged(e, pinned).to_json() if e.n in ordinals else e.to_json() for e in records),
+            )
+            pipe.hset(keys.meta, "tail", str(last))
+            pipe.hincrby(keys.meta, "rev", 1)
+            # The list may be new: it takes the conversation's deadline, as it is when this runs.
+            pipe.eval(_EXPIRE_WITH_META, 2, keys.meta, keys.entries)
         await pipe.execute()
+
+
+def _flagged(entry: Entry, pinned: bool) -> Entry:
+    return Entry(entry.n, entry.seq, {**entry.message, "pinned": pinned}, entry.tokens, entry.edit)

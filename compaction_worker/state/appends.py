@@ -113,9 +113,10 @@ def encode_records(seq: int, first_n: int, messages: Sequence[NewMessage], at: f
     """The transcript records of a turn, each message encoded once; each is its entry too.
 
     A record is ``{"n", "seq", "m", "at", "t"}``: ``t`` is the count the entry gets, so a rewind
-    restores it exactly. The effective history's entry of an appended message is the same text
+    restores it exactly. The effective history's verbatim tail is read from these records
     (``Entry.from_json`` reads ``n``, ``seq``, ``m``, ``t`` and ``e``, absent: no edit), so a
-    turn's messages travel to Redis once, not twice (a test holds the two readings equal).
+    turn's messages are stored once, in the transcript, and not in the entries list as well
+    (store.py; a test holds the two readings equal).
     """
     # A clock's time is finite: its repr is the JSON number (json.dumps took ~1 us a turn).
     stamp = repr(float(at))
@@ -218,7 +219,7 @@ class PlainAppend:
 
     def writes_for(self, stored: Sequence[Any]) -> tuple[tuple[str, ...], ...] | None:
         """The script's writes, if the meta read (``rev, last_seq, expires_at, held``) makes the
-        turns plain appends: the lists, the meta, the fingerprints, then the deadlines (lua/turn.lua, flush)."""
+        turns plain appends: the transcript, the meta, the fingerprints, then the deadlines (lua/turn.lua, flush)."""
         first = self.writes[0]
         rev, last, deadline = (int(value or 0) for value in stored[:3])
         if stored[3] is not None or rev != first.rev or last != first.seq - 1:
@@ -228,7 +229,7 @@ class PlainAppend:
             now_ms = int(write.now * 1000)
             if self.retention_ms > 0 and kept - now_ms < self.retention_ms / 2:
                 kept = now_ms + self.retention_ms
-        meta, transcript, entries, fingerprints = self.keys[0], self.keys[1], self.keys[2], self.keys[4]
+        meta, transcript, fingerprints = self.keys[0], self.keys[1], self.keys[4]
         pushed = [record for turn in self.records for record in turn]
         merged = {"rev": str(rev + len(self.writes))}
         fingerprinted: list[str] = []
@@ -240,10 +241,9 @@ class PlainAppend:
             fields += ["expires_at", str(kept)]
             expired: Sequence[str] = self.keys
         else:  # a new conversation's keys (turn.lua's WRITTEN), if it has a deadline
-            expired = (meta, transcript, entries, fingerprints) if first.first else ()
+            expired = (meta, transcript, fingerprints) if first.first else ()
         return (
             ("RPUSH", transcript, *pushed),
-            ("RPUSH", entries, *pushed),
             ("HSET", meta, *fields),
             ("HSET", fingerprints, *fingerprinted),
             *(("PEXPIREAT", key, str(kept)) for key in expired if kept > 0),

@@ -26,7 +26,8 @@ class ConversationKeys:
     chunks: str
     """List: the effective history's summary chunks, oldest first (store.py)."""
     entries: str
-    """List: the effective history's verbatim (or non-LLM-edited) messages (store.py)."""
+    """List: the effective history's messages a compaction, rewind or pin wrote, as entries; the
+    messages appended since follow in the transcript, from the meta's ``tail`` (store.py)."""
     pending: str
     """Hash: turns that arrived ahead of a gap, by seq, with when they were held (gaps.py)."""
     lock: str

@@ -56,6 +56,9 @@ class Meta:
     pins: str = ""
     """Pins and unpins turns asked for and not applied yet (runtime/pins.py), as JSON ("": none)."""
     updated_at: float = 0.0
+    tail: int = 0
+    """Where the effective history's verbatim tail starts in the transcript (a list index): the
+    history is the ``entries`` list, then the transcript's records from here (store.py)."""
     rev: int = 0
     """The revision: every write of the hash bumps it (the per-turn script checks it: appends.py)."""
 
@@ -122,6 +125,7 @@ class Meta:
             profile=data.get("profile", ""),
             pins=data.get("pins", ""),
             updated_at=f("updated_at"),
+            tail=i("tail"),
             rev=i("rev"),
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 from compaction_worker.contracts.events import ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.errors import RewindError
+from compaction_worker.state.meta import Meta
 from compaction_worker.state.scripts import encode
 from compaction_worker.state.store import Snapshot, Store, snapshot_of
 
@@ -71,7 +72,8 @@ async def rewind(
         pipe.lrange(keys.transcript, 0, -1)
         pipe.lrange(keys.compactions, 0, -1)
         raw_meta, raw_chunks, raw_entries, raw_transcript, raw_log = await pipe.execute()
-    before = snapshot_of(raw_meta, raw_chunks, raw_entries)
+    meta = Meta.from_hash(raw_meta)  # the entries appended since the last replace follow in the transcript
+    before = snapshot_of(meta, raw_chunks, [*raw_entries, *raw_transcript[meta.tail :]])
     target = rewind_target([json.loads(r) for r in raw_log], version)
     if "chunks_before" not in target:
         raise RewindError(
@@ -85,7 +87,6 @@ async def rewind(
         sum(c.tokens for c in chunks) + overhead if chunks else 0
     )
     status = ContextStatus.SUMMARIZED if chunks else ContextStatus.FULL
-    meta = before.meta
     record = {
         "version": meta.version + 1,
         "trigger": Trigger.REWIND.value,

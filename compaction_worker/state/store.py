@@ -1,7 +1,10 @@
 """A conversation's transcript and effective history in Redis: append, read, replace.
 
-An append costs O(new messages); the replace script that commits a compaction (or a rewind,
-restore.py) keeps every entry appended while it ran (docs/design.md, invariants 1 and 3).
+An append costs O(new messages), and stores each message once: in the transcript, whose
+records from the meta's ``tail`` are the effective history's verbatim tail, after the entries
+the last compaction (or rewind, or pin) wrote to the entries list. The replace script that
+commits a compaction (or a rewind, restore.py) keeps every entry appended while it ran
+(docs/design.md, invariants 1 and 3).
 """
 
 from __future__ import annotations
@@ -57,10 +60,10 @@ class CommitResult:
 
 
 def snapshot_of(
-    raw_meta: Mapping[bytes | str, bytes | str], raw_chunks: Sequence[bytes], raw_entries: Sequence[bytes]
+    meta: Meta, raw_chunks: Sequence[bytes | str], raw_entries: Sequence[bytes | str]
 ) -> Snapshot:
-    """A snapshot from the stored meta hash, chunks and entries (read in one transaction)."""
-    meta = Meta.from_hash(raw_meta)
+    """A snapshot from the stored meta, chunks and entries: the entries list, then the
+    transcript's records from the meta's ``tail`` (:meth:`Store.snapshot`)."""
     chunks = tuple(SummaryChunk.from_json(c) for c in raw_chunks)
     entries = tuple(Entry.from_json(e) for e in raw_entries)
     history = EffectiveHistory(
@@ -167,14 +170,26 @@ class Store:
         return None if value is None else as_text(value)
 
     async def snapshot(self, conversation_id: str) -> Snapshot:
-        """Read metadata, chunks and entries in one transaction (a consistent view)."""
+        """Read metadata, chunks and entries as one consistent view.
+
+        The meta, the chunks and the entries list are read in one transaction; the verbatim
+        tail appended since (the transcript's records from the meta's ``tail`` up to its message
+        count) in a second round trip, only when there is one. The transcript is append-only, so
+        those records are the ones the meta counted, whatever was appended or committed between.
+        """
         keys = self.keys(conversation_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.meta)
             pipe.lrange(keys.chunks, 0, -1)
             pipe.lrange(keys.entries, 0, -1)
             raw_meta, raw_chunks, raw_entries = await pipe.execute()
-        return snapshot_of(raw_meta, raw_chunks, raw_entries)
+        meta = Meta.from_hash(raw_meta)
+        if meta.msg_count <= meta.tail:
+            return snapshot_of(meta, raw_chunks, raw_entries)
+        tail = await self.redis.lrange(keys.transcript, meta.tail, meta.msg_count - 1)
+        if len(tail) != meta.msg_count - meta.tail:  # deleted or expired since the first read: gone now
+            return snapshot_of(Meta(), [], [])
+        return snapshot_of(meta, raw_chunks, [*raw_entries, *tail])
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
         """Transcript records (``appends.encode_records`` says their form) in order (list indexes, inclusive)."""
@@ -281,7 +296,16 @@ class Store:
             "outbox": outbox or (),
         }
         reply = await self._replace(
-            [keys.meta, keys.chunks, keys.entries, keys.compactions, keys.lock, keys.fence, keys.outbox],
+            [
+                keys.meta,
+                keys.chunks,
+                keys.entries,
+                keys.compactions,
+                keys.lock,
+                keys.fence,
+                keys.outbox,
+                keys.transcript,
+            ],
             lists,
             **header,
         )

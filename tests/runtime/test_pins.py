@@ -153,3 +153,25 @@ async def test_a_pin_asked_during_a_compaction_is_applied_by_the_next_one(
     snapshot = await parts.store.snapshot("c")
     assert snapshot.meta.pins == ""
     assert NOTE in rendered_texts(render(snapshot.history, settings.pipeline.summary_placement))
+
+
+async def test_a_message_appended_since_the_last_compaction_is_pinned_where_it_is(
+    parts: Parts, settings: Settings, published: Published
+) -> None:
+    """Turns appended after a compaction are read from the transcript (store.py): pinning one moves
+    the records up to it into the entries list, flagged, and the history reads the same otherwise."""
+    await turns(parts, 1, 20)
+    await compact(parts, published)
+    await turns(parts, 21, 24)
+    keys = parts.store.keys("c")
+    before = (await parts.store.snapshot("c")).history.entries
+    listed = await parts.store.redis.llen(keys.entries)
+
+    assert len(await Client(settings, parts.store, None).pin("c", 22)) == 1
+    after = (await parts.store.snapshot("c")).history.entries
+
+    assert [e.n for e in after] == [e.n for e in before]
+    assert [e.n for e in after if e.message.get("pinned")] == [e.n for e in before if e.seq == 22]
+    assert [{**e.message, "pinned": False} for e in after] == [{**e.message, "pinned": False} for e in before]
+    assert await parts.store.redis.llen(keys.entries) == listed + 2  # turns 21 and 22
+    assert (await parts.store.meta("c")).tail == after[-3].n  # 23 and 24 are the transcript's still

@@ -114,14 +114,15 @@ class TestRuns:
             keys = parts.store.keys(cid)
             deadline = int(await redis_client.hget(keys.meta, "expires_at") or 0)
             assert deadline > 0
-            for name in (keys.meta, keys.transcript, keys.entries, keys.fingerprints):
+            for name in (keys.meta, keys.transcript, keys.fingerprints):
                 assert await redis_client.pexpiretime(name) == deadline, (cid, name)
 
     async def test_a_run_writes_each_list_and_hash_once(
         self, parts: Parts, redis_client: redis.asyncio.Redis
     ) -> None:
-        """Five turns of a known conversation in one call: one RPUSH per list, one HSET of the meta
-        and one of the fingerprints, the meta read once; with no turn held, nothing else is read."""
+        """Five turns of a known conversation in one call: one RPUSH of the transcript (the only list
+        an append writes), one HSET of the meta and one of the fingerprints, the meta read once;
+        with no turn held, nothing else is read."""
         await parts.turns.handle(*items("c", [1])[0])
         await redis_client.config_resetstat()
 
@@ -131,7 +132,7 @@ class TestRuns:
         stats = await redis_client.info("commandstats")
         calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
         inside = {name: calls.get(name, 0) for name in ("rpush", "hset", "hmget", "pexpireat", "hget")}
-        assert inside == {"rpush": 2, "hset": 2, "hmget": 1, "pexpireat": 0, "hget": 0}
+        assert inside == {"rpush": 1, "hset": 2, "hmget": 1, "pexpireat": 0, "hget": 0}
 
     async def test_traced_a_run_still_stores_in_one_call_and_each_turn_keeps_its_span(
         self, parts: Parts, monkeypatch: pytest.MonkeyPatch

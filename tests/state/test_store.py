@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 from unittest.mock import ANY
 
@@ -126,7 +127,8 @@ class TestAppend:
         assert await store.redis.hget(store.keys("c").job, "trigger") == b"reactive"  # the stronger stays
 
     async def test_the_held_turns_are_read_only_while_the_meta_says_some_may_be(self, store: Store) -> None:
-        """Issue 35: a plain append reads the meta alone (five calls in all); a held turn sets the
+        """Issue 35: a plain append reads the meta alone (four calls in all: the transcript is the only
+        list it pushes to); a held turn sets the
         meta's ``held`` flag with it; the append that fills the gap finds none left and removes it."""
         if cluster_tests():
             pytest.skip("INFO commandstats is per node on a cluster")
@@ -139,7 +141,7 @@ class TestAppend:
             return {n: stats[f"cmdstat_{n}"]["calls"] for n in names if f"cmdstat_{n}" in stats}
 
         await append(store, "c", 1, msg("a"))
-        assert await calls_of(2, msg("b")) == {"hmget": 1, "rpush": 2, "hset": 2}
+        assert await calls_of(2, msg("b")) == {"hmget": 1, "rpush": 1, "hset": 2}
         held = held_value(b'{"turn": 4}', 1000, FP_A)
         assert (
             await store.write_turn("c", _write(4, fingerprint=FP_A, held=held))
@@ -153,7 +155,7 @@ class TestAppend:
         assert await append(store, "c", 4, msg("d"), fingerprint=FP_A) == AppendStatus.APPENDED
         assert await store.redis.hlen(store.keys("c").pending) == 0
         assert await store.redis.hget(store.keys("c").meta, "held") is None
-        assert await calls_of(5, msg("e")) == {"hmget": 1, "rpush": 2, "hset": 2}
+        assert await calls_of(5, msg("e")) == {"hmget": 1, "rpush": 1, "hset": 2}
 
     async def test_a_held_flag_left_by_a_sweep_is_removed_by_the_next_append(self, store: Store) -> None:
         """A sweep that dead-letters the held turns leaves the flag (it touches only the held turns):
@@ -193,12 +195,12 @@ class TestAppend:
             assert Entry.from_json(record) == entry == Entry.from_json(entry.to_json())
 
     async def test_an_appended_entry_is_its_transcript_record(self, store: Store) -> None:
-        """One text a message, pushed to both lists; the snapshot reads it as the entry."""
+        """One text a message, stored once: in the transcript, which the snapshot reads as the
+        history's verbatim tail; the entries list is not written."""
         await append(store, "c", 1, msg("a", tokens=7), msg("b", "assistant", tokens=5))
         keys = store.keys("c")
-        assert await store.redis.lrange(keys.entries, 0, -1) == await store.redis.lrange(
-            keys.transcript, 0, -1
-        )
+        assert await store.redis.exists(keys.entries) == 0
+        assert await store.redis.llen(keys.transcript) == 2
         entries = (await store.snapshot("c")).history.entries
         assert [(e.n, e.seq, e.message["content"], e.tokens, e.edit) for e in entries] == [
             (1, 1, "a", 7, None),
@@ -227,7 +229,8 @@ class TestAppend:
         """Lists longer than Lua's unpack limit are pushed in batches."""
         many = [msg(f"m{i}", tokens=1) for i in range(3000)]
         assert await append(store, "c", 1, *many) == AppendStatus.APPENDED
-        assert await store.redis.llen(store.keys("c").entries) == 3000
+        assert await store.redis.llen(store.keys("c").transcript) == 3000
+        assert len((await store.snapshot("c")).history.entries) == 3000
         assert (await store.meta("c")).history_tokens == 3000
 
     async def test_retention_gives_every_key_one_deadline(self, store: Store) -> None:
@@ -235,7 +238,7 @@ class TestAppend:
         await append(store, "c", 1, msg("a"), fingerprint=FP_A)
         keys = store.keys("c")
         deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
-        for key in (keys.meta, keys.transcript, keys.entries, keys.fingerprints):
+        for key in (keys.meta, keys.transcript, keys.fingerprints):
             assert await store.redis.pexpiretime(key) == deadline, key
 
     @pytest.mark.parametrize("plain", [True, False], ids=["plain", "script"])
@@ -254,7 +257,7 @@ class TestAppend:
         await store.redis.incr(keys.fence)  # a lock taken before any turn: its fence has no deadline
         await append(store, "c", 1, msg("a"), fingerprint=FP_A)
         deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
-        made = (keys.meta, keys.transcript, keys.entries, keys.fingerprints, keys.fence)
+        made = (keys.meta, keys.transcript, keys.fingerprints, keys.fence)
         for key in made:
             assert await store.redis.pexpiretime(key) == deadline, key
         assert await store.redis.exists(*(k for k in keys.lasting() if k not in made)) == 0
@@ -263,7 +266,7 @@ class TestAppend:
         await store.redis.config_resetstat()
         assert await append(store, "d", 1, msg("a"), fingerprint=FP_A) == AppendStatus.APPENDED
         stats = await store.redis.info("commandstats")
-        assert (stats["cmdstat_pexpireat"]["calls"], stats["cmdstat_exists"]["calls"]) == (4, 1)
+        assert (stats["cmdstat_pexpireat"]["calls"], stats["cmdstat_exists"]["calls"]) == (3, 1)
 
     async def test_a_turn_moves_the_deadline_only_when_half_the_retention_is_gone(self, store: Store) -> None:
         """Most turns leave expiry alone; the one that finds less than half left moves every key's, the archive's too."""
@@ -603,6 +606,52 @@ class TestCommit:
         assert after.meta.history_tokens == 60 - 15
         assert after.meta.context_status is ContextStatus.SUMMARIZED
         assert len(await store.transcript("c")) == 6  # the transcript is never rewritten
+
+    async def test_the_verbatim_tail_stays_in_the_transcript_across_commits(
+        self, store: Store, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """An append pushes to the transcript alone: the history's entries are the list a commit
+        wrote, then the transcript from the meta's ``tail``. A commit consuming into that tail moves
+        ``tail`` past what it consumed; one consuming less than the list keeps the list's rest."""
+        locks = Locks(redis_client, 30)
+        fence, token = await self._setup(store, locks)
+        keys = store.keys("c")
+
+        async def commit(consumed: int, entries: Sequence[Entry], version: int) -> int:
+            result = await store.commit(
+                "c",
+                fence=fence,
+                lock_token=token,
+                expected_version=version,
+                consumed=consumed,
+                chunks=[],
+                entries=entries,
+                token_delta=0,
+                status=ContextStatus.SUMMARIZED,
+                record={"v": version + 1},
+            )
+            return result.appended_during
+
+        async def layout() -> tuple[list[str], int, int]:
+            snapshot = await store.snapshot("c")
+            words = [e.message["content"] for e in snapshot.history.entries]
+            return words, await store.redis.llen(keys.entries), snapshot.meta.tail
+
+        first = (await store.snapshot("c")).history.entries
+        assert await layout() == (["q1", "a1", "q2", "a2"], 0, 0)
+        await append(store, "c", 3, msg("q3"), msg("a3", "assistant"))  # during the "LLM call"
+        assert await commit(4, first[2:], 0) == 2
+        assert await layout() == (["q2", "a2", "q3", "a3"], 2, 4)
+        await append(store, "c", 4, msg("q4"), msg("a4", "assistant"))
+        assert await layout() == (["q2", "a2", "q3", "a3", "q4", "a4"], 2, 4)  # the list untouched
+        assert await commit(3, [], 1) == 3  # into the tail: a3 is the transcript's 6th record
+        assert await layout() == (["a3", "q4", "a4"], 0, 5)
+        await append(store, "c", 5, msg("q5"))
+        assert await commit(0, first[:1], 2) == 4  # nothing consumed: all of it kept after q1
+        assert await layout() == (["q1", "a3", "q4", "a4", "q5"], 1, 5)
+        assert await commit(1, [], 3) == 4  # the list's first entry alone
+        assert await layout() == (["a3", "q4", "a4", "q5"], 0, 5)
+        assert len(await store.transcript("c")) == 9  # the transcript is never rewritten
 
     async def test_stale_fence_is_refused(self, store: Store, redis_client: redis.asyncio.Redis) -> None:
         """A writer whose lock expired and was taken over cannot commit (docs/design.md, invariant 3)."""

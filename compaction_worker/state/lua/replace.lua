@@ -2,24 +2,34 @@
 -- (store.py) or a rewind (restore.py). Refuses a stale writer, then replaces all chunks
 -- and the first `consumed` entries, keeping the entries appended since the writer's
 -- snapshot (the suffix) after the new ones.
--- KEYS: meta, chunks, entries, compactions, lock, fence, outbox. Every write bumps the meta's
---   revision (`rev`), which the per-turn script's caller computed from.
+-- The history's entries are the `entries` list, then the transcript's records from the meta's
+-- `tail` (a list index): an append pushes to the transcript only (store.py). The new entries
+-- go to the list; a suffix still in the list stays there, and one in the transcript stays
+-- there: `tail` moves past what was consumed of it.
+-- KEYS: meta, chunks, entries, compactions, lock, fence, outbox, transcript. Every write bumps
+--   the meta's revision (`rev`), which the per-turn script's caller computed from.
 -- Header: {fence, lock_token, expected_version, consumed, tokens, recount, status, now};
 --   lists: chunks, entries, record (the log record: a JSON object), outbox (field and
 --   event, or empty; the event is outbox.pack's: topic, newline, JSON).
 --   Without `recount`, `tokens` is the change in history tokens (a compaction knows exactly
 --   what it replaced); with it, the tokens of the new chunks and entries, and the total is
 --   recomputed from them and the suffix (a rewind repairs any drift).
-local meta, chunks, entries, log, lock, fence, outbox = unpack(KEYS)
+local meta, chunks, entries, log, lock, fence, outbox, transcript = unpack(KEYS)
 local h = arguments()
 if redis.call('GET', fence) ~= h.fence then return {'stale_fence'} end
 if redis.call('GET', lock) ~= h.lock_token then return {'lock_lost'} end
-local version = tonumber(redis.call('HGET', meta, 'version') or '0')
+local stored = redis.call('HMGET', meta, 'version', 'tail')
+local version, tail = tonumber(stored[1] or '0'), tonumber(stored[2] or '0')
 if version ~= h.expected_version then return {'stale_version', version} end
-local len = redis.call('LLEN', entries)
+local listed = redis.call('LLEN', entries)
+local len = listed + redis.call('LLEN', transcript) - tail
 if len < h.consumed then return {'corrupt', len} end
 local suffix = {}
-if len > h.consumed then suffix = redis.call('LRANGE', entries, h.consumed, -1) end
+if listed > h.consumed then
+  suffix = redis.call('LRANGE', entries, h.consumed, -1)
+else
+  tail = tail + h.consumed - listed
+end
 redis.call('DEL', chunks, entries)
 push(chunks, h.chunks)
 push(entries, h.entries)
@@ -28,11 +38,14 @@ local history
 if h.recount then
   history = tonumber(h.tokens)
   for i = 1, #suffix do history = history + tonumber(cjson.decode(suffix[i]).t) end
+  for _, record in ipairs(redis.call('LRANGE', transcript, tail, -1)) do
+    history = history + tonumber(cjson.decode(record).t)
+  end
   redis.call('HSET', meta, 'history_tokens', history)
 else
   history = redis.call('HINCRBY', meta, 'history_tokens', h.tokens)
 end
-redis.call('HSET', meta, 'version', version + 1, 'context_status', h.status,
+redis.call('HSET', meta, 'version', version + 1, 'context_status', h.status, 'tail', tail,
   'updated_at', h.now, 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
 redis.call('HINCRBY', meta, 'rev', 1)
 -- The log record gains what only this script knows (docs/design.md, "Commit and rewind"): the
@@ -51,4 +64,4 @@ if h.outbox[1] then redis.call('HSET', outbox, h.outbox[1], h.outbox[2]) end
 -- Written anew or perhaps for the first time: each takes the conversation's deadline.
 local deadline = deadline_of(meta)
 for _, key in ipairs({chunks, entries, log, outbox}) do expire_with(key, deadline) end
-return {'committed', version + 1, history, #suffix}
+return {'committed', version + 1, history, len - h.consumed}

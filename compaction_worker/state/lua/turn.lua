@@ -10,7 +10,7 @@
 --   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
 --   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
 --   that many meta field/value texts (what the append changes), then the message count n and
---   n transcript records (each pushed to the entries too: appends.encode_records), then the
+--   n transcript records (the history's verbatim tail is read from them: store.py), then the
 --   turn's held form if the caller expects a gap.
 -- Replies, by what the stored sequence says of the turn:
 --   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
@@ -20,7 +20,7 @@
 --   request was recorded, or it was asked for (a manual or reactive request, `asked`) and a
 --   stronger job is pending: someone asked, so that one is made due at once.
 -- An append's writes to the conversation's lists and hashes are gathered in `w` (writes())
--- and made once per call by flush(): a run's turns cost one RPUSH per list and one HSET per
+-- and made once per call by flush(): a run's turns cost one RPUSH of the transcript and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
 -- leaves, kept in `w`, not read again. A script is atomic: nobody sees the state between.
 -- A lone turn's records are pushed straight from ARGV, no table built: a stored
@@ -29,7 +29,7 @@
 -- The meta's `held` field is '1' while turns may be held behind a gap: every writer of a held
 -- turn sets it with the turn, and an append that finds none held (the gap filled, or its turns
 -- dead-lettered by a sweep) removes it. Without it the pending hash is empty and not read, so
--- a plain append makes five Redis calls: HMGET, RPUSH x2, HSET x2.
+-- a plain append makes four Redis calls: HMGET, RPUSH, HSET x2.
 -- Every turn is stored or held with its fingerprint: a redelivery with another is a conflict. A
 -- turn held behind a gap arrived first: a different turn with its seq is refused.
 -- A call's gathered writes: the positions of the turns appended (`spans`), the meta once
@@ -49,28 +49,27 @@ local function push_args(key, from, to)
   end
 end
 
--- The keys an append writes, by their index in KEYS: meta, transcript, entries, fingerprints.
-local WRITTEN = {true, true, true, false, true}
+-- The keys an append writes, by their index in KEYS: meta, transcript, fingerprints. The
+-- entries list is not one: the messages appended since a compaction are the transcript's.
+local WRITTEN = {true, true, false, false, true}
 
--- Makes a call's gathered writes: the lists, the meta, the fingerprints, then the deadlines
+-- Makes a call's gathered writes: the transcript, the meta, the fingerprints, then the deadlines
 -- (after the keys exist: an expiry on a missing key is lost). A field a later turn of a run
 -- writes again is written twice in one HSET: the later value is the one kept.
 local function flush(w)
   if not w.state then return end
-  local meta, transcript, entries, fingerprints = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
+  local meta, transcript, fingerprints = KEYS[1], KEYS[2], KEYS[5]
   local fields = {'rev', string.format('%d', w.state[1])}
   local fps = {}
   if #w.spans == 1 then
     local s = w.spans[1]
     push_args(transcript, s.records, s.records + s.n - 1)
-    push_args(entries, s.records, s.records + s.n - 1)
   else
     local records = {}
     for _, s in ipairs(w.spans) do
       for i = s.records, s.records + s.n - 1 do records[#records + 1] = ARGV[i] end
     end
     push(transcript, records)
-    push(entries, records)
   end
   for _, s in ipairs(w.spans) do
     for i = s.fields, s.fields + s.fields_n - 1 do fields[#fields + 1] = ARGV[i] end
@@ -85,7 +84,7 @@ local function flush(w)
   if w.emptied then redis.call('HDEL', meta, 'held') end
   redis.call('HSET', fingerprints, unpack(fps))
   if w.first then
-    for _, key in ipairs({meta, transcript, entries, fingerprints}) do expire_with(key, w.first) end
+    for _, key in ipairs({meta, transcript, fingerprints}) do expire_with(key, w.first) end
   end
   if w.renewed then expire_moved(KEYS, WRITTEN, w.before, w.renewed) end
 end
