@@ -19,18 +19,12 @@ from __future__ import annotations
 import json
 import logging
 
-from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import PinError
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import clear_field_if
 from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
-
-_EXPIRE_WITH_META = """
-local deadline = tonumber(redis.call('HGET', KEYS[1], 'expires_at') or '0')
-if deadline > 0 then redis.call('PEXPIREAT', KEYS[2], deadline) end
-"""
 
 
 async def set_pinned(
@@ -90,47 +84,10 @@ async def _ordinals(store: Store, conversation_id: str, turn_seq: int, index: in
 async def _write(
     store: Store, conversation_id: str, turn_seq: int, ordinals: list[int], *, pinned: bool
 ) -> None:
-    """Set the flag on the entries of ``ordinals``; the conversation's lock is held.
-
-    A message appended since the last compaction is an entry in the transcript, not in the
-    entries list (store.py): the transcript's records up to the last such one move to the
-    list, flagged, and the meta's ``tail`` moves past them.
-    """
-    keys = store.keys(conversation_id)
-    # Under the lock nothing rewrites the entries or moves the tail (a commit, a rewind or a pin
-    # would hold it); appends only push to the transcript, which is never rewritten, so what is
-    # read here stays right for the writes.
-    async with store.redis.pipeline(transaction=True) as pipe:
-        pipe.lrange(keys.entries, 0, -1)
-        pipe.hget(keys.meta, "tail")
-        raw, stored_tail = await pipe.execute()
-    tail = int(stored_tail or 0)
-    at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
-    gone = [n for n in ordinals if n <= tail and n not in at]
+    """Set the flag on the entries of ``ordinals``; the conversation's lock is held."""
+    gone = await store.set_pinned(conversation_id, ordinals, pinned)
     if gone:
         raise PinError(
             f"message {', '.join(map(str, gone))} of {conversation_id} (turn {turn_seq}) is already "
             "summarized: rewind the compaction that replaced it first"
         )
-    last = max(ordinals)
-    moved = await store.redis.lrange(keys.transcript, tail, last - 1) if last > tail else []
-    async with store.redis.pipeline(transaction=True) as pipe:
-        for n in ordinals:
-            if n in at:
-                i, entry = at[n]
-                pipe.lset(keys.entries, i, _flagged(entry, pinned).to_json())
-        if moved:
-            records = [Entry.from_json(r) for r in moved]
-            pipe.rpush(
-                keys.entries,
-                *(_flagged(e, pinned).to_json() if e.n in ordinals else e.to_json() for e in records),
-            )
-            pipe.hset(keys.meta, "tail", str(last))
-            pipe.hincrby(keys.meta, "rev", 1)
-            # The list may be new: it takes the conversation's deadline, as it is when this runs.
-            pipe.eval(_EXPIRE_WITH_META, 2, keys.meta, keys.entries)
-        await pipe.execute()
-
-
-def _flagged(entry: Entry, pinned: bool) -> Entry:
-    return Entry(entry.n, entry.seq, {**entry.message, "pinned": pinned}, entry.tokens, entry.edit)

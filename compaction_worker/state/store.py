@@ -191,6 +191,47 @@ class Store:
             return snapshot_of(Meta(), [], [])
         return snapshot_of(meta, raw_chunks, [*raw_entries, *tail])
 
+    async def set_pinned(self, conversation_id: str, ordinals: Sequence[int], pinned: bool) -> list[int]:
+        """Set the ``pinned`` flag of the history's messages ``ordinals``; the caller holds the lock.
+
+        Returns those the history no longer carries verbatim (a summary replaced them), and then
+        writes nothing. A message appended since the last compaction is the transcript's, not the
+        entries list's: the transcript's records up to the last such one move to the list,
+        flagged, and the meta's ``tail`` moves past them.
+        """
+        keys = self.keys(conversation_id)
+        # Under the lock nothing rewrites the entries or moves the tail (a commit, a rewind or a
+        # pin would hold it); appends only push to the transcript, which is never rewritten, so
+        # what is read here stays right for the writes.
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lrange(keys.entries, 0, -1)
+            pipe.hget(keys.meta, "tail")
+            raw, stored_tail = await pipe.execute()
+        tail = int(stored_tail or 0)
+        at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
+        gone = [n for n in ordinals if n <= tail and n not in at]
+        if gone:
+            return gone
+        last = max(ordinals, default=0)
+        moved = await self.redis.lrange(keys.transcript, tail, last - 1) if last > tail else []
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for n in ordinals:
+                if n in at:
+                    i, entry = at[n]
+                    pipe.lset(keys.entries, i, _flagged(entry, pinned).to_json())
+            if moved:
+                records = [Entry.from_json(r) for r in moved]
+                pipe.rpush(
+                    keys.entries,
+                    *((_flagged(e, pinned) if e.n in ordinals else e).to_json() for e in records),
+                )
+                pipe.hset(keys.meta, "tail", str(last))
+                pipe.hincrby(keys.meta, "rev", 1)
+                # The list may be new: it takes the conversation's deadline as it is when this runs.
+                pipe.eval(_EXPIRE_WITH_META, 2, keys.meta, keys.entries)
+            await pipe.execute()
+        return []
+
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
         """Transcript records (``appends.encode_records`` says their form) in order (list indexes, inclusive)."""
         raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
@@ -319,3 +360,14 @@ class Store:
     async def delete(self, conversation_id: str) -> int:
         """Remove every key of a conversation (operator command); returns keys removed."""
         return int(await self.redis.delete(*self.keys(conversation_id).all()))
+
+
+def _flagged(entry: Entry, pinned: bool) -> Entry:
+    return Entry(entry.n, entry.seq, {**entry.message, "pinned": pinned}, entry.tokens, entry.edit)
+
+
+_EXPIRE_WITH_META = """
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'expires_at') or '0')
+if deadline > 0 then redis.call('PEXPIREAT', KEYS[2], deadline) end
+"""
+"""Give a key the conversation's deadline (lua/expiry.lua's ``expire_with``), read when it runs."""

@@ -653,6 +653,50 @@ class TestCommit:
         assert await layout() == (["a3", "q4", "a4", "q5"], 0, 5)
         assert len(await store.transcript("c")) == 9  # the transcript is never rewritten
 
+    async def test_a_pin_moves_the_transcript_up_to_it_into_the_list(
+        self, store: Store, redis_client: redis.asyncio.Redis
+    ) -> None:
+        """A message of the tail read from the transcript is flagged by moving the records up to it
+        into the list (with the conversation's deadline) and ``tail`` past them; the history reads
+        the same but for the flag. One a commit replaced is refused, and nothing is written."""
+        fence, token = await self._setup(store, Locks(redis_client, 30))
+        keys = store.keys("c")
+        deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
+        assert deadline > 0
+
+        assert await store.set_pinned("c", [2], True) == []
+        snapshot = await store.snapshot("c")
+        assert [(e.n, e.message.get("pinned")) for e in snapshot.history.entries] == [
+            (1, None),
+            (2, True),
+            (3, None),
+            (4, None),
+        ]
+        assert (await store.redis.llen(keys.entries), snapshot.meta.tail) == (2, 2)
+        assert await store.redis.pexpiretime(keys.entries) == deadline
+        assert await store.set_pinned("c", [2, 3], False) == []  # one in the list, one in the transcript
+        assert [e.message.get("pinned") for e in (await store.snapshot("c")).history.entries] == [
+            None,
+            False,
+            False,
+            None,
+        ]
+        await store.commit(
+            "c",
+            fence=fence,
+            lock_token=token,
+            expected_version=0,
+            consumed=1,
+            chunks=[],
+            entries=[],
+            token_delta=0,
+            status=ContextStatus.SUMMARIZED,
+            record={},
+        )
+        before = [await store.redis.dump(k) for k in keys.all()]
+        assert await store.set_pinned("c", [1, 4], True) == [1]
+        assert [await store.redis.dump(k) for k in keys.all()] == before
+
     async def test_stale_fence_is_refused(self, store: Store, redis_client: redis.asyncio.Redis) -> None:
         """A writer whose lock expired and was taken over cannot commit (docs/design.md, invariant 3)."""
         locks = Locks(redis_client, 0.2)
