@@ -461,14 +461,16 @@ class Compactor:
         }
         field = event_field(completed.version, str(run.compaction_id))
         await self.outbox.expect(cid)
+        # The verbatim tail the draft kept as the transcript holds it stays there: not written again.
+        kept = snapshot.in_transcript(result.draft.entries)
         await self.store.commit(
             cid,
             fence=fence,
             lock_token=lock_token,
             expected_version=meta.version,
-            consumed=snapshot.entry_count,
+            consumed=snapshot.entry_count - kept,
             chunks=result.draft.chunks,
-            entries=result.draft.entries,
+            entries=result.draft.entries[: len(result.draft.entries) - kept],
             token_delta=token_delta,
             status=status,
             record=record,

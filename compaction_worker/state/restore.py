@@ -73,7 +73,7 @@ async def rewind(
         pipe.lrange(keys.compactions, 0, -1)
         raw_meta, raw_chunks, raw_entries, raw_transcript, raw_log = await pipe.execute()
     meta = Meta.from_hash(raw_meta)  # the entries appended since the last replace follow in the transcript
-    before = snapshot_of(meta, raw_chunks, [*raw_entries, *raw_transcript[meta.tail :]])
+    before = snapshot_of(meta, raw_chunks, raw_entries, raw_transcript[meta.tail :])
     target = rewind_target([json.loads(r) for r in raw_log], version)
     if "chunks_before" not in target:
         raise RewindError(

@@ -44,10 +44,21 @@ class Snapshot:
     meta: Meta
     history: EffectiveHistory
     chunk_tokens: int = field(default=0)
+    listed: int = 0
+    """How many of the history's entries the entries list holds: the rest are the transcript's."""
 
     @property
     def entry_count(self) -> int:
         return len(self.history.entries)
+
+    def in_transcript(self, entries: Sequence[Entry]) -> int:
+        """How many of ``entries``' last ones are this snapshot's last ones as the transcript holds
+        them (unedited, in order): a commit leaves those where they are (:meth:`Store.commit`)."""
+        tail = self.history.entries[self.listed :]
+        kept = 0
+        while kept < min(len(tail), len(entries)) and entries[-1 - kept] == tail[-1 - kept]:
+            kept += 1
+        return kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +71,15 @@ class CommitResult:
 
 
 def snapshot_of(
-    meta: Meta, raw_chunks: Sequence[bytes | str], raw_entries: Sequence[bytes | str]
+    meta: Meta,
+    raw_chunks: Sequence[bytes | str],
+    raw_listed: Sequence[bytes | str],
+    raw_tail: Sequence[bytes | str] = (),
 ) -> Snapshot:
     """A snapshot from the stored meta, chunks and entries: the entries list, then the
     transcript's records from the meta's ``tail`` (:meth:`Store.snapshot`)."""
     chunks = tuple(SummaryChunk.from_json(c) for c in raw_chunks)
-    entries = tuple(Entry.from_json(e) for e in raw_entries)
+    entries = tuple(Entry.from_json(e) for e in (*raw_listed, *raw_tail))
     history = EffectiveHistory(
         chunks=chunks,
         entries=entries,
@@ -73,7 +87,7 @@ def snapshot_of(
         system_prompt=meta.system_prompt,
         tools=meta.tools,
     )
-    return Snapshot(meta=meta, history=history, chunk_tokens=sum(c.tokens for c in chunks))
+    return Snapshot(meta, history, chunk_tokens=sum(c.tokens for c in chunks), listed=len(raw_listed))
 
 
 class Store:
@@ -189,7 +203,7 @@ class Store:
         tail = await self.redis.lrange(keys.transcript, meta.tail, meta.msg_count - 1)
         if len(tail) != meta.msg_count - meta.tail:  # deleted or expired since the first read: gone now
             return snapshot_of(Meta(), [], [])
-        return snapshot_of(meta, raw_chunks, [*raw_entries, *tail])
+        return snapshot_of(meta, raw_chunks, raw_entries, tail)
 
     async def set_pinned(self, conversation_id: str, ordinals: Sequence[int], pinned: bool) -> list[int]:
         """Set the ``pinned`` flag of the history's messages ``ordinals``; the caller holds the lock.

@@ -35,7 +35,8 @@ from compaction_worker.state.index import now_ms
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.store import Store
+from compaction_worker.state.meta import Meta
+from compaction_worker.state.store import Store, snapshot_of
 from compaction_worker.strategies import CompactionResult, Draft, provider_problems
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
@@ -75,6 +76,47 @@ class TestCompactor:
         covered = {n for c in snapshot.history.chunks for n in range(c.first_n, c.last_n + 1) if c.covers(n)}
         assert covered | {e.n for e in snapshot.history.entries} == set(range(1, 25))
         assert await parts.jobs.job("c") is None
+
+    async def test_a_commit_leaves_the_verbatim_tail_where_the_transcript_holds_it(
+        self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The draft's last entries that are the snapshot's unedited transcript records are not
+        written to the entries list again: the commit moves ``tail`` to the first of them, and the
+        history reads back as the draft committed, turns appended during the compaction after it."""
+        for event in conversation(24):
+            await parts.turns.handle(event, b"c")
+        committed: list[tuple[Entry, ...]] = []
+        commit = parts.store.commit
+
+        async def appending_first(cid: str, **kwargs: Any) -> Any:
+            committed.append((*kwargs["entries"],))
+            await parts.turns.handle(turn_bytes("c", 25, [user("one more question")]), b"c")
+            return await commit(cid, **kwargs)
+
+        monkeypatch.setattr(parts.store, "commit", appending_first)
+        completed = await run_job(parts.jobs, parts.compactor, "c")
+        assert completed is not None
+        assert completed.outcome is Outcome.COMPACTED
+        snapshot = await parts.store.snapshot("c")
+        listed, tail = snapshot.listed, snapshot.meta.tail
+        (written,) = committed
+
+        assert snapshot.history.entries[:listed] == written  # only what the list did not hold
+        in_transcript = snapshot.history.entries[listed:]
+        assert [e.n for e in in_transcript] == list(range(tail + 1, snapshot.meta.msg_count + 1))
+        assert len(in_transcript) >= 2
+        assert in_transcript[-1].message["content"] == "one more question"
+        assert all(e.edit is None for e in in_transcript)
+
+    def test_only_an_unedited_suffix_stays_in_the_transcript(self) -> None:
+        tail = tuple(Entry(n, n, {"role": "user", "content": f"m{n}"}, 3) for n in range(5, 9))
+        snapshot = snapshot_of(Meta(tail=4, msg_count=8), [], [], [e.to_json() for e in tail])
+        edited = replace(tail[-1], edit="cleared")
+
+        assert snapshot.in_transcript(tail[1:]) == 3
+        assert snapshot.in_transcript((*tail[:2], edited)) == 0
+        assert snapshot.in_transcript((*tail[:3], tail[3], tail[3])) == 1  # not in order: only the last
+        assert snapshot.in_transcript(()) == 0
 
     async def test_a_commit_reports_its_cost_and_break_even_at_the_models_prices(
         self, parts: Parts, published: Published
