@@ -570,6 +570,27 @@ class TestOneScript:
         assert await store.redis.hget(store.keys("c").pending, "3") == b'{"held": 3}'
 
 
+async def _replaced(
+    store: Store, lease: tuple[int, str], consumed: int, entries: Sequence[Entry], version: int
+) -> int:
+    """Commit no chunk and ``entries`` over the first ``consumed`` entries of ``version``: the
+    entries kept after them (``appended_during``)."""
+    fence, token = lease
+    result = await store.commit(
+        "c",
+        fence=fence,
+        lock_token=token,
+        expected_version=version,
+        consumed=consumed,
+        chunks=[],
+        entries=entries,
+        token_delta=0,
+        status=ContextStatus.SUMMARIZED,
+        record={"v": version + 1},
+    )
+    return result.appended_during
+
+
 class TestCommit:
     async def _setup(self, store: Store, locks: Locks) -> tuple[int, str]:
         await append(store, "c", 1, msg("q1"), msg("a1", "assistant"))
@@ -618,19 +639,7 @@ class TestCommit:
         keys = store.keys("c")
 
         async def commit(consumed: int, entries: Sequence[Entry], version: int) -> int:
-            result = await store.commit(
-                "c",
-                fence=fence,
-                lock_token=token,
-                expected_version=version,
-                consumed=consumed,
-                chunks=[],
-                entries=entries,
-                token_delta=0,
-                status=ContextStatus.SUMMARIZED,
-                record={"v": version + 1},
-            )
-            return result.appended_during
+            return await _replaced(store, (fence, token), consumed, entries, version)
 
         async def layout() -> tuple[list[str], int, int]:
             snapshot = await store.snapshot("c")
@@ -681,18 +690,7 @@ class TestCommit:
             False,
             None,
         ]
-        await store.commit(
-            "c",
-            fence=fence,
-            lock_token=token,
-            expected_version=0,
-            consumed=1,
-            chunks=[],
-            entries=[],
-            token_delta=0,
-            status=ContextStatus.SUMMARIZED,
-            record={},
-        )
+        await _replaced(store, (fence, token), 1, [], 0)
         before = [await store.redis.dump(k) for k in keys.all()]
         assert await store.set_pinned("c", [1, 4], True) == [1]
         assert [await store.redis.dump(k) for k in keys.all()] == before
