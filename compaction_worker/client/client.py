@@ -469,7 +469,9 @@ class Client:
         """Pin the messages of turn ``turn_seq`` (or only its ``index``-th, from 0) after the fact:
         every later compaction keeps them verbatim (:mod:`compaction_worker.runtime.pins`).
         Returns their transcript ordinals. Raises PinError (no such turn or message, or a summary
-        already replaced it) or LockNotAcquiredError (a compaction is running: try again)."""
+        already replaced it) or LockNotAcquiredError (a compaction is running: try again), or
+        StaleFenceError (the lock expired while pinning and another holder changed the history:
+        nothing was written; try again)."""
         return await set_pinned(
             self.store, self.parts.locks, conversation_id, turn_seq, index=index, pinned=True
         )

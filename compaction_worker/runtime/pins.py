@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 
-from compaction_worker.errors import PinError
+from compaction_worker.errors import PinError, StaleFenceError
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import clear_field_if
 from compaction_worker.state.store import Store
@@ -61,6 +61,9 @@ async def _apply(store: Store, conversation_id: str, asked: str) -> None:
             log.warning(
                 "a turn's %s of turn %s was not applied: %s", "pin" if pinned else "unpin", turn_seq, e
             )
+        except StaleFenceError as e:  # the lock expired, and another holder changed the history
+            log.warning("pins asked were not applied (%s): the next holder of the lock applies them", e)
+            return
     # Only what was read: pins a turn added meanwhile stay for the next holder of the lock.
     await clear_field_if(store.redis, store.keys(conversation_id).meta, "pins", asked)
 

@@ -101,6 +101,7 @@ class Store:
         """The per-turn calls' round trips (scripts.Pipeline): a turn's and a run's travel together."""
         self._turn = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
         self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
+        self._pin = Script(redis, "push.lua", "expiry.lua", "pin.lua")
 
     def keys(self, conversation_id: str) -> ConversationKeys:
         return conversation_keys(conversation_id, self.prefix)
@@ -211,39 +212,42 @@ class Store:
         Returns those the history no longer carries verbatim (a summary replaced them), and then
         writes nothing. A message appended since the last compaction is the transcript's, not the
         entries list's: the transcript's records up to the last such one move to the list,
-        flagged, and the meta's ``tail`` moves past them.
+        flagged, and the meta's ``tail`` moves past them (lua/pin.lua, which writes nothing if
+        the history changed since this read it: StaleFenceError).
         """
         keys = self.keys(conversation_id)
-        # Under the lock nothing rewrites the entries or moves the tail (a commit, a rewind or a
-        # pin would hold it); appends only push to the transcript, which is never rewritten, so
-        # what is read here stays right for the writes.
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lrange(keys.entries, 0, -1)
-            pipe.hget(keys.meta, "tail")
-            raw, stored_tail = await pipe.execute()
+            pipe.hmget(keys.meta, "version", "tail")
+            raw, (version, stored_tail) = await pipe.execute()
         tail = int(stored_tail or 0)
         at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
         gone = [n for n in ordinals if n <= tail and n not in at]
         if gone:
             return gone
         last = max(ordinals, default=0)
+        # The transcript is never rewritten: these records stay what they are.
         moved = await self.redis.lrange(keys.transcript, tail, last - 1) if last > tail else []
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for n in ordinals:
-                if n in at:
-                    i, entry = at[n]
-                    pipe.lset(keys.entries, i, _flagged(entry, pinned).to_json())
-            if moved:
-                records = [Entry.from_json(r) for r in moved]
-                pipe.rpush(
-                    keys.entries,
-                    *((_flagged(e, pinned) if e.n in ordinals else e).to_json() for e in records),
-                )
-                pipe.hset(keys.meta, "tail", str(last))
-                pipe.hincrby(keys.meta, "rev", 1)
-                # The list may be new: it takes the conversation's deadline as it is when this runs.
-                pipe.eval(_EXPIRE_WITH_META, 2, keys.meta, keys.entries)
-            await pipe.execute()
+        flagged = [
+            text
+            for n in ordinals
+            if n in at
+            for text in (str(at[n][0]), _flagged(at[n][1], pinned).to_json())
+        ]
+        records = [Entry.from_json(r) for r in moved]
+        written = await self._pin(
+            [keys.meta, keys.entries],
+            {
+                "set": flagged,
+                "moved": [(_flagged(e, pinned) if e.n in ordinals else e).to_json() for e in records],
+            },
+            version=as_text(version or "0"),
+            tail=str(tail),
+            listed=str(len(raw)),
+            moved_to=str(max(last, tail)),
+        )
+        if not int(written):
+            raise StaleFenceError(f"pin refused for {conversation_id}: its history changed meanwhile")
         return []
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
@@ -378,10 +382,3 @@ class Store:
 
 def _flagged(entry: Entry, pinned: bool) -> Entry:
     return Entry(entry.n, entry.seq, {**entry.message, "pinned": pinned}, entry.tokens, entry.edit)
-
-
-_EXPIRE_WITH_META = """
-local deadline = tonumber(redis.call('HGET', KEYS[1], 'expires_at') or '0')
-if deadline > 0 then redis.call('PEXPIREAT', KEYS[2], deadline) end
-"""
-"""Give a key the conversation's deadline (lua/expiry.lua's ``expire_with``), read when it runs."""

@@ -695,6 +695,28 @@ class TestCommit:
         assert await store.set_pinned("c", [1, 4], True) == [1]
         assert [await store.redis.dump(k) for k in keys.all()] == before
 
+    async def test_a_pin_over_a_history_changed_since_its_read_writes_nothing(
+        self, store: Store, redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A pinner whose lock expired while it pinned, and whose history another holder committed
+        meanwhile, is refused (lua/pin.lua): nothing of the pin is written over the commit."""
+        lease = await self._setup(store, Locks(redis_client, 30))
+        keys = store.keys("c")
+        script = store._pin
+        before: list[Any] = []
+
+        async def committed_first(*args: Any, **header: Any) -> Any:
+            await _replaced(store, lease, 1, [], 0)  # another holder's commit, after the pin's read
+            nonlocal before
+            before = [await store.redis.dump(k) for k in keys.all()]
+            return await script(*args, **header)
+
+        monkeypatch.setattr(store, "_pin", committed_first)
+        with pytest.raises(StaleFenceError, match="pin refused"):
+            await store.set_pinned("c", [3], True)
+        assert [await store.redis.dump(k) for k in keys.all()] == before
+        assert [e.n for e in (await store.snapshot("c")).history.entries] == [2, 3, 4]
+
     async def test_stale_fence_is_refused(self, store: Store, redis_client: redis.asyncio.Redis) -> None:
         """A writer whose lock expired and was taken over cannot commit (docs/design.md, invariant 3)."""
         locks = Locks(redis_client, 0.2)
