@@ -271,6 +271,22 @@ class TestDefaultSummary:
         assert len(encoding.encode(bounded)) <= 185
         assert "message 0 edits" in bounded
 
+    def test_words_of_many_tokens_still_fit_max_tokens(self) -> None:
+        """Paths and code take up to four tokens a word (the head-of-line bench's tool calls went 25%
+        over at three): the reply is cut on its tokens too, to 80% of max_tokens (another model's
+        counter may count it higher)."""
+        lines = [
+            f"assistant: ran /usr/lib/python3.11/site-packages/pkg_{n}/mod_{n}.py::test_{n} --flag=v_{n}"
+            for n in range(200)
+        ]
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "\n".join(lines)}]}
+        encoding = tiktoken.get_encoding("o200k_base")
+
+        for max_tokens in (100, 437, 2000):
+            summary = default_summary({**body, "max_tokens": max_tokens})
+            assert len(encoding.encode(summary)) <= 0.8 * max_tokens, max_tokens
+            assert "## Goals and constraints" in summary
+
     def test_text_parts_and_no_role_headers(self) -> None:
         """Content parts are read; without role headers each paragraph is one entry."""
         body = {

@@ -12,6 +12,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from compaction_worker.budget.tokens import counter_for
+from compaction_worker.settings import BudgetSettings
+
 __all__ = ["OVERFLOW_PROVIDERS", "default_summary", "provider_overflow_error", "text_of"]
 
 # --- provider errors -----------------------------------------------------------------
@@ -212,7 +215,23 @@ def default_summary(body: dict[str, Any]) -> str:
         parts += [headings[2], nxt]
     if isinstance(max_tokens, int) and max_tokens > 0:
         parts = _within(parts, max(8, max_tokens // 3))  # a small budget cuts even the goal short
+        # Words of paths and code can take four tokens each: cut further until the reply fits in
+        # its tokens, as a model's does (with room for the product's count of another tokenizer).
+        words = sum(len(line.split()) for line in parts)
+        while words > 8 and _tokens("\n".join(parts)) > max_tokens * _FIT:
+            words = max(8, words * 9 // 10)
+            parts = _within(parts, words)
     return "\n".join(parts)
+
+
+_FIT = 0.8
+"""The share of ``max_tokens`` the reply keeps within, by o200k's count: a conversation's own
+counter (another model's tokenizer, its multiplier) may count the same text up to a quarter higher."""
+
+
+def _tokens(text: str) -> int:
+    """The reply's tokens by o200k (an OpenAI model's count)."""
+    return counter_for("gpt-4o", BudgetSettings()).text(text)
 
 
 def _within(lines: list[str], words: int) -> list[str]:
