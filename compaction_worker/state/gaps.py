@@ -15,8 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from compaction_worker.contracts.events import BadEventError, DeadLetterReason, TurnEvent
-from compaction_worker.contracts.fingerprints import turn_fingerprint
+from compaction_worker.contracts.events import BadEventError, DeadLetterReason
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex
 from compaction_worker.state.keys import gaps_index_key
@@ -135,31 +134,6 @@ class GapIndex:
 
     def _key(self, conversation_id: str) -> str:
         return self.store.keys(conversation_id).pending
-
-    async def hold(
-        self,
-        conversation_id: str,
-        turn_seq: int,
-        raw: bytes,
-        now: float | None = None,
-        *,
-        fingerprint: str | None = None,
-    ) -> bool:
-        """Hold a turn until its gap fills or it times out; False if that seq was already held.
-
-        The hold time (``now``) is kept with the bytes, so each held turn times out on its
-        own; a redelivery keeps the first hold time, and the first turn's bytes and fingerprint
-        (``fingerprint``: the turn's, computed from ``raw`` when not given).
-        """
-        at = _ms(now)
-        key = self._key(conversation_id)
-        fingerprint = fingerprint or turn_fingerprint(TurnEvent.model_validate_json(raw))
-        async with self.redis.pipeline(transaction=True) as pipe:  # the flag with the turn (lua/turn.lua)
-            pipe.hsetnx(key, str(turn_seq), held_value(raw, at, fingerprint))
-            pipe.hset(self.store.keys(conversation_id).meta, "held", "1")
-            added, _ = await pipe.execute()
-        await self.indexed(conversation_id, at)
-        return bool(added)
 
     async def indexed(self, conversation_id: str, held_ms: int) -> None:
         """Index a conversation that holds a turn since ``held_ms`` (the per-turn script holds it).

@@ -31,6 +31,7 @@ from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
+from tests.state.helpers import hold
 
 pytestmark = pytest.mark.integration
 
@@ -215,7 +216,7 @@ class TestTurns:
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
         held = turn_bytes("c", 2, [assistant("two")])
         held_fp = turn_fingerprint(TurnEvent.model_validate_json(held))
-        await parts.turns.gaps.hold("c", 2, held, fingerprint=held_fp)
+        await hold(parts.turns.gaps, "c", 2, held, fingerprint=held_fp)
 
         outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("other two")]), b"c")
 

@@ -21,6 +21,7 @@ from compaction_worker.state.lock import Lease
 from compaction_worker.testing import turn_bytes
 from tests import orchestration
 from tests.orchestration import Parts, Published, assistant, user
+from tests.state.helpers import hold
 
 OTHER = "f" * 32
 """A fingerprint of bytes no test turn has."""
@@ -93,7 +94,7 @@ class TestExpiry:
         """Issue 34: the sweep holds the conversation's lock while it sends; the turn is still held
         while its letter is sent, and forgotten once it is."""
         third = turn_bytes("c", 3, [user("three")])
-        await parts.gaps.hold("c", 3, third, now=1000.0)
+        await hold(parts.gaps, "c", 3, third, now=1000.0)
         seen: list[tuple[int, list[int], bool]] = []
 
         async def dead_letter(turn: ExpiredTurn) -> None:
@@ -113,7 +114,7 @@ class TestExpiry:
     ) -> None:
         """A compaction (or another sweep) holds the lock: nothing is sent, and the index makes the
         conversation due again when that lock runs out, not at every sweep."""
-        await parts.gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
+        await hold(parts.gaps, "c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
         lease = await parts.locks.acquire("c", parts.store.keys("c"))
         assert isinstance(lease, Lease)
 
@@ -134,7 +135,7 @@ class TestExpiry:
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
         await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
         since_ms = await held_ms(parts.gaps, "c", 3)
-        await parts.gaps.hold("c", 4, turn_bytes("c", 4, [assistant("four")]), now=since_ms / 1000 + 200)
+        await hold(parts.gaps, "c", 4, turn_bytes("c", 4, [assistant("four")]), now=since_ms / 1000 + 200)
 
         assert await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT - 1) == []
         assert published.events == []
@@ -271,7 +272,9 @@ class TestConcurrency:
             second = orchestration.make_parts(other_client, settings, published)
             held = {(cid, seq) for cid in ("a", "b", "c") for seq in range(3, 13)}
             for cid, seq in sorted(held):
-                await first.gaps.hold(cid, seq, turn_bytes(cid, seq, [user(f"{cid}{seq}")]), now=1000.0 + seq)
+                await hold(
+                    first.gaps, cid, seq, turn_bytes(cid, seq, [user(f"{cid}{seq}")]), now=1000.0 + seq
+                )
             now = 1000.0 + 12 + TIMEOUT + 1
 
             results = await asyncio.gather(
@@ -293,7 +296,7 @@ class TestConcurrency:
         published = FailingOnce()
         parts = orchestration.make_parts(redis_client, settings, published)
         gaps, dead_letters = parts.gaps, parts.dead_letters
-        await gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
+        await hold(gaps, "c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
         now = 1000.0 + TIMEOUT + 1
 
         with pytest.raises(ConnectionError):
@@ -311,7 +314,7 @@ class TestConcurrency:
     ) -> None:
         """A copy held in place of the one a sweep published (other bytes) is not deleted by that sweep."""
         parts = orchestration.make_parts(redis_client, settings, ReholdingPublisher(redis_client))
-        await parts.gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
+        await hold(parts.gaps, "c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
 
         assert [
             e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
@@ -324,8 +327,8 @@ class TestConcurrency:
         self, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
     ) -> None:
         """A turn held earlier than the one that indexed its conversation (clocks differ) moves the score back."""
-        await parts.gaps.hold("c", 5, turn_bytes("c", 5, [user("five")]), now=2000.0)
-        await parts.gaps.hold("c", 4, turn_bytes("c", 4, [user("four")]), now=1000.0)
+        await hold(parts.gaps, "c", 5, turn_bytes("c", 5, [user("five")]), now=2000.0)
+        await hold(parts.gaps, "c", 4, turn_bytes("c", 4, [user("four")]), now=1000.0)
         assert await index_score(redis_client, "c") == 1_000_000
         assert [
             e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
@@ -337,7 +340,7 @@ class TestConcurrency:
         """A turn held by a worker that lost a race with its append is a duplicate: dropped, not dead-lettered."""
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
         await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
-        await parts.gaps.hold("c", 2, turn_bytes("c", 2, [assistant("two")]), now=1000.0)
+        await hold(parts.gaps, "c", 2, turn_bytes("c", 2, [assistant("two")]), now=1000.0)
 
         assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
 
@@ -355,10 +358,10 @@ class TestConcurrency:
             turn_bytes("c", 2, [assistant("two")]),
             turn_bytes("c", 2, [assistant("two, but other")]),
         )
-        await parts.gaps.hold("c", 2, same, now=1000.0, fingerprint=await parts.store.fingerprint("c", 2))
+        await hold(parts.gaps, "c", 2, same, now=1000.0, fingerprint=await parts.store.fingerprint("c", 2))
         assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
         other_fp = turn_fingerprint(TurnEvent.model_validate_json(other))
-        await parts.gaps.hold("c", 2, other, now=1000.0, fingerprint=other_fp)
+        await hold(parts.gaps, "c", 2, other, now=1000.0, fingerprint=other_fp)
 
         (sent,) = await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
 
@@ -388,7 +391,7 @@ class TestConcurrency:
         real_zrem = redis_client.zrem
 
         async def zrem_after_a_hold(*args: Any) -> Any:
-            await gaps.hold("c", 3, turn_bytes("c", 3, [user("three")]), now=5.0)
+            await hold(gaps, "c", 3, turn_bytes("c", 3, [user("three")]), now=5.0)
             return await real_zrem(*args)
 
         monkeypatch.setattr(redis_client, "zrem", zrem_after_a_hold)

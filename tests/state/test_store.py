@@ -33,7 +33,7 @@ from compaction_worker.state.meta import Meta
 from compaction_worker.state.scripts import Pipeline, as_text
 from compaction_worker.state.store import Store
 from tests.conftest import cluster_tests
-from tests.state.helpers import FP_A, FP_B, append, chunk, msg
+from tests.state.helpers import FP_A, FP_B, append, chunk, hold, msg
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +162,7 @@ class TestAppend:
         the next append finds none held and removes it."""
         gaps = GapIndex(store, timeout_seconds=60, locks=Locks(store.redis, 60))
         await append(store, "c", 1, msg("a"))
-        await gaps.hold("c", 3, b'{"held": 3}', fingerprint=FP_A)
+        await hold(gaps, "c", 3, b'{"held": 3}', fingerprint=FP_A)
         assert await store.redis.hget(store.keys("c").meta, "held") == b"1"
         await gaps.drop("c", 3)
         assert await append(store, "c", 2, msg("b")) == AppendStatus.APPENDED
@@ -531,7 +531,7 @@ class TestFingerprints:
         """The turn held behind a gap came first: another turn with its seq is refused, the held one applies."""
         gaps = GapIndex(store, 300, locks=Locks(store.redis, 60))
         await append(store, "c", 1, msg("a"), fingerprint=FP_B)
-        assert await gaps.hold("c", 2, b'{"held": 1}', fingerprint=FP_A)
+        assert await hold(gaps, "c", 2, b'{"held": 1}', fingerprint=FP_A)
         assert await append(store, "c", 2, msg("other"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
         assert (await store.meta("c")).last_seq == 1
         assert await gaps.held_turn("c", 2) == HeldTurn(2, ANY, b'{"held": 1}', fingerprint=FP_A)
