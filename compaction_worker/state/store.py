@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker.contracts.events import ContextStatus
@@ -381,4 +381,4 @@ class Store:
 
 
 def _flagged(entry: Entry, pinned: bool) -> Entry:
-    return Entry(entry.n, entry.seq, {**entry.message, "pinned": pinned}, entry.tokens, entry.edit)
+    return replace(entry, message={**entry.message, "pinned": pinned})

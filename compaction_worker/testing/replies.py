@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
-from compaction_worker.budget.tokens import counter_for
+from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.settings import BudgetSettings
 
 __all__ = ["OVERFLOW_PROVIDERS", "default_summary", "provider_overflow_error", "text_of"]
@@ -229,9 +230,15 @@ _FIT = 0.8
 counter (another model's tokenizer, its multiplier) may count the same text up to a quarter higher."""
 
 
+@cache
+def _o200k() -> TokenCounter:
+    """An OpenAI model's counter (o200k), made once."""
+    return counter_for("gpt-4o", BudgetSettings())
+
+
 def _tokens(text: str) -> int:
-    """The reply's tokens by o200k (an OpenAI model's count)."""
-    return counter_for("gpt-4o", BudgetSettings()).text(text)
+    """The reply's tokens by o200k."""
+    return _o200k().text(text)
 
 
 def _within(lines: list[str], words: int) -> list[str]:
