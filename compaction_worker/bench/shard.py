@@ -5,7 +5,7 @@ CPU on a turn, so its sends carry a few turns each, and a turn's share of a send
 the request, waking up, answering) stays high. A shard in production carries a node's workers,
 and their sends grow as it gets busy (scripts.Pipeline). So this phase gives Redis a core of
 its own (cores.py) and sends it what workers would, without their CPU: each turn planned
-beforehand by the worker's own code (prepare.py, plan.py) and written through the worker's
+beforehand by the worker's own decision (plan.py's plan_turn) and written through the worker's
 Store by :data:`CLIENTS` stores (a connection and a pipeline each, as many workers):
 
 - at agent pace: one turn per conversation at a time, each conversation's next turn once the
@@ -34,8 +34,7 @@ from compaction_worker.bench.meter import Meter, Snapshot
 from compaction_worker.bench.report import Progress
 from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.runtime.connections import connect_redis
-from compaction_worker.runtime.plan import plan_append
-from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
+from compaction_worker.runtime.plan import plan_turn
 from compaction_worker.runtime.runs import RUN_MAX
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import AppendStatus, PlainAppend, TurnWrite, records_of
@@ -65,18 +64,13 @@ class ShardCost:
 def planned(settings: Settings, events: Sequence[tuple[bytes, bytes]]) -> dict[str, list[TurnWrite]]:
     """Each conversation's writes, in order, as the turn handler plans them, each from the meta
     the one before it leaves (no I/O: as runs.py plans a run)."""
-    budget, metas = settings.budget, dict[str, Meta]()
+    metas = dict[str, Meta]()
     writes: dict[str, list[TurnWrite]] = {}
     for key, raw in events:
-        event = TurnEvent.model_validate_json(raw, strict=True)
         cid = key.decode()
-        meta = metas.get(cid, Meta())
-        counter, new = counted(event, budget)
-        plan = plan_append(
-            event, meta, new, request_of(event), counter=counter, settings=budget, traceparent=None
-        )
-        writes.setdefault(cid, []).append(plan.write(new, fingerprint_of(event, new), rev=meta.rev))
-        metas[cid] = plan.after
+        turn = plan_turn(TurnEvent.model_validate_json(raw, strict=True), metas.get(cid, Meta()), settings)
+        writes.setdefault(cid, []).append(turn.write)
+        metas[cid] = turn.plan.after
     return writes
 
 

@@ -1,7 +1,11 @@
-"""What a turn's append changes: computed from the event and the meta the handler knows, no I/O.
+"""What a turn decides, computed from the event and the meta the handler knows: pure, no I/O.
 
-The per-turn script stores these fields only if the meta's revision is still the one they
-were computed from (state/appends.py), so the plan is exact or it is not used.
+:func:`plan_turn` is the one decision about a turn, for a lone turn and for each turn of a run
+(runs.py) alike: its messages counted, its fingerprint, every meta field its append changes,
+whether it records a compaction job and which, and the write the per-turn script is sent. The
+script stores the write only if the meta's revision is still the one it was planned on
+(state/appends.py), so the plan is exact or it is not used. Replay (replay/simulate.py) decides
+its turns with the same :func:`plan_append`.
 """
 
 from __future__ import annotations
@@ -12,12 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.budget.threshold import threshold_trigger
-from compaction_worker.budget.tokens import TokenCounter, budget_for, calibrate
-from compaction_worker.contracts.events import Trigger, TurnEvent
-from compaction_worker.settings import BudgetSettings
-from compaction_worker.state.appends import NewMessage, TurnWrite, first_fields
+from compaction_worker.budget.tokens import TokenCounter, budget_for, calibrate, counter_for
+from compaction_worker.contracts.events import CompactionMode, Trigger, TurnEvent
+from compaction_worker.observability import tracing
+from compaction_worker.settings import BudgetSettings, Settings
+from compaction_worker.state.appends import UNKNOWN_REV, NewMessage, TurnWrite, first_fields
+from compaction_worker.state.gaps import held_value
 from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.meta import Meta, stored_text
 
@@ -35,28 +43,78 @@ class AppendPlan:
     """The request the append records: the one the turn carries, else a threshold's."""
     notes: tuple[str, ...] = ()
     """Warnings for the log, once the append is stored."""
-    seq: int = 0
-    first_n: int = 1
-    """The ordinal of the turn's first message: the message count of the meta it was planned on, plus one."""
     first: bool = False
     """Whether it is the conversation's first append (its keys are created with it)."""
 
-    def write(
-        self, new: Sequence[NewMessage], fingerprint: str, *, rev: int, held: bytes | None = None
-    ) -> TurnWrite:
-        """What the per-turn script takes to apply this plan (``rev``: the revision it was planned on)."""
-        return TurnWrite(
-            seq=self.seq,
-            messages=new,
-            first_n=self.first_n,
-            fields=self.fields,
-            rev=rev,
-            now=self.after.updated_at,
-            fingerprint=fingerprint,
-            job=self.job,
-            held=held,
-            first=self.first,
-        )
+
+@dataclass(slots=True)
+class Planned:
+    """A turn decided (:func:`plan_turn`): the event, its append's plan and the write the script is sent."""
+
+    event: TurnEvent
+    plan: AppendPlan
+    write: TurnWrite
+    span: Span | None = None
+    """A run's turn: its own consume span (current while its append is acted on); None: the current one."""
+
+
+def plan_turn(
+    event: TurnEvent, known: Meta | None, settings: Settings, *, hold: tuple[bytes, int] | None = None
+) -> Planned:
+    """The turn's append onto the meta the handler knows (None: it knows none), under the settings
+    profile the turn chooses, else the one the conversation has.
+
+    ``hold``: the event's bytes and the time (ms) it is held from, sent when the handler expects
+    a gap before it. Without a known meta the write's revision is unknown, so the script answers
+    with the stored meta (a first turn is taken for a new conversation's: revision 0). The jobs it
+    records continue the current span's trace.
+    """
+    meta = known or Meta()
+    profile = event.profile if event.profile is not None else meta.profile
+    budget = settings.for_profile(profile).budget
+    counter, new = counted(event, budget)
+    plan = plan_append(
+        event,
+        meta,
+        new,
+        request_of(event),
+        counter=counter,
+        settings=budget,
+        traceparent=tracing.current_traceparent(),
+    )
+    fingerprint = event.fingerprint([m.text or "" for m in new])
+    write = TurnWrite(
+        seq=event.turn_seq,
+        messages=new,
+        first_n=meta.msg_count + 1,
+        fields=plan.fields,
+        rev=meta.rev if known is not None or event.turn_seq == 1 else UNKNOWN_REV,
+        now=plan.after.updated_at,
+        fingerprint=fingerprint,
+        job=plan.job,
+        held=held_value(hold[0], hold[1], fingerprint) if hold is not None else None,
+        first=plan.first,
+    )
+    return Planned(event, plan, write)
+
+
+def counted(event: TurnEvent, settings: BudgetSettings) -> tuple[TokenCounter, list[NewMessage]]:
+    """The counter for the event's model, and its messages as stored, each with its token count
+    and its JSON text (encoded once: the stores and the fingerprint take it)."""
+    counter = counter_for(event.model, settings)
+    new = []
+    for message in event.messages:
+        data = message.to_dict()
+        new.append(NewMessage(data, counter.message(data), message.to_json()))
+    return counter, new
+
+
+def request_of(event: TurnEvent) -> JobRequest | None:
+    """The compaction request the event carries (manual or reactive), if any."""
+    if event.compaction is None:
+        return None
+    trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
+    return JobRequest(trigger, event.compaction.error, traceparent=tracing.current_traceparent())
 
 
 def plan_append(
@@ -141,15 +199,7 @@ def plan_append(
     threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
     request = _with_instructions(request, event)
     job = request if request is not None else _threshold_job(threshold, traceparent)
-    return AppendPlan(
-        fields,
-        after,
-        job,
-        tuple(notes),
-        seq=event.turn_seq,
-        first_n=meta.msg_count + 1,
-        first=meta.last_seq == 0,
-    )
+    return AppendPlan(fields, after, job, tuple(notes), first=meta.last_seq == 0)
 
 
 def asked_pins(pending: str, event: TurnEvent) -> str:

@@ -2,8 +2,8 @@
 
 A partition's batch often holds several turns of a conversation in a row (a backlog, a fast
 agent loop). The per-turn path (turns.py) costs each a script call and a round trip. A run
-computes each turn's fields from the meta the turn before it leaves (plan.py, no I/O), and the
-per-turn script (state/appends.py; a single turn is a run of one) decides them in order, each
+decides each turn on the meta the turn before it leaves (plan.py's ``plan_turn``, no I/O), and the
+per-turn script (state/appends.py; a single turn is a run of one) stores them in order, each
 on the meta the one before it leaves, and stops after the first it does not append, writing
 nothing for it. Whatever a run did not append goes through the per-turn path, which acts on
 everything else (duplicates, gaps, conflicts, a meta changed by another writer, failures and
@@ -22,8 +22,8 @@ from compaction_worker.contracts.events import BadEventError, TurnEvent
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.runtime.outages import is_outage
-from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
-from compaction_worker.runtime.turns import Planned, TurnHandler, TurnOutcome
+from compaction_worker.runtime.plan import Planned, plan_turn
+from compaction_worker.runtime.turns import TurnHandler, TurnOutcome
 from compaction_worker.state.appends import AppendStatus
 from compaction_worker.state.meta import Meta
 
@@ -133,16 +133,16 @@ def _planned(
         spans.append(span)
         try:
             with tracing.current(span):
-                counter, new = counted(event, handler.settings.budget)
-                plan = handler.plan(event, meta, new, request_of(event), counter)
+                turn = plan_turn(event, meta, handler.settings)
         except Exception as error:
             log.warning("turn %s failed in a run (%s: %s)", event.turn_seq, type(error).__name__, error)
             if len(handler.failed_in_run) >= RUN_MAX * 64:  # a bound: records never handled again
                 handler.failed_in_run.clear()
             handler.failed_in_run[raw] = 1
             break
-        planned.append(Planned(event, plan, plan.write(new, fingerprint_of(event, new), rev=meta.rev), span))
-        meta = plan.after
+        turn.span = span
+        planned.append(turn)
+        meta = turn.plan.after
     return planned
 
 

@@ -1,10 +1,10 @@
 """The per-turn path: validate, then one script call that stores, holds or recognises the turn.
 
-It never waits on an LLM: compactions run later, from the job queue (compactor.py). What an
-append changes is planned in plan.py; what the script decides is read in state/appends.py.
-Consecutive turns of one conversation in a batch are stored together by runs.py, with this
-handler's plan, the same script call (a single turn is a run of one) and the same action on
-its replies (:meth:`TurnHandler.acted`); what a run does not store comes here.
+It never waits on an LLM: compactions run later, from the job queue (compactor.py). A turn is
+decided by one function (plan.py: ``plan_turn``); what the script answers is read in
+state/appends.py. Consecutive turns of one conversation in a batch are stored together by
+runs.py, with the same decision, the same script call (a single turn is a run of one) and the
+same action on its replies (:meth:`TurnHandler.acted`); what a run does not store comes here.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 
-from opentelemetry.trace import Span
 from pydantic import ValidationError
 
-from compaction_worker.budget.tokens import TokenCounter
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import (
     BadEventError,
@@ -36,12 +34,11 @@ from compaction_worker.retry import RetryPolicy
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.pins import apply_asked
-from compaction_worker.runtime.plan import AppendPlan, plan_append
-from compaction_worker.runtime.prepare import counted, fingerprint_of, request_of
+from compaction_worker.runtime.plan import AppendPlan, Planned, plan_turn
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import UNKNOWN_REV, AppendReply, AppendStatus, NewMessage, TurnWrite
-from compaction_worker.state.gaps import GapIndex, conflicting_duplicate, held_value
-from compaction_worker.state.jobs import JobQueue, JobRequest
+from compaction_worker.state.appends import AppendReply, AppendStatus
+from compaction_worker.state.gaps import GapIndex, conflicting_duplicate
+from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
 
@@ -80,17 +77,6 @@ class TurnOutcome:
     """After an append, whether the next turn is held behind a gap; after a duplicate, whether the one after the last stored is."""
     last_seq: int = 0
     """The conversation's last stored seq (this turn's, after an append)."""
-
-
-@dataclass(slots=True)
-class Planned:
-    """A turn planned onto the meta the turn before it leaves, and the write the script is sent for it."""
-
-    event: TurnEvent
-    plan: AppendPlan
-    write: TurnWrite
-    span: Span | None = None
-    """A run's turn: its own consume span (current while its append is acted on); None: the current one."""
 
 
 class _Again(Exception):
@@ -277,32 +263,22 @@ class TurnHandler:
         duplicate, ConcurrentUpdateError when other writers changed the meta before every call.
         """
         cid, seq = event.conversation_id, event.turn_seq
-        counter, new = counted(event, self.settings.budget)
-        fingerprint = fingerprint_of(event, new)
-        request = request_of(event)
         known = self._known.get(cid)
-        send_held = known is None or seq > known.last_seq + 1
+        # A first turn is never ahead of a gap; a later one may be, if the handler knows no meta.
+        send_held = seq > (known.last_seq + 1 if known is not None else 1)
         held_ms = int(time.time() * 1000)  # when it is held, if it is (an earlier hold keeps its own)
 
         async def once() -> TurnOutcome:
             nonlocal known, send_held
-            meta = known or Meta()
             with tracing.span(tracing.BUDGET_SPAN) as span:
                 # The job's compaction continues this span's trace (jobs.py keeps its context).
-                plan = self.plan(event, meta, new, request, counter)
-                if plan.job is not None:
-                    span.set_attribute("compaction.trigger", plan.job.trigger.value)
-            write = plan.write(
-                new,
-                fingerprint,
-                # Unknown: a first turn is taken for a new conversation's (revision 0).
-                rev=meta.rev if known is not None or seq == 1 else UNKNOWN_REV,
-                held=held_value(raw, held_ms, fingerprint) if send_held else None,
-            )
+                turn = plan_turn(event, known, self.settings, hold=(raw, held_ms) if send_held else None)
+                if turn.write.job is not None:
+                    span.set_attribute("compaction.trigger", turn.write.job.trigger.value)
             with tracing.span(tracing.APPEND_SPAN) as span:
-                reply = await self.store.write_turn(cid, write)  # a run of one
+                reply = await self.store.write_turn(cid, turn.write)  # a run of one
                 span.set_attribute("compaction.append.status", reply.status.value)
-            outcomes, refused = await self.acted(cid, [Planned(event, plan, write)], [reply])
+            outcomes, refused = await self.acted(cid, [turn], [reply])
             if refused is None:
                 return outcomes[0]
             match reply.status:
@@ -315,7 +291,7 @@ class TurnHandler:
                     return TurnOutcome(TurnStatus.BUFFERED, cid, last_seq=reply.last_seq)
                 case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
                     held = reply.status is AppendStatus.CONFLICTING_HELD
-                    raise conflicting_duplicate(cid, seq, fingerprint, reply.kept or "", held=held)
+                    raise conflicting_duplicate(cid, seq, turn.write.fingerprint, reply.kept or "", held=held)
                 case AppendStatus.NEED_HELD:
                     send_held = True
                 case AppendStatus.STALE:
@@ -329,27 +305,6 @@ class TurnHandler:
             raise ConcurrentUpdateError(
                 f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
             ) from None
-
-    def plan(
-        self,
-        event: TurnEvent,
-        meta: Meta,
-        new: list[NewMessage],
-        request: JobRequest | None,
-        counter: TokenCounter,
-    ) -> AppendPlan:
-        """The turn's append onto ``meta`` (plan.py): the per-turn path and runs plan here, under the
-        settings profile the turn chooses, else the one the conversation has."""
-        profile = event.profile if event.profile is not None else meta.profile
-        return plan_append(
-            event,
-            meta,
-            new,
-            request,
-            counter=counter,
-            settings=self.settings.for_profile(profile).budget,
-            traceparent=tracing.current_traceparent(),
-        )
 
     async def acted(
         self, cid: str, turns: Sequence[Planned], replies: Sequence[AppendReply]

@@ -75,7 +75,7 @@ class TurnWrite:
     """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
     now: float
     fingerprint: str
-    """The turn's content fingerprint (contracts/fingerprints.py): a redelivery with another conflicts."""
+    """The turn's content fingerprint (``TurnEvent.fingerprint``): a redelivery with another conflicts."""
     job: JobRequest | None = None
     """A compaction request to record with the append (kept unless a stronger one is pending)."""
     held: bytes | None = None

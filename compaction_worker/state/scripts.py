@@ -291,7 +291,7 @@ class PositionalScript:
 
     def __init__(self, redis: RedisClient, *files: str, pipeline: Pipeline | None = None) -> None:
         self._script = redis.register_script(source(*files))
-        self._redis = redis
+        self._cluster = is_cluster(redis)
         self._pipeline = pipeline or Pipeline(redis)
 
     @property
@@ -307,7 +307,7 @@ class PositionalScript:
     ) -> Any:
         """The script's reply; ``plain``, the call's common case, is made without it when it holds
         (single Redis only: a cluster's keys of one call share a slot, not its connection)."""
-        if is_cluster(self._redis):
+        if self._cluster:
             started = time.perf_counter()
             reply = await self._script(keys=list(keys), args=list(args))
             metrics.record_round_trip(time.perf_counter() - started, 1)

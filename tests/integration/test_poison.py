@@ -12,7 +12,6 @@ from aiokafka import AIOKafkaProducer
 
 from compaction_worker.contracts.events import DeadLetter, TurnEvent
 from compaction_worker.runtime import plan
-from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.state.store import Store
@@ -53,7 +52,7 @@ async def test_a_poison_turn_is_dead_lettered_and_its_partition_goes_on(
             raise ZeroDivisionError("a bug this one turn triggers")
         return real(event, *args, **kwargs)
 
-    monkeypatch.setattr(turns_module, "plan_append", failing)
+    monkeypatch.setattr(plan, "plan_append", failing)
     conversations = {"a": TURNS, "poison": POISON[1], "b": TURNS}
     records = []
     for seq in range(1, TURNS + 1):  # interleaved on the one partition: a, poison, b, a, ...

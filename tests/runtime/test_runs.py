@@ -22,7 +22,6 @@ from faststream.kafka import TestKafkaBroker
 from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.observability import tracing
 from compaction_worker.runtime import plan, runs
-from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.consumer import handle_batch
 from compaction_worker.runtime.runs import append_run
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
@@ -270,7 +269,7 @@ class TestRuns:
                 raise ZeroDivisionError("a bug turn 3 triggers")
             return real(event, *args, **kwargs)
 
-        monkeypatch.setattr(turns_module, "plan_append", failing)
+        monkeypatch.setattr(plan, "plan_append", failing)
         records = items("c", [1, 2, 3, 4])
 
         assert [o.last_seq for o in await append_run(parts.turns, records)] == [1, 2]

@@ -19,7 +19,6 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
-from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability.logs import ContextFilter
 from compaction_worker.runtime import plan
@@ -215,7 +214,7 @@ class TestTurns:
         """A rebalance overlap: another worker held turn 2 before turn 1 was seen; a different turn 2 does not replace it."""
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
         held = turn_bytes("c", 2, [assistant("two")])
-        held_fp = turn_fingerprint(TurnEvent.model_validate_json(held))
+        held_fp = TurnEvent.model_validate_json(held).fingerprint()
         await hold(parts.turns.gaps, "c", 2, held, fingerprint=held_fp)
 
         outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("other two")]), b"c")
@@ -370,8 +369,8 @@ class TestFingerprint:
                 "schema_version": 1,
             }
         )
-        assert turn_fingerprint(base) == turn_fingerprint(same)
-        assert len(turn_fingerprint(base)) == 32
+        assert base.fingerprint() == same.fingerprint()
+        assert len(base.fingerprint()) == 32
 
     @pytest.mark.parametrize(
         "change",
@@ -397,7 +396,7 @@ class TestFingerprint:
             "messages": [user("x")],
         }
         base = TurnEvent.model_validate(fields)
-        assert turn_fingerprint(TurnEvent.model_validate({**fields, **change})) != turn_fingerprint(base)
+        assert TurnEvent.model_validate({**fields, **change}).fingerprint() != base.fingerprint()
 
 
 class RoundTrips:
@@ -511,7 +510,7 @@ class TestPoisonTurns:
                 raise KeyError("a bug this turn triggers")
             return real(event, *args, **kwargs)
 
-        monkeypatch.setattr(turns_module, "plan_append", broken)
+        monkeypatch.setattr(plan, "plan_append", broken)
         payload = turn_bytes("poison", 1, [user("x")])
         outcome = await parts.turns.handle(payload, b"poison", 2, 9)
         assert (outcome.status, outcome.reason) == (TurnStatus.DEAD_LETTERED, "processing_failed")
@@ -541,7 +540,7 @@ class TestPoisonTurns:
                 raise RuntimeError("a bug the held turn triggers")
             return real(event, meta, *args, **kwargs)
 
-        monkeypatch.setattr(turns_module, "plan_append", broken)
+        monkeypatch.setattr(plan, "plan_append", broken)
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
         assert (
             await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
@@ -567,7 +566,7 @@ class TestPoisonTurns:
                 raise error
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(turns_module, "plan_append", flaky)
+        monkeypatch.setattr(plan, "plan_append", flaky)
         outcome = await parts.turns.handle(turn_bytes("c", 1, [user("x")]), b"c")
         assert outcome.status is TurnStatus.APPENDED
         assert not [t for t, _, _ in published.events if t.endswith("dlq")]

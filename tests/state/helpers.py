@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from compaction_worker.contracts.events import TurnEvent
-from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.state.appends import AppendStatus, NewMessage
 from compaction_worker.state.gaps import GapIndex, held_value
@@ -55,7 +54,7 @@ async def hold(
     already held (the first hold is kept). ``fingerprint``: the turn's, from ``raw`` when not given."""
     at = int((time.time() if now is None else now) * 1000)
     keys = gaps.store.keys(conversation_id)
-    fingerprint = fingerprint or turn_fingerprint(TurnEvent.model_validate_json(raw))
+    fingerprint = fingerprint or TurnEvent.model_validate_json(raw).fingerprint()
     async with gaps.redis.pipeline(transaction=True) as pipe:
         pipe.hsetnx(keys.pending, str(turn_seq), held_value(raw, at, fingerprint))
         pipe.hset(keys.meta, "held", "1")

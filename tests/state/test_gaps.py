@@ -12,7 +12,6 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import DeadLetter, TurnEvent
-from compaction_worker.contracts.fingerprints import turn_fingerprint
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import Settings
 from compaction_worker.state.gaps import ExpiredTurn, GapIndex, HeldTurn, held_value, parse_held
@@ -360,7 +359,7 @@ class TestConcurrency:
         )
         await hold(parts.gaps, "c", 2, same, now=1000.0, fingerprint=await parts.store.fingerprint("c", 2))
         assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
-        other_fp = turn_fingerprint(TurnEvent.model_validate_json(other))
+        other_fp = TurnEvent.model_validate_json(other).fingerprint()
         await hold(parts.gaps, "c", 2, other, now=1000.0, fingerprint=other_fp)
 
         (sent,) = await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)

@@ -1,9 +1,8 @@
-"""Turn fingerprints (compaction_worker.contracts.fingerprints): what they digest, and the older digest."""
+"""The event contracts' behaviour beyond their schemas: a turn's fingerprint (what it digests)."""
 
 from __future__ import annotations
 
 from compaction_worker.contracts.events import TurnEvent
-from compaction_worker.contracts.fingerprints import turn_fingerprint
 
 TURN = {
     "conversation_id": "c",
@@ -27,7 +26,7 @@ TURN = {
 def test_the_stored_texts_give_the_fingerprint_the_event_gives() -> None:
     event = TurnEvent.model_validate(TURN)
 
-    assert turn_fingerprint(event, [m.to_json() for m in event.messages]) == turn_fingerprint(event)
+    assert event.fingerprint([m.to_json() for m in event.messages]) == event.fingerprint()
 
 
 def test_message_boundaries_count() -> None:
@@ -35,4 +34,4 @@ def test_message_boundaries_count() -> None:
     one = TurnEvent.model_validate({**TURN, "messages": [{"role": "user", "content": "ab"}]})
     texts = [m.to_json() for m in one.messages]
 
-    assert turn_fingerprint(one, texts) != turn_fingerprint(one, [texts[0][:10], texts[0][10:]])
+    assert one.fingerprint(texts) != one.fingerprint([texts[0][:10], texts[0][10:]])
