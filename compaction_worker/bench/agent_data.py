@@ -65,17 +65,14 @@ def agent_turn(i: int, salt: str = "") -> list[dict[str, Any]]:
     ]
 
 
-async def fill(parts: Components, cid: str, tokens: int, model: str, counter: TokenCounter) -> int:
-    """Store a conversation of at least ``tokens`` tokens directly (not timed); returns its raw JSON bytes."""
-    stored, seq, raw = 0, 0, 0
+async def fill(parts: Components, cid: str, tokens: int, model: str, counter: TokenCounter) -> None:
+    """Store a conversation of at least ``tokens`` tokens directly (not timed)."""
+    stored, seq = 0, 0
     while stored < tokens:
         seq += 1
-        messages = agent_turn(seq, cid)
-        new = [NewMessage(m, counter.message(m)) for m in messages]
+        new = [NewMessage(m, counter.message(m)) for m in agent_turn(seq, cid)]
         await parts.store.append_turn(cid, seq, new, {"model": model})
         stored += sum(n.tokens for n in new)
-        raw += sum(len(compact_json(m)) for m in messages)
-    return raw
 
 
 def label(tokens: int) -> str:

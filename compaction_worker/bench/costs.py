@@ -1,14 +1,12 @@
 """The cost rows of ``bench``: per-turn cost against history length, compaction overhead, Redis bytes, summarizer tokens.
 
-Each row is an async function over a Redis client and a fake LLM (``CostEnv``); the data is
+Each row is an async function over the bench's Redis and fake LLM (no broker); the data is
 shaped like real runtimes' (agent_data.py) and the model strings carry routing prefixes. Figures are medians or percentiles of
 repeated runs, and every comparison is a ratio measured side by side in the same run.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import json
 import statistics
@@ -16,22 +14,21 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-from redis.asyncio import Redis
+from unittest import mock
 
 from compaction_worker import _litellm
 from compaction_worker.bench.agent_data import agent_turn, compact_json, fill, label
-from compaction_worker.bench.report import Progress, Row, format_table
+from compaction_worker.bench.environment import BenchEnv
+from compaction_worker.bench.report import Progress, Row, quantile
 from compaction_worker.budget.tokens import TokenCounter, counter_for
-from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
-from compaction_worker.local.embedded import EmbeddedRedis
+from compaction_worker.contracts.events import Outcome, Trigger
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.worker import tune_gc
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import NewMessage
+from compaction_worker.state.connection import RedisClient
 from compaction_worker.testing import FakeLLMServer, turn_payload
 
 TURN_MODEL = "openrouter/openai/gpt-4.1"
@@ -44,56 +41,38 @@ LARGE_WINDOW = 8_000_000
 """The window the per-turn rows' events state, so a 1M-token history stays under its threshold."""
 
 
-@dataclass(slots=True)
-class CostEnv:
-    """What the cost rows run on: a Redis client (flushed by no one: keys are unique) and a fake LLM."""
-
-    redis: Redis
-    llm: FakeLLMServer
-    tune_gc: bool = True
-    """Tune garbage collection before timing compactions, as a worker does when it starts
-    (``runtime.worker.tune_gc``); off in tests, which must not change the test process's."""
-    scale: float = 1.0
-    """Below 1: smaller histories and fewer repeats, for tests and a first look (the rows' labels say the sizes)."""
-
-    def size(self, tokens: int, floor: int = 500) -> int:
-        return max(floor, int(tokens * self.scale))
-
-    def repeats(self, full: int) -> int:
-        return max(2, int(full * min(1.0, self.scale * 4)))
+def _repeats(env: BenchEnv, full: int) -> int:
+    """A row's runs: fewer on a small run (``--quick``, the tests), two at least."""
+    return max(2, int(full * min(1.0, env.scale * 4)))
 
 
-def _settings(prefix: str, llm: FakeLLMServer | None = None) -> Settings:
-    """The rows' settings; with ``llm``, its summarizer, one try per call (a failure is the row's to see)."""
-    section: dict[str, Any] = {}
+def offline_components(redis: RedisClient, prefix: str, llm: FakeLLMServer | None = None) -> Components:
+    """Components under ``prefix`` with no broker (their events go nowhere); with ``llm``, its
+    summarizer, one try per call (a failure is the row's to see)."""
+    summarizer: dict[str, Any] = {}
     if llm is not None:
-        section = {"model": "openai/gpt-4o-mini", "api_base": llm.url, "api_key": "fake"}
-    return Settings(
+        summarizer = {"model": "openai/gpt-4o-mini", "api_base": llm.url, "api_key": "fake"}
+    settings = Settings(
         redis={"key_prefix": prefix, "retention_seconds": None},
         kafka={"max_event_bytes": 4 << 20},
-        summarizer=section,
+        summarizer=summarizer,
         retry={"llm_attempts": 1},
     )
+    return build_components(settings, redis, _discard)
 
 
 async def _discard(topic: str, payload: bytes, key: bytes | None) -> None:
     """The bench's publisher: events go nowhere (no broker in these rows)."""
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile, nearest rank (with few samples the p99 is their maximum)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
 # --- row 1: per-turn cost against history length -------------------------------------------------
 
 
-async def per_turn_rows(env: CostEnv, progress: Progress) -> list[Row]:
+async def per_turn_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     """Median per-turn cost at 1K, 100K and 1M tokens of history, beside a naive baseline that recounts it every turn."""
-    sizes = (1_000, env.size(100_000), env.size(1_000_000))
-    turns, naive_turns = env.repeats(60), env.repeats(5)
-    parts = build_components(_settings(f"bt{uuid.uuid4().hex[:6]}"), env.redis, _discard)
+    sizes = (1_000, env.size(100_000, 500), env.size(1_000_000, 500))
+    turns, naive_turns = _repeats(env, 60), _repeats(env, 5)
+    parts = offline_components(env.redis, f"bt{uuid.uuid4().hex[:6]}")
     counter = counter_for(TURN_MODEL, parts.settings.budget)
     cids = {}
     for size in sizes:
@@ -119,29 +98,26 @@ async def per_turn_rows(env: CostEnv, progress: Progress) -> list[Row]:
             next_seq[size] += 1
             if turn < naive_turns:
                 naive[size].append(await _naive_turn(parts, f"naive-{cid}", counter))
-    rows = []
-    for size in sizes:
-        rows.append(
-            Row(
-                f"per-turn cost, {label(size)} tokens of history",
-                statistics.median(worker[size]) * 1000,
-                "ms",
-                statistics.median(naive[size]) * 1000,
-                "recount every turn (naive baseline)",
-            )
-        )
-    base = rows[0].value
-    rows.append(
+    rows = [
         Row(
-            f"per-turn cost at {label(sizes[-1])} / at {label(sizes[0])}",
-            rows[-1].value,
+            f"per-turn cost, {label(size)} tokens of history",
+            statistics.median(worker[size]) * 1000,
             "ms",
-            base,
-            f"per-turn cost at {label(sizes[0])}",
-            target=1.2,
+            statistics.median(naive[size]) * 1000,
+            "recount every turn (naive baseline)",
         )
+        for size in sizes
+    ]
+    first, last = label(sizes[0]), label(sizes[-1])
+    ratio = Row(
+        f"per-turn cost at {last} / at {first}",
+        rows[-1].value,
+        "ms",
+        rows[0].value,
+        f"per-turn cost at {first}",
+        target=1.2,
     )
-    return rows
+    return [*rows, ratio]
 
 
 async def _naive_turn(parts: Components, cid: str, counter: TokenCounter) -> float:
@@ -218,33 +194,20 @@ class LLMClock:
             finally:
                 self._leave()
 
-        module.acompletion = timed
-        try:
+        with mock.patch.object(module, "acompletion", timed):
             yield self
-        finally:
-            module.acompletion = original
 
 
-def _fake_llm_parts(env: CostEnv, prefix: str) -> Components:
-    """Components whose summarizer is LiteLLM against the zero-latency fake (then the extractive fallback)."""
-    return build_components(_settings(prefix, env.llm), env.redis, _discard)
-
-
-async def _compact_now(parts: Components, cid: str) -> CompactionCompleted | None:
-    """Claim and run the conversation's job as the worker's pool does."""
-    return await run_job(parts.jobs, parts.compactor, cid)
-
-
-async def compaction_rows(env: CostEnv, progress: Progress) -> list[Row]:
+async def compaction_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     """p50/p99 of a manual compaction's cost without the wait for its LLM calls, at 50K and 500K tokens.
 
     LiteLLM's client-side CPU is part of the cost (see ``LLMClock``).
     """
     sizes = (env.size(50_000, 8_000), env.size(500_000, 16_000))
-    repeats = env.repeats(20)
+    repeats = _repeats(env, 20)
     if env.tune_gc:
         tune_gc()
-    parts, clock = _fake_llm_parts(env, f"bc{uuid.uuid4().hex[:6]}"), LLMClock()
+    parts, clock = offline_components(env.redis, f"bc{uuid.uuid4().hex[:6]}", env.llm), LLMClock()
     counter = counter_for(COMPACT_MODEL, parts.settings.budget)
     overhead: dict[int, list[float]] = {s: [] for s in sizes}
     waits: dict[int, list[float]] = {s: [] for s in sizes}
@@ -258,7 +221,7 @@ async def compaction_rows(env: CostEnv, progress: Progress) -> list[Row]:
             clock.reset()
             with clock.installed():
                 start = time.perf_counter()
-                completed = await _compact_now(parts, cid)
+                completed = await run_job(parts.jobs, parts.compactor, cid)
                 elapsed = time.perf_counter() - start
             if completed is None or completed.outcome is not Outcome.COMPACTED:
                 raise RuntimeError(f"bench compaction did not compact: {completed}")
@@ -276,7 +239,7 @@ async def compaction_rows(env: CostEnv, progress: Progress) -> list[Row]:
             rows.append(
                 Row(
                     f"compaction cost incl. LiteLLM's CPU, excl. the LLM's wait, {label(size)} tokens, {name}",
-                    _quantile(overhead[size], q),
+                    quantile(overhead[size], q),
                     "ms",
                     target=50.0 if name == "p99" and size == sizes[-1] else None,
                     note=note,
@@ -288,15 +251,12 @@ async def compaction_rows(env: CostEnv, progress: Progress) -> list[Row]:
 # --- rows 3 and 4: Redis bytes and summarizer tokens over a long conversation -----------------
 
 
-async def redis_bytes(redis: Redis, keys: Sequence[str]) -> int:
+async def redis_bytes(redis: RedisClient, keys: Sequence[str]) -> int:
     """MEMORY USAGE over ``keys`` (every element counted: SAMPLES 0)."""
-    total = 0
-    for key in keys:
-        total += int(await redis.memory_usage(key, samples=0) or 0)
-    return total
+    return sum([int(await redis.memory_usage(key, samples=0) or 0) for key in keys])
 
 
-async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[Row]:
+async def long_conversation_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     """A conversation of 1M tokens through the per-turn path, compacted as it goes (fake LLM).
 
     Reports Redis bytes against the raw transcript's bytes before the first compaction and at
@@ -306,8 +266,8 @@ async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[Row]:
     # gpt-4o's window at full scale; a smaller one stated by the events below it, so that a
     # small run still compacts several times.
     window = env.size(128_000, 16_000)
-    goal = max(env.size(1_000_000), 4 * window)
-    parts = _fake_llm_parts(env, f"bl{uuid.uuid4().hex[:6]}")
+    goal = max(env.size(1_000_000, 500), 4 * window)
+    parts = offline_components(env.redis, f"bl{uuid.uuid4().hex[:6]}", env.llm)
     counter = counter_for(COMPACT_MODEL, parts.settings.budget)
     cid, appended, raw, seq = "long", 0, 0, 0
     before: tuple[int, int] | None = None
@@ -326,69 +286,30 @@ async def long_conversation_rows(env: CostEnv, progress: Progress) -> list[Row]:
             if before is None:
                 before = (await redis_bytes(env.redis, keys), raw)
             progress(f"long conversation: {appended:,} of {goal:,} tokens, compacting")
-            await _compact_now(parts, cid)
+            await run_job(parts.jobs, parts.compactor, cid)
     after = await redis_bytes(env.redis, keys)
     log = await parts.store.compactions(cid)
     covered = max((int(r.get("covered_through_n") or 0) for r in log), default=0)
     records = await parts.store.transcript(cid, 0, covered - 1) if covered else []
     evicted = sum(int(r.get("t") or counter.message(r["m"])) for r in records)
     sent = sum(counter.messages(r["messages"]) for r in env.llm.requests if "messages" in r)
-    rows = []
-    if before is not None:
-        rows.append(
-            Row(
-                "Redis bytes per conversation, before compaction",
-                before[0],
-                "B",
-                before[1],
-                "raw transcript JSON",
-                target=2.5,
-            )
-        )
-    rows.append(
-        Row(
-            f"Redis bytes per conversation, after {len(log)} compactions",
-            after,
-            "B",
-            raw,
-            "raw transcript JSON",
-            target=2.5,
-        )
+    moments = [("before compaction", *before)] if before is not None else []
+    moments.append((f"after {len(log)} compactions", after, raw))
+    rows = [
+        Row(f"Redis bytes per conversation, {when}", value, "B", beside, "raw transcript JSON", target=2.5)
+        for when, value, beside in moments
+    ]
+    summarized = Row(
+        f"summarizer input tokens over {label(appended)} tokens",
+        sent,
+        "tokens",
+        evicted,
+        "tokens evicted into summaries",
+        target=1.1,
+        note=f"{len(env.llm.requests)} LLM calls, {len(log)} compactions",
     )
-    rows.append(
-        Row(
-            f"summarizer input tokens over {label(appended)} tokens",
-            sent,
-            "tokens",
-            evicted,
-            "tokens evicted into summaries",
-            target=1.1,
-            note=f"{len(env.llm.requests)} LLM calls, {len(log)} compactions",
-        )
-    )
-    return rows
+    return [*rows, summarized]
 
 
 ROWS = (per_turn_rows, compaction_rows, long_conversation_rows)
 """The cost scenarios, in the order the table shows them."""
-
-
-async def _main(scale: float, only: str | None) -> None:
-    with EmbeddedRedis() as server, FakeLLMServer() as llm:
-        redis = Redis.from_url(server.url)
-        env = CostEnv(redis, llm, scale=scale)
-        rows: list[Row] = []
-        for scenario in ROWS:
-            if only is None or only in scenario.__name__:
-                rows += await scenario(env, lambda text: print(f"  .. {text}", end="\r", flush=True))
-        await redis.aclose()
-    print(" " * 80)
-    print(format_table(rows))
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="history sizes and repeats times this")
-    parser.add_argument("--only", help="run the scenarios whose function name contains this")
-    args = parser.parse_args()
-    asyncio.run(_main(args.scale, args.only))

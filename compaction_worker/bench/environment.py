@@ -88,6 +88,9 @@ class BenchEnv:
     """The ``--config`` file, passed on to worker processes (environment variables override it)."""
     baseline: WorkerSource | None = None
     """``--baseline-source``: the throughput and Redis rows run its worker too, beside this one's."""
+    tune_gc: bool = True
+    """Tune garbage collection before timing compactions, as a worker does when it starts
+    (``runtime.worker.tune_gc``); off in tests, which must not change the test process's."""
 
     def size(self, full: int, least: int = 1) -> int:
         """``full`` times the scale, at least ``least``."""

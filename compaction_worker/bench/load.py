@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +120,23 @@ def warmup_input(partitions: int = PARTITIONS) -> Input:
     return Input(tuple(cids), 1, tuple(events))
 
 
+def _topics(turns: str) -> list[str]:
+    """A bench turns topic and the worker's other topics, named after it."""
+    return [turns, f"{turns}.started", f"{turns}.completed", f"{turns}.dlq"]
+
+
+@contextlib.asynccontextmanager
+async def _admin(env: BenchEnv) -> AsyncIterator[AIOKafkaAdminClient]:
+    """An admin client of the bench's broker, closed on leaving."""
+    kafka = env.settings.kafka
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **kafka_client_args(kafka))
+    await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
 async def new_topic(env: BenchEnv, partitions: int = PARTITIONS) -> str:
     """Create a fresh turns topic (the worker's other topics are named after it) and return its name."""
     name = env.unique("turns")
@@ -126,7 +144,7 @@ async def new_topic(env: BenchEnv, partitions: int = PARTITIONS) -> str:
     assert kafka.bootstrap_servers
     await create_topics(
         kafka.bootstrap_servers,
-        [name, f"{name}.started", f"{name}.completed", f"{name}.dlq"],
+        _topics(name),
         partitions,
         env.settings.topics.replication_factor,
         **kafka_client_args(kafka),
@@ -136,24 +154,17 @@ async def new_topic(env: BenchEnv, partitions: int = PARTITIONS) -> str:
 
 async def drop_topic(env: BenchEnv, name: str) -> None:
     """Delete a bench topic and the worker's topics named after it (best effort: a broker may refuse)."""
-    kafka = env.settings.kafka
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **kafka_client_args(kafka))
-    await admin.start()
-    try:
-        await admin.delete_topics([name, f"{name}.started", f"{name}.completed", f"{name}.dlq"])
-    except KafkaError:
-        pass  # left behind; each run's names are fresh, so nothing reads them again
-    finally:
-        await admin.close()
+    async with _admin(env) as admin:
+        # Left behind if refused: each run's names are fresh, so nothing reads them again.
+        with contextlib.suppress(KafkaError):
+            await admin.delete_topics(_topics(name))
 
 
 def topic_overrides(topic: str, group: str, prefix: str) -> dict[str, str]:
     """The worker settings (``COMPACTION_`` names) that point it at a bench topic, group and key prefix."""
+    names = ("TOPICS__TURNS", "TOPICS__STARTED", "TOPICS__COMPLETED", "TOPICS__DLQ")
     return {
-        "TOPICS__TURNS": topic,
-        "TOPICS__STARTED": f"{topic}.started",
-        "TOPICS__COMPLETED": f"{topic}.completed",
-        "TOPICS__DLQ": f"{topic}.dlq",
+        **dict(zip(names, _topics(topic), strict=True)),
         "KAFKA__GROUP_ID": group,
         "REDIS__KEY_PREFIX": prefix,
         "LOG_LEVEL": "WARNING",
@@ -168,17 +179,6 @@ def producer(env: BenchEnv, **options: Any) -> AIOKafkaProducer:
         enable_idempotence=False,
         **{"max_request_size": 4 << 20, **kafka_client_args(kafka), **options},
     )
-
-
-async def publish(env: BenchEnv, topic: str, events: Sequence[tuple[bytes, bytes]]) -> None:
-    """Publish ``events`` in order (batched; each conversation's turns stay in order on its partition)."""
-    out = producer(env, linger_ms=5, max_batch_size=1 << 20)
-    await out.start()
-    try:
-        pending = [await out.send(topic, value, key=key) for key, value in events]
-        await asyncio.gather(*pending)
-    finally:
-        await out.stop()
 
 
 class Batches:
@@ -228,10 +228,7 @@ async def wait_group(env: BenchEnv, group: str, processes: int, within: float = 
     members that stay put for a while mean every process has its partitions.
     """
     settle = 2.0 if env.scale >= 1 else 1.0
-    kafka = env.settings.kafka
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **kafka_client_args(kafka))
-    await admin.start()
-    try:
+    async with _admin(env) as admin:
         deadline = time.monotonic() + within
         seen: tuple[frozenset[str], float] = (frozenset(), 0.0)
         while True:
@@ -250,8 +247,6 @@ async def wait_group(env: BenchEnv, group: str, processes: int, within: float = 
                     f"(the workers' logs: {env.workdir})"
                 )
             await asyncio.sleep(0.1)
-    finally:
-        await admin.close()
 
 
 async def wait_committed(
@@ -268,10 +263,7 @@ async def wait_committed(
 
     It asks the broker, not Redis, so that the Redis figures of a run hold the worker's commands only.
     """
-    kafka = env.settings.kafka
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers, **kafka_client_args(kafka))
-    await admin.start()
-    try:
+    async with _admin(env) as admin:
         deadline = time.monotonic() + within
         while True:
             committed = await admin.list_consumer_group_offsets(
@@ -288,8 +280,6 @@ async def wait_committed(
                 raise BenchError(f"group {group} did not commit {topic} up to {ends} within {within:.0f}s")
             alive()
             await asyncio.sleep(poll)
-    finally:
-        await admin.close()
 
 
 async def delete_prefix(env: BenchEnv, prefix: str) -> None:

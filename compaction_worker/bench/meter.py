@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,12 @@ class Meter:
     async def snapshot(self) -> Snapshot:
         """The command counts and times so far (one ``INFO`` call)."""
         return parse_info(await self.own.info("cpu", "commandstats"))
+
+    async def spent(self, work: Awaitable[object]) -> tuple[Snapshot, float]:
+        """What Redis spent while ``work`` ran (the difference of two snapshots), and the seconds it took."""
+        before, started = await self.snapshot(), time.monotonic()
+        await work
+        return await self.snapshot() - before, time.monotonic() - started
 
     @contextlib.asynccontextmanager
     async def monitor(self) -> AsyncIterator[Monitored]:

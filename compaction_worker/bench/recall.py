@@ -10,18 +10,15 @@ no longer carries is what a real compaction leaves out.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Sequence
 
 from compaction_worker.bench.agent_data import fill, label
+from compaction_worker.bench.costs import offline_components
 from compaction_worker.bench.environment import BenchEnv, BenchError
-from compaction_worker.bench.report import Progress, Row
+from compaction_worker.bench.report import Progress, Row, quantile
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import Outcome, Trigger
-from compaction_worker.runtime.components import build_components
 from compaction_worker.runtime.pool import run_job
-from compaction_worker.settings import Settings
 
 MODEL = "azure/gpt-4o"
 """A 128K window: one compaction leaves ~50K tokens in the history and ~950K out of it."""
@@ -40,27 +37,13 @@ def queries(turns: int) -> list[str]:
     return out
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile, nearest rank (with few samples the p99 is their maximum)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-async def _discard(topic: str, payload: bytes, key: bytes | None) -> None:
-    """Compaction events go nowhere: these rows have no broker."""
-
-
 async def recall_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     """Recall latency (p50, p99) with the index cached and on the first query after a compaction."""
     size = env.size(1_000_000, 20_000)
-    settings = Settings(
-        redis={"key_prefix": env.unique("recall"), "retention_seconds": None},
-        kafka={"max_event_bytes": 4 << 20},
-    )
-    parts = build_components(settings, env.redis, _discard)
+    parts = offline_components(env.redis, env.unique("recall"))
     cid = "recall"
     progress(f"recall: storing {size:,} tokens")
-    await fill(parts, cid, size, MODEL, counter_for(MODEL, settings.budget))
+    await fill(parts, cid, size, MODEL, counter_for(MODEL, parts.settings.budget))
     await parts.jobs.schedule(cid, Trigger.MANUAL)
     progress("recall: compacting")
     done = await run_job(parts.jobs, parts.compactor, cid)

@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeAlias
 
 from redis.asyncio import Redis
@@ -153,8 +152,8 @@ def turn_cost(
     paced: Snapshot,
     busy: Snapshot,
     busy_turns: int,
-    opening: Snapshot | None = None,
-    opening_seconds: float = 0.0,
+    opening: Snapshot,
+    opening_seconds: float,
     idle_cpu: float = 0.0,
     timed_seconds: float = 0.0,
     paced_seconds: float = 0.0,
@@ -185,14 +184,8 @@ def turn_cost(
         paced_usec=sent_time(paced, counted)[0] / turns,
         busy_cpu_usec=busy.cpu_per_turn(busy_seconds, busy_turns, idle_cpu),
         busy_usec=sent_time(busy, counted)[0] / busy_turns,
-        opening_cpu_usec=opening.cpu_per_turn(opening_seconds, BUSY_CONVERSATIONS, idle_cpu)
-        if opening
-        else 0.0,
-        shard_paced_cpu_usec=shard.paced_cpu_usec if shard else 0.0,
-        shard_paced_per_send=shard.paced_per_send if shard else 0.0,
-        shard_backlog_cpu_usec=shard.backlog_cpu_usec if shard else 0.0,
-        shard_backlog_per_send=shard.backlog_per_send if shard else 0.0,
-        shard_writes_cpu_usec=shard.writes_cpu_usec if shard else 0.0,
+        opening_cpu_usec=opening.cpu_per_turn(opening_seconds, BUSY_CONVERSATIONS, idle_cpu),
+        **{f"shard_{name}": value for name, value in asdict(shard or ShardCost()).items()},
         connections=connections,
         idle_sent=idle.sent.total() / idle_seconds,
         idle_inside=idle.inside.total() / idle_seconds,
@@ -224,42 +217,36 @@ async def redis_phases(
         worker.batches.build(counted_input.events),
     )
     rounds, busy_rounds = _rounds(worker, paced), _rounds(worker, busy)
-    topic, group, within = worker.topic, worker.group, 120.0
 
-    async def at_agent_pace(built_rounds: list[Built]) -> tuple[Snapshot, float]:
-        """Each round sent once the one before it is committed: the Redis figures and the seconds taken."""
-        before, started = await meter.snapshot(), time.monotonic()
+    async def handled(*built_rounds: Built, poll: float = 0.02) -> None:
+        """Each round sent once the one before it is committed: all of them handled on return."""
         for built in built_rounds:
-            ends = await worker.batches.send(topic, built)
-            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within, poll=0.005)
-        return await meter.snapshot() - before, time.monotonic() - started
+            ends = await worker.batches.send(worker.topic, built)
+            await wait_committed(
+                env, worker.group, worker.topic, ends, alive=worker.alive, within=120, poll=poll
+            )
 
     async with Meter(env.redis) as meter:
         await asyncio.sleep(SETTLE_SECONDS)
         progress(f"redis cost: idle for {idle_seconds:g} s, then counted for as long")
-        before, started = await meter.snapshot(), time.monotonic()
-        await asyncio.sleep(idle_seconds)
-        idle_cpu = (await meter.snapshot() - before).cpu_seconds / (time.monotonic() - started)
+        spent, seconds = await meter.spent(asyncio.sleep(idle_seconds))
+        idle_cpu = spent.cpu_seconds / seconds
         async with meter.monitor() as idle:
             await asyncio.sleep(idle_seconds)
         progress(
             f"redis cost: {timed.total} turns as a backlog, {paced.total} at agent pace, {busy.total} at agent "
             f"pace on a busy shard, then {counted_input.total} counted"
         )
-        before, started = await meter.snapshot(), time.monotonic()
-        ends = await worker.batches.send(topic, timed_built)
-        await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
-        stats, timed_seconds = await meter.snapshot() - before, time.monotonic() - started
+        stats, timed_seconds = await meter.spent(handled(timed_built))
         connections = await worker_connections(env.redis)
-        paced_stats, paced_seconds = await at_agent_pace(rounds)
+        paced_stats, paced_seconds = await meter.spent(handled(*rounds, poll=0.005))
         connections = max(connections, await worker_connections(env.redis))
-        opening_stats, opening_seconds = await at_agent_pace(busy_rounds[:1])
-        busy_stats, busy_seconds = await at_agent_pace(busy_rounds[1:])
+        opening_stats, opening_seconds = await meter.spent(handled(*busy_rounds[:1], poll=0.005))
+        busy_stats, busy_seconds = await meter.spent(handled(*busy_rounds[1:], poll=0.005))
         connections = max(connections, await worker_connections(env.redis))
         shard_cost = await busy_shard(env, meter, idle_cpu, progress) if shard else None
         async with meter.monitor() as counted:
-            ends = await worker.batches.send(topic, counted_built)
-            await wait_committed(env, group, topic, ends, alive=worker.alive, within=within)
+            await handled(counted_built)
     for data in (timed, paced, busy, counted_input):
         stored = await StoredCounter(env, worker.prefix, data.conversations).stored()
         if stored != data.total:

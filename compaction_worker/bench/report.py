@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -58,15 +59,22 @@ def _figure(value: float, unit: str) -> str:
     return f"{text} {unit}"
 
 
-def _ratio(ratio: float | None) -> str:
-    if ratio is None:
-        return ""
-    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
+def _cells(row: Row) -> tuple[str, str, str, str, str]:
+    """The row's name, value, the figure beside it, the ratio and the target, as the tables show them."""
+    beside = f"{_figure(row.baseline, row.unit)} ({row.baseline_name})" if row.baseline is not None else ""
+    ratio = "" if row.ratio is None else f"{row.ratio:.2f}x" if row.ratio >= 0.1 else f"{row.ratio:.2g}x"
+    return row.name, _figure(row.value, row.unit), beside, ratio, target_text(row)
 
 
 def spread(values: Sequence[float]) -> str:
     """The runs behind a median, for a row's note: ``383 (350-420)``."""
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile, nearest rank (with few samples the p99 is their maximum)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -75,11 +83,7 @@ def format_table(rows: Sequence[Row]) -> str:
     lines: list[tuple[str, ...]] = [header]
     notes: dict[int, str] = {}
     for row in rows:
-        beside = (
-            f"{_figure(row.baseline, row.unit)} ({row.baseline_name})" if row.baseline is not None else ""
-        )
-        ratio = _ratio(row.ratio)
-        lines.append((row.name, _figure(row.value, row.unit), beside, ratio, target_text(row)))
+        lines.append(_cells(row))
         if row.note:
             notes[len(lines) - 1] = row.note
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -106,12 +110,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
     """The rows as a Markdown table, for docs/performance.md."""
     out = ["| row | value | beside it | ratio | target |", "|---|--:|---|--:|---|"]
     for row in rows:
-        beside = (
-            f"{_figure(row.baseline, row.unit)} ({row.baseline_name})" if row.baseline is not None else ""
-        )
-        ratio = _ratio(row.ratio)
-        target = target_text(row).replace("MISSED", "**missed**")
-        out.append(f"| {row.name} | {_figure(row.value, row.unit)} | {beside} | {ratio} | {target} |")
+        *cells, target = _cells(row)
+        out.append(f"| {' | '.join(cells)} | {target.replace('MISSED', '**missed**')} |")
     notes = [f"- {row.name}: {row.note}" for row in rows if row.note]
     return "\n".join([*out, "", *notes] if notes else out)
 

@@ -18,19 +18,16 @@ from compaction_worker.bench.throughput import head_of_line_rows, throughput_row
 Scenario = Callable[[BenchEnv, Progress], Awaitable[Sequence[Row]]]
 """A group of rows: it runs on the shared environment, says what it does, returns its rows."""
 
-CostScenario = Callable[[costs.CostEnv, Progress], Awaitable[Sequence[Row]]]
 
+def cost_scenario(scenario: Scenario) -> Scenario:
+    """A cost scenario (``costs.ROWS``), on a single Redis only (its rows read MEMORY USAGE key by key)."""
 
-def cost_scenario(scenario: CostScenario) -> Scenario:
-    """A cost scenario (``costs.ROWS``) as a bench scenario: its CostEnv made from the bench's."""
-
-    async def run(env: BenchEnv, progress: Progress) -> list[Row]:
-        # CostEnv is typed for a single Redis (its rows read MEMORY USAGE key by key).
+    async def run(env: BenchEnv, progress: Progress) -> Sequence[Row]:
         if not isinstance(env.redis, Redis):
             raise BenchError(
                 "the cost rows need a single Redis, not a cluster (--only throughput --only head_of_line)"
             )
-        return list(await scenario(costs.CostEnv(env.redis, env.llm, scale=env.scale), progress))
+        return await scenario(env, progress)
 
     return run
 

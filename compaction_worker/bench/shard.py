@@ -22,8 +22,7 @@ What it gives is the shard's capacity: Redis CPU per stored turn while it is kep
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -51,22 +50,22 @@ _Part: TypeAlias = Callable[[list[TurnWrite]], list[TurnWrite]]
 
 @dataclass(frozen=True, slots=True)
 class ShardCost:
-    """Redis process CPU per stored turn on a core of its own, and the turns a send carried."""
+    """Redis process CPU per stored turn on a core of its own, and the turns a send carried (0: not measured)."""
 
-    paced_cpu_usec: float
-    paced_per_send: float
-    backlog_cpu_usec: float
-    backlog_per_send: float
-    writes_cpu_usec: float
+    paced_cpu_usec: float = 0.0
+    paced_per_send: float = 0.0
+    backlog_cpu_usec: float = 0.0
+    backlog_per_send: float = 0.0
+    writes_cpu_usec: float = 0.0
     """The writes alone (the module's docstring): what storing these turns costs at least."""
 
 
-def planned(settings: Settings, events: Sequence[tuple[bytes, bytes]]) -> dict[str, list[TurnWrite]]:
-    """Each conversation's writes, in order, as the turn handler plans them, each from the meta
-    the one before it leaves (no I/O: as runs.py plans a run)."""
+def planned(settings: Settings, conversations: int, turns: int, name: str) -> dict[str, list[TurnWrite]]:
+    """Each conversation's writes (load.make_input's turns), in order, as the turn handler plans them,
+    each from the meta the one before it leaves (no I/O: as runs.py plans a run)."""
     metas = dict[str, Meta]()
     writes: dict[str, list[TurnWrite]] = {}
-    for key, raw in events:
+    for key, raw in make_input(conversations, turns, name).events:
         cid = key.decode()
         turn = plan_turn(TurnEvent.model_validate_json(raw, strict=True), metas.get(cid, Meta()), settings)
         writes.setdefault(cid, []).append(turn.write)
@@ -90,23 +89,19 @@ async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Pro
             for _ in range(CLIENTS)
         ]
         try:
-            paced = planned(env.settings, make_input(PACED_CONVERSATIONS, PACED_TURNS, "paced").events)
+            paced = planned(env.settings, PACED_CONVERSATIONS, PACED_TURNS, "paced")
             await _sent(stores, paced, lambda writes: writes[:1], runs=False)  # the first turns
             paced_cpu, paced_seconds, paced_sends = await _measured(
                 meter, stores, paced, lambda writes: writes[1:], runs=False
             )
-            backlog = planned(
-                env.settings, make_input(BACKLOG_CONVERSATIONS, BACKLOG_TURNS, "backlog").events
-            )
+            backlog = planned(env.settings, BACKLOG_CONVERSATIONS, BACKLOG_TURNS, "backlog")
             backlog_cpu, backlog_seconds, backlog_sends = await _measured(
                 meter, stores, backlog, lambda writes: writes, runs=True
             )
-            bare = planned(env.settings, make_input(PACED_CONVERSATIONS, PACED_TURNS, "bare").events)
+            bare = planned(env.settings, PACED_CONVERSATIONS, PACED_TURNS, "bare")
             await _sent(stores, bare, lambda writes: writes[:1], runs=False)
             deadlines = await _deadlines(stores[0], bare)
-            before, started = await meter.snapshot(), time.monotonic()
-            await _written(stores, bare, deadlines)
-            writes_cpu, writes_seconds = await meter.snapshot() - before, time.monotonic() - started
+            writes_cpu, writes_seconds = await meter.spent(_written(stores, bare, deadlines))
         finally:
             for store in stores:
                 await store.redis.aclose()
@@ -127,9 +122,7 @@ async def _measured(
 ) -> tuple[Snapshot, float, int]:
     """What Redis spent sending ``part`` of every conversation's writes, the seconds it took, and the sends made."""
     sends = sum(store.pipeline.sends for store in stores)
-    before, started = await meter.snapshot(), time.monotonic()
-    await _sent(stores, writes, part, runs=runs)
-    spent, seconds = await meter.snapshot() - before, time.monotonic() - started
+    spent, seconds = await meter.spent(_sent(stores, writes, part, runs=runs))
     return spent, seconds, sum(store.pipeline.sends for store in stores) - sends
 
 

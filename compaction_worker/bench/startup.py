@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer
 
-from compaction_worker.bench.environment import BenchEnv, WorkerProcess
+from compaction_worker.bench.bare import consumer_args
+from compaction_worker.bench.environment import BenchEnv, Workers
 from compaction_worker.bench.load import drop_topic, new_topic, topic_overrides
 from compaction_worker.bench.report import Progress, Row
-from compaction_worker.runtime.connections import kafka_client_args
 
 HELP_TARGET = 0.5
 """Seconds ``--help`` may take (issue 32)."""
@@ -42,18 +42,10 @@ async def startup_rows(env: BenchEnv, progress: Progress) -> Sequence[Row]:
         topic = await new_topic(env)
         try:
             joins.append(await _bare_join(env, topic))
-            worker = WorkerProcess(
-                env,
-                env.unique("start"),
-                topic_overrides(topic, env.unique("start-group"), env.unique("start")),
-            )
+            overrides = topic_overrides(topic, env.unique("start-group"), env.unique("start"))
             started = time.monotonic()
-            worker.start()
-            try:
-                await asyncio.to_thread(worker.wait_consuming)
+            with Workers(env, 1, env.unique("start"), overrides):  # started, and waited for until it consumes
                 starts.append(time.monotonic() - started)
-            finally:
-                worker.stop()
         finally:
             await drop_topic(env, topic)
     start, join = statistics.median(starts), statistics.median(joins)
@@ -87,19 +79,8 @@ def _timed_help() -> float:
 async def _bare_join(env: BenchEnv, topic: str) -> float:
     """Seconds bare aiokafka consumers (as many as a worker runs) take to join a fresh group on ``topic``
     together, until each holds its partitions: what the broker makes any new worker wait."""
-    kafka = env.settings.kafka
-    group = env.unique("bare-join")
-    consumers = [
-        AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=kafka.bootstrap_servers,
-            group_id=group,
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            **kafka_client_args(kafka),
-        )
-        for _ in range(kafka.consumers)
-    ]
+    args = {**consumer_args(env.settings), "group_id": env.unique("bare-join")}
+    consumers = [AIOKafkaConsumer(topic, **args) for _ in range(env.settings.kafka.consumers)]
     started = time.monotonic()
     await asyncio.gather(*(c.start() for c in consumers))
     try:

@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from unittest import mock
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -123,23 +124,16 @@ def _stripped() -> Iterator[None]:
     def nothing(*_args: object, **_kwargs: object) -> contextlib.nullcontext[trace.Span]:
         return contextlib.nullcontext(trace.INVALID_SPAN)
 
-    def no_count(*_args: object, **_kwargs: object) -> None:
+    def no_value(*_args: object, **_kwargs: object) -> None:
         return None
 
-    stubs = [
-        (tracing, "span", nothing),
-        (tracing, "consume_span", nothing),
-        (tracing, "current_traceparent", lambda: None),
-        (metrics_api, "record_turn", no_count),
-    ]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in stubs]
-    for module, name, stub in stubs:
-        setattr(module, name, stub)
-    try:
+    with (
+        mock.patch.object(tracing, "span", nothing),
+        mock.patch.object(tracing, "consume_span", nothing),
+        mock.patch.object(tracing, "current_traceparent", no_value),
+        mock.patch.object(metrics_api, "record_turn", no_value),
+    ):
         yield
-    finally:
-        for module, name, real in saved:
-            setattr(module, name, real)
 
 
 async def timed_turns(mode: str, turns: int) -> dict[str, float]:

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.bench.cpu import CpuFigures, CpuMeter, cores
-from compaction_worker.bench.environment import BenchEnv, Workers, WorkerSource
+from compaction_worker.bench.environment import RUN, BenchEnv, Workers, WorkerSource
 from compaction_worker.bench.load import (
     MODELS,
     PARTITIONS,
@@ -46,7 +46,7 @@ from compaction_worker.bench.redis_cost import (
     redis_phases,
     worker_connections,
 )
-from compaction_worker.bench.report import Progress, Row, spread
+from compaction_worker.bench.report import Progress, Row, quantile, spread
 
 BARE = ("-m", "compaction_worker.bench.bare")
 PIPELINED = (*BARE, "--pipelined")
@@ -62,7 +62,7 @@ class _Kind:
 
     name: str
     processes: int
-    command: tuple[str, ...] | None = None
+    command: tuple[str, ...] = RUN
     source: WorkerSource | None = None
     redis: bool = False
     """Measure the Redis rows on it once its rate is measured (redis_cost.py)."""
@@ -94,8 +94,9 @@ async def _one_run(env: BenchEnv, data: Input, kind: _Kind, progress: Progress) 
     try:
         async with Batches(env, data.events) as batches:
             built, warm_built = batches.build(), batches.build(warm.events)
-            extra = {} if kind.command is None else {"command": kind.command}
-            with Workers(env, kind.processes, kind.name, overrides, source=kind.source, **extra) as workers:
+            with Workers(
+                env, kind.processes, kind.name, overrides, kind.command, source=kind.source
+            ) as workers:
                 await wait_group(env, group, kind.processes)
                 await batches.send(topic, warm_built)
                 warm_counter = StoredCounter(env, prefix, warm.conversations)
@@ -148,22 +149,15 @@ async def throughput_rows(env: BenchEnv, progress: Progress) -> list[Row]:
             _Kind("base-one", 1, source=env.baseline, redis=True),
             _Kind("base-two", 2, source=env.baseline),
         ]
-    rates: dict[str, list[float]] = {kind.name: [] for kind in kinds}
-    cpus: dict[str, list[CpuFigures]] = {kind.name: [] for kind in kinds}
-    shard: dict[str, list[tuple[float, int]]] = {kind.name: [] for kind in kinds}
-    costs: dict[str, list[TurnCost]] = {kind.name: [] for kind in kinds if kind.redis}
+    runs: dict[str, list[_Run]] = {kind.name: [] for kind in kinds}
     for repeat in range(env.repeat):
         for kind in kinds:
             progress(f"throughput: {kind.name} ({kind.processes} process), run {repeat + 1}/{env.repeat}")
-            run = await _one_run(env, data, kind, progress)
-            rates[kind.name].append(run.rate)
-            shard[kind.name].append((run.redis_us, run.connections))
-            if run.cpu is not None:
-                cpus[kind.name].append(run.cpu)
-            if run.cost is not None:
-                costs[kind.name].append(run.cost)
-    rows = _rate_rows(env, rates, f"{conversations} conversations x {turns} turns") + _cpu_rows(cpus)
-    rows += _scaling_rows(rates, shard)
+            runs[kind.name].append(await _one_run(env, data, kind, progress))
+    rates = {name: [run.rate for run in each] for name, each in runs.items()}
+    rows = _rate_rows(env, rates, f"{conversations} conversations x {turns} turns") + _cpu_rows(runs)
+    rows += _scaling_rows(rates, runs)
+    costs = {name: [run.cost for run in each if run.cost is not None] for name, each in runs.items()}
     base = median_cost(costs["base-one"]) if env.baseline is not None else None
     return rows + cost_rows(
         median_cost(costs["one"]), base, env.baseline, env.repeat, idle_seconds(env.scale)
@@ -221,10 +215,11 @@ def _rate_rows(env: BenchEnv, rates: dict[str, list[float]], input_shape: str) -
     return rows
 
 
-def _cpu_rows(cpus: dict[str, list[CpuFigures]]) -> list[Row]:
+def _cpu_rows(runs: dict[str, list[_Run]]) -> list[Row]:
     """CPU per stored turn: one worker beside the bare loop, two beside one, and what the whole
     machine spent with two; none where /proc does not tell (not Linux)."""
-    if not all(cpus[name] for name in ("bare", "one", "two")):
+    cpus = {name: [run.cpu for run in runs[name] if run.cpu is not None] for name in ("bare", "one", "two")}
+    if not all(cpus.values()):
         return []
     own = {name: statistics.median(c.process_us for c in cpus[name]) for name in ("bare", "one", "two")}
     machine = statistics.median(c.machine_us for c in cpus["two"])
@@ -243,12 +238,12 @@ def _cpu_rows(cpus: dict[str, list[CpuFigures]]) -> list[Row]:
     ]
 
 
-def _scaling_rows(rates: dict[str, list[float]], shard: dict[str, list[tuple[float, int]]]) -> list[Row]:
+def _scaling_rows(rates: dict[str, list[float]], runs: dict[str, list[_Run]]) -> list[Row]:
     """Issue 35: adding workers never lowers throughput, and a stored turn costs Redis the same
     whatever the number of workers (and of their connections)."""
     median = {name: statistics.median(values) for name, values in rates.items()}
-    cpu = {name: statistics.median(us for us, _ in runs) for name, runs in shard.items() if runs}
-    held = {name: max(n for _, n in runs) for name, runs in shard.items() if runs}
+    cpu = {name: statistics.median(run.redis_us for run in each) for name, each in runs.items()}
+    held = {name: max(run.connections for run in each) for name, each in runs.items()}
     per = ", ".join(
         f"{name} {cpu[name]:.3g} µs ({held[name]} connections)" for name in ("one", "two", "four")
     )
@@ -351,11 +346,6 @@ class _Latencies:
         await self.publisher.stop()
 
 
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(0.99 * len(ordered) + 0.5) - 1))]
-
-
 async def _warm_up_compactions(env: BenchEnv, topic: str, prefix: str, name: str, think: float) -> int:
     """A few conversations compacting through an instant LLM: the worker's first LLM call and
     compaction (imports, clients, caches) are behind it before anything is timed. Returns the LLM calls."""
@@ -418,9 +408,9 @@ async def head_of_line_rows(env: BenchEnv, progress: Progress) -> list[Row]:
             finally:
                 await delete_prefix(env, prefix)
                 await drop_topic(env, topic)
-            quiet_p99.append(_p99(quiet) * 1000)
-            busy_p99.append(_p99(busy) * 1000)
-            own_p99.append(_p99(own) * 1000 if own else 0.0)
+            quiet_p99.append(quantile(quiet, 0.99) * 1000)
+            busy_p99.append(quantile(busy, 0.99) * 1000)
+            own_p99.append(quantile(own, 0.99) * 1000 if own else 0.0)
             samples += len(busy)
     finally:
         env.llm.set_delay(0.0)

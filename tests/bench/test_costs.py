@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis.asyncio
 
 from compaction_worker import _litellm
 from compaction_worker.bench import costs
-from compaction_worker.bench.costs import CostEnv, LLMClock
+from compaction_worker.bench.costs import LLMClock
+from compaction_worker.bench.environment import BenchEnv
 from compaction_worker.bench.report import Row
+from compaction_worker.settings import Settings
 from compaction_worker.testing import FakeLLMServer
 
 
@@ -61,10 +64,12 @@ async def test_the_llm_clock_leaves_out_the_wait_keeps_the_clients_cpu_and_puts_
 
 
 @pytest.mark.integration
-async def test_every_row_runs_small(redis_client: redis.asyncio.Redis, fake_llm: FakeLLMServer) -> None:
+async def test_every_row_runs_small(
+    redis_client: redis.asyncio.Redis, fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
     """All rows at a tiny scale: each reports its figure beside its baseline, and the long
     conversation compacts, with summaries, on its way."""
-    env = CostEnv(redis_client, fake_llm, scale=0.002, tune_gc=False)
+    env = BenchEnv(Settings(), redis_client, fake_llm, scale=0.002, workdir=tmp_path, tune_gc=False)
     seen: list[str] = []
     rows: list[Row] = []
     for scenario in costs.ROWS:

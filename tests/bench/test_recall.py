@@ -6,7 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from compaction_worker.bench.recall import quantile, queries
+from compaction_worker.bench.recall import queries
+from compaction_worker.bench.report import quantile
 from compaction_worker.cli import main
 
 
