@@ -58,7 +58,7 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
                     version=meta.version,
                     context_status=meta.context_status,
                     tokens=meta.total_tokens,
-                    chunks=[cli_output.Chunk.from_chunk(c) for c in snapshot.history.chunks],
+                    chunks=[cli_output.Chunk.of(c) for c in snapshot.history.chunks],
                     messages=messages,
                 )
                 click.echo(json_output(output))
@@ -94,23 +94,12 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             job = await client.job(conversation_id)
             stats = context_stats(conversation_id, meta, settings)
             health = await _breaker(client, settings.summarizer, meta.model)
-            output = cli_output.Status(
-                conversation_id=conversation_id,
-                model=meta.model,
+            output = cli_output.Status.of(
+                stats,
                 last_seq=meta.last_seq,
                 messages=meta.msg_count,
-                tokens=stats.tokens,
-                usage_ratio=stats.usage_ratio,
                 tokens_by_part=stats.breakdown,
                 calibration=meta.calibration,
-                window=stats.window,
-                available=stats.available,
-                threshold=stats.threshold,
-                soft_threshold=stats.soft_threshold,
-                target=stats.target,
-                should_compact=stats.should_compact,
-                version=meta.version,
-                context_status=meta.context_status,
                 failures=meta.failures,
                 llm_failures=health.failures,
                 circuit_open=health.open,
@@ -142,12 +131,7 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             found = await client.artifacts(conversation_id)
         if as_json:
             output = cli_output.Artifacts(
-                [
-                    cli_output.ArchivedArtifact(
-                        kind=a.kind, text=a.text, turn_seq=a.seq, ordinal=a.n, in_history=a.in_history
-                    )
-                    for a in found
-                ]
+                [cli_output.ArchivedArtifact.of(a, turn_seq=a.seq, ordinal=a.n) for a in found]
             )
             click.echo(json_output(output))
             return
@@ -199,20 +183,7 @@ def _print_preview(found: Preview, as_json: bool) -> None:
     from compaction_worker.contracts import cli_output
 
     if as_json:
-        output = cli_output.CompactionPreview(
-            conversation_id=found.conversation_id,
-            version=found.version,
-            outcome=found.outcome,
-            tokens_before=found.tokens_before,
-            tokens_after=found.tokens_after,
-            stages=list(found.stages),
-            replaced=found.replaced,
-            summary=found.summary,
-            standing_state=found.standing,
-            error=found.error,
-            messages=found.messages,
-        )
-        click.echo(json_output(output))
+        click.echo(json_output(cli_output.CompactionPreview.of(found, standing_state=found.standing)))
         return
     click.echo(
         f"{found.conversation_id} (version {found.version}): a manual compaction would be "
@@ -251,17 +222,11 @@ def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_jso
             rewound = await client.rewind(conversation_id, version)
         done = rewound.completed
         if as_json:
-            output = cli_output.Rewind(
-                conversation_id=conversation_id,
+            output = cli_output.Rewind.of(
+                done,
                 rewound_version=rewound.rewound_version,
-                version=done.version,
-                context_status=done.context_status,
                 chunks=rewound.chunks,
                 restored_messages=rewound.restored_messages,
-                messages_before=done.messages_before,
-                messages_after=done.messages_after,
-                tokens_before=done.tokens_before,
-                tokens_after=done.tokens_after,
                 over_threshold=rewound.over_threshold,
                 compaction_id=str(done.compaction_id),
             )

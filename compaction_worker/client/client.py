@@ -557,8 +557,3 @@ class _Completions:
 
     async def stop(self) -> None:
         await self.consumer.stop()
-
-
-def transcript_messages(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The messages of transcript records, in order."""
-    return [r["m"] for r in records]

@@ -10,27 +10,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
-import uuid
-from collections.abc import Coroutine, Iterator, Mapping
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from compaction_worker.budget.attachments import FittedFile
-from compaction_worker.client.client import Artifact, Client, ContextStats
-from compaction_worker.contracts.events import CompactionCompleted, TurnEvent
+from compaction_worker.client.client import Client
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered
-from compaction_worker.recall.search import RecallResult
-from compaction_worker.runtime.preview import Preview
-from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import Job
-from compaction_worker.state.meta import Meta
-from compaction_worker.state.restore import Version
-from compaction_worker.state.store import Snapshot
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _blocking(
+    method: Callable[Concatenate[Client, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SyncClient, P], T]:
+    """``method`` of :class:`Client` as a :class:`SyncClient` method: the same arguments, run on its loop."""
+
+    def call(self: SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._call(method(self.client, *args, **kwargs))
+
+    functools.update_wrapper(call, method)  # its signature, for help() and IDEs
+    call.__qualname__ = f"SyncClient.{method.__name__}"
+    call.__doc__ = f"See :meth:`Client.{method.__name__}`."
+    return call
 
 
 class SyncClient:
@@ -66,68 +72,9 @@ class SyncClient:
     def settings(self) -> Settings:
         return self.client.settings
 
-    def publish_turn(self, event: TurnEvent) -> None:
-        """See :meth:`Client.publish_turn`."""
-        self._call(self.client.publish_turn(event))
-
     def publish_raw(self, payload: bytes, key: bytes | None) -> None:
         """See :meth:`Client.publish_raw`."""
         self._call(self.client.publish_raw(payload, key))
-
-    def request_compaction(
-        self,
-        conversation_id: str,
-        turn_seq: int,
-        model: str,
-        error: str | None = None,
-        *,
-        instructions: str | None = None,
-    ) -> TurnEvent:
-        """See :meth:`Client.request_compaction`."""
-        return self._call(
-            self.client.request_compaction(conversation_id, turn_seq, model, error, instructions=instructions)
-        )
-
-    def set_instructions(self, conversation_id: str, text: str | None) -> None:
-        """See :meth:`Client.set_instructions`."""
-        self._call(self.client.set_instructions(conversation_id, text))
-
-    def proposal(self, conversation_id: str) -> Preview | None:
-        """See :meth:`Client.proposal`."""
-        return self._call(self.client.proposal(conversation_id))
-
-    def apply(self, conversation_id: str, proposal_id: uuid.UUID | str) -> CompactionCompleted | None:
-        """See :meth:`Client.apply`."""
-        return self._call(self.client.apply(conversation_id, proposal_id))
-
-    def discard(self, conversation_id: str, proposal_id: uuid.UUID | str) -> None:
-        """See :meth:`Client.discard`."""
-        self._call(self.client.discard(conversation_id, proposal_id))
-
-    def set_profile(self, conversation_id: str, name: str | None) -> None:
-        """See :meth:`Client.set_profile`."""
-        self._call(self.client.set_profile(conversation_id, name))
-
-    def next_turn_seq(self, conversation_id: str) -> int:
-        """See :meth:`Client.next_turn_seq`."""
-        return self._call(self.client.next_turn_seq(conversation_id))
-
-    def wait_for(
-        self,
-        conversation_id: str,
-        version: int | None = None,
-        *,
-        timeout: float = 30.0,
-        after_seq: int | None = None,
-    ) -> int:
-        """See :meth:`Client.wait_for` (raises :class:`~compaction_worker.errors.WaitTimeoutError`)."""
-        return self._call(
-            self.client.wait_for(conversation_id, version, timeout=timeout, after_seq=after_seq)
-        )
-
-    def snapshot(self, conversation_id: str) -> Snapshot:
-        """See :meth:`Client.snapshot`."""
-        return self._call(self.client.snapshot(conversation_id))
 
     @overload
     def messages(
@@ -148,58 +95,28 @@ class SyncClient:
         # mypy joins the overloads' results for a union argument into a Sequence: each is a Rendered.
         return self._call(self.client.messages(conversation_id, format, cache=cache))  # type: ignore[return-value]
 
-    def span_attributes(self, conversation_id: str) -> dict[str, str | bool]:
-        """See :meth:`Client.span_attributes`."""
-        return self._call(self.client.span_attributes(conversation_id))
-
-    def meta(self, conversation_id: str) -> Meta:
-        """See :meth:`Client.meta`."""
-        return self._call(self.client.meta(conversation_id))
-
-    def context_stats(self, conversation_id: str) -> ContextStats:
-        """See :meth:`Client.context_stats`."""
-        return self._call(self.client.context_stats(conversation_id))
-
-    def fit_files(self, conversation_id: str, files: Mapping[str, str]) -> list[FittedFile]:
-        """See :meth:`Client.fit_files`."""
-        return self._call(self.client.fit_files(conversation_id, files))
-
-    def job(self, conversation_id: str) -> Job | None:
-        """See :meth:`Client.job`."""
-        return self._call(self.client.job(conversation_id))
-
-    def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
-        """See :meth:`Client.transcript`."""
-        return self._call(self.client.transcript(conversation_id))
-
-    def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
-        """See :meth:`Client.compactions`."""
-        return self._call(self.client.compactions(conversation_id))
-
-    def pin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
-        """See :meth:`Client.pin`."""
-        return self._call(self.client.pin(conversation_id, turn_seq, index))
-
-    def unpin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
-        """See :meth:`Client.unpin`."""
-        return self._call(self.client.unpin(conversation_id, turn_seq, index))
-
-    def preview_compaction(self, conversation_id: str, instructions: str | None = None) -> Preview:
-        """See :meth:`Client.preview_compaction`."""
-        return self._call(self.client.preview_compaction(conversation_id, instructions))
-
-    def versions(self, conversation_id: str) -> list[Version]:
-        """See :meth:`Client.versions`."""
-        return self._call(self.client.versions(conversation_id))
-
-    def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
-        """See :meth:`Client.rewind`."""
-        return self._call(self.client.rewind(conversation_id, version))
-
-    def artifacts(self, conversation_id: str) -> list[Artifact]:
-        """See :meth:`Client.artifacts`."""
-        return self._call(self.client.artifacts(conversation_id))
-
-    def recall(self, conversation_id: str, query: str, *, limit: int | None = None) -> RecallResult:
-        """See :meth:`Client.recall`."""
-        return self._call(self.client.recall(conversation_id, query, limit=limit))
+    # Every other method: Client's, blocking (wait_for raises WaitTimeoutError as Client's does).
+    publish_turn = _blocking(Client.publish_turn)
+    request_compaction = _blocking(Client.request_compaction)
+    set_instructions = _blocking(Client.set_instructions)
+    proposal = _blocking(Client.proposal)
+    apply = _blocking(Client.apply)
+    discard = _blocking(Client.discard)
+    set_profile = _blocking(Client.set_profile)
+    next_turn_seq = _blocking(Client.next_turn_seq)
+    wait_for = _blocking(Client.wait_for)
+    snapshot = _blocking(Client.snapshot)
+    span_attributes = _blocking(Client.span_attributes)
+    meta = _blocking(Client.meta)
+    context_stats = _blocking(Client.context_stats)
+    fit_files = _blocking(Client.fit_files)
+    job = _blocking(Client.job)
+    transcript = _blocking(Client.transcript)
+    compactions = _blocking(Client.compactions)
+    pin = _blocking(Client.pin)
+    unpin = _blocking(Client.unpin)
+    preview_compaction = _blocking(Client.preview_compaction)
+    versions = _blocking(Client.versions)
+    rewind = _blocking(Client.rewind)
+    artifacts = _blocking(Client.artifacts)
+    recall = _blocking(Client.recall)

@@ -32,6 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from compaction_worker.budget.threshold import scale_of
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.history import text_with_calls
 from compaction_worker.errors import ConfigError
@@ -150,7 +151,9 @@ def build_app(settings: Settings, client: Client) -> Starlette:
         view = await views.conversation(client, settings, cid, counts, request.query_params.get("at"))
         if view is None:
             return page("missing.html", 404, conversation_id=cid)
-        drawn = sawtooth.series(view.counts, view.log, fixed=view.fixed_tokens, scale=view.scale)
+        drawn = sawtooth.series(
+            view.counts, view.log, fixed=view.meta.fixed_tokens, scale=scale_of(view.meta)
+        )
         chart, chart_error = None, None
         try:
             # Drawing is CPU: in a thread, so other requests are served meanwhile.

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from compaction_worker.budget.threshold import scale_of
 from compaction_worker.client.client import Artifact, Client, ContextStats, context_stats
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
@@ -152,14 +151,6 @@ class ConversationView:
     def shown_artifacts(self) -> list[Artifact]:
         """The newest ``ARTIFACTS_SHOWN`` of the archive (it grows with the conversation)."""
         return self.artifacts[-ARTIFACTS_SHOWN:]
-
-    @property
-    def fixed_tokens(self) -> int:
-        return self.meta.fixed_tokens
-
-    @property
-    def scale(self) -> float:
-        return scale_of(self.meta)
 
 
 async def listing(client: Client, settings: Settings, search: str | None) -> Listing:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,6 @@ from compaction_worker.replay.cache import CacheFigures
 from compaction_worker.replay.plot import plot
 from compaction_worker.replay.reader import Format, ReplayInputError, read_paths
 from compaction_worker.replay.simulate import ConversationReport, Replay
-from compaction_worker.runtime.compactor import Summarizers
 from compaction_worker.settings import BudgetSettings, Settings
 from compaction_worker.summaries.factory import configured_summarizers
 
@@ -36,7 +36,6 @@ class Options:
     plot: Path | None = None
     output: Path | None = None
     as_json: bool = False
-    progress: bool = True
 
 
 def with_thresholds(settings: Settings, trigger: float | None, target: float | None) -> Settings:
@@ -72,19 +71,19 @@ def replay_command(
         raise click.ClickException(str(e)) from e
 
 
-def run_replay(settings: Settings, options: Options, *, summarizers: Summarizers | None = None) -> int:
+def run_replay(settings: Settings, options: Options) -> int:
     """Replay, print and write what was asked; the exit status (1 when some input was skipped)."""
     read = read_paths(options.paths, options.fmt)
     errors: list[str] = [str(e) for e in read.errors]
     replays: list[Replay] = []
-    chosen = summarizers or configured_summarizers(settings)
+    summarizers = configured_summarizers(settings)
     for conversation in read.conversations:
         try:
             replays.append(
                 Replay(
                     conversation,
                     settings,
-                    chosen,
+                    summarizers,
                     model=options.model,
                     context_window=options.context_window,
                 )
@@ -95,7 +94,7 @@ def run_replay(settings: Settings, options: Options, *, summarizers: Summarizers
         click.echo(f"skipped: {error}", err=True)
     if not replays:
         raise ReplayInputError("no conversation to replay")
-    reports = asyncio.run(_replay_all(replays, options.progress))
+    reports = asyncio.run(_replay_all(replays))
     try:
         if options.plot is not None:
             plot(reports, options.plot)
@@ -114,11 +113,9 @@ def run_replay(settings: Settings, options: Options, *, summarizers: Summarizers
     return 1 if errors else 0
 
 
-async def _replay_all(replays: Sequence[Replay], progress: bool) -> list[ConversationReport]:
+async def _replay_all(replays: Sequence[Replay]) -> list[ConversationReport]:
     turns = sum(len(r.turns) for r in replays)
-    with click.progressbar(
-        length=turns, label="replaying", file=sys.stderr, hidden=not progress, show_pos=True
-    ) as bar:
+    with click.progressbar(length=turns, label="replaying", file=sys.stderr, show_pos=True) as bar:
         return [await r.run(lambda: bar.update(1)) for r in replays]
 
 
@@ -129,7 +126,7 @@ def _history(report: ConversationReport, settings: Settings) -> cli_output.Histo
         version=report.meta.version,
         context_status=report.meta.context_status,
         tokens=report.meta.total_tokens,
-        chunks=[cli_output.Chunk.from_chunk(c) for c in report.history.chunks],
+        chunks=[cli_output.Chunk.of(c) for c in report.history.chunks],
         messages=render(report.history, settings.pipeline.summary_placement),
     )
 
@@ -137,33 +134,21 @@ def _history(report: ConversationReport, settings: Settings) -> cli_output.Histo
 def conversation_output(report: ConversationReport) -> cli_output.ReplayConversation:
     """One conversation's figures in the ``--json`` model."""
     usage = report.usage
-    return cli_output.ReplayConversation(
-        name=report.name,
-        source=report.source,
-        model=report.model,
+    return cli_output.ReplayConversation.of(
+        report,
         window=report.budget.window,
-        window_source=report.window_source,
         threshold=report.budget.threshold,
         target=report.budget.target,
         turns=len(report.points),
         compactions=report.by_trigger(),
-        tokens_saved=report.tokens_saved,
         llm_input_tokens=usage.prompt_tokens,
         llm_output_tokens=usage.completion_tokens,
         peak_tokens=report.peak,
         final_tokens=report.points[-1].after if report.points else 0,
         context_per_turn=[p.tokens for p in report.points],
         runs=[
-            cli_output.ReplayRun(
-                turn=c.turn,
-                trigger=c.trigger,
-                outcome=c.outcome,
-                tokens_before=c.tokens_before,
-                tokens_after=c.tokens_after,
-                stages=list(c.stages),
-                llm_input_tokens=c.usage.prompt_tokens,
-                llm_output_tokens=c.usage.completion_tokens,
-                error=c.error,
+            cli_output.ReplayRun.of(
+                c, llm_input_tokens=c.usage.prompt_tokens, llm_output_tokens=c.usage.completion_tokens
             )
             for c in report.runs
         ],
@@ -174,27 +159,11 @@ def conversation_output(report: ConversationReport) -> cli_output.ReplayConversa
 def cache_output(figures: CacheFigures) -> cli_output.ReplayCache:
     """One strategy's cache figures in the ``--json`` model."""
     dollars = figures.dollars
-    return cli_output.ReplayCache(
-        strategy=figures.strategy,
-        calls=figures.calls,
-        prompt_tokens=figures.prompt_tokens,
-        cached_tokens=figures.cached_tokens,
+    return cli_output.ReplayCache.of(
+        figures,
         cached_share=round(figures.cached_share, 4),
-        breaks=figures.breaks,
         breaks_per_100_turns=round(figures.breaks_per_100_turns, 2),
-        peak_tokens=figures.peak_tokens,
-        summarizer_input_tokens=figures.summarizer_input_tokens,
-        summarizer_output_tokens=figures.summarizer_output_tokens,
-        dollars=None
-        if dollars is None
-        else cli_output.ReplayDollars(
-            input=dollars.input,
-            cached=dollars.cached,
-            write=dollars.write,
-            output=dollars.output,
-            summarizer=dollars.summarizer,
-            total=dollars.total,
-        ),
+        dollars=None if dollars is None else cli_output.ReplayDollars.of(dollars),
     )
 
 
@@ -203,13 +172,10 @@ def summary(
 ) -> cli_output.Replay:
     """The whole replay in the ``--json`` model: per conversation, then the totals."""
     conversations = [conversation_output(r) for r in reports]
-    by_trigger: dict[str, int] = {}
-    for c in conversations:
-        for trigger, count in c.compactions.items():
-            by_trigger[trigger] = by_trigger.get(trigger, 0) + count
+    by_trigger = sum((Counter(c.compactions) for c in conversations), Counter[str]())
     total = cli_output.ReplayFigures(
         turns=sum(c.turns for c in conversations),
-        compactions=by_trigger,
+        compactions=dict(by_trigger),
         tokens_saved=sum(c.tokens_saved for c in conversations),
         llm_input_tokens=sum(c.llm_input_tokens for c in conversations),
         llm_output_tokens=sum(c.llm_output_tokens for c in conversations),

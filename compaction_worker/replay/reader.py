@@ -103,7 +103,12 @@ def read_file(path: Path, fmt: Format = "auto") -> ReadResult:
         return result
     lines = text.splitlines()
     if len(lines) > 1 and (trajectory := _agent_trajectory(text)) is not None:
-        return _trajectory(trajectory, path)
+        # An agent trajectory's messages: the file's one conversation.
+        try:
+            result.conversations.append(_conversation({"messages": trajectory}, "openai", _stem(path), path))
+        except (ReplayInputError, ValueError) as e:
+            result.errors.append(LineError(path, 0, _reason(e)))
+        return result
     records = _json_lines(lines, path, result.errors)
     if not records:
         if not result.errors:
@@ -142,16 +147,6 @@ def _json_lines(
             continue
         records.append((number, data))
     return records
-
-
-def _trajectory(messages: list[dict[str, Any]], path: Path) -> ReadResult:
-    """An agent trajectory's messages as the file's one conversation."""
-    result = ReadResult()
-    try:
-        result.conversations.append(_conversation({"messages": messages}, "openai", _stem(path), path))
-    except (ReplayInputError, ValueError) as e:
-        result.errors.append(LineError(path, 0, _reason(e)))
-    return result
 
 
 def _stem(path: Path) -> str:

@@ -10,6 +10,7 @@ where the worker runs it in the background while turns keep arriving.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,10 +88,7 @@ class ConversationReport:
         return [c for c in self.runs if c.outcome is Outcome.COMPACTED]
 
     def by_trigger(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for c in self.compactions:
-            counts[c.trigger.value] = counts.get(c.trigger.value, 0) + 1
-        return counts
+        return dict(Counter(c.trigger.value for c in self.compactions))
 
     @property
     def tokens_saved(self) -> int:

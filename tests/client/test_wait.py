@@ -10,7 +10,6 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.client import Client, SyncClient
-from compaction_worker.client.client import transcript_messages
 from compaction_worker.contracts.history import public_message
 from compaction_worker.errors import CompactionWorkerError, RewindError, WaitTimeoutError
 from compaction_worker.local.demo import synthetic_turns
@@ -148,7 +147,7 @@ async def test_rewind_from_the_client_undoes_every_compaction_back_to_the_transc
     assert [v.rewound_version for v in after[len(listed) :]] == [v.version for v in reversed(compactions)]
 
     messages = await client.messages("r")
-    transcript = transcript_messages(await client.transcript("r"))
+    transcript = [r["m"] for r in await client.transcript("r")]
     assert [m["role"] for m in messages][:1] == ["system"]
     assert [dict(m) for m in messages[1:]] == [public_message(m) for m in transcript]
     with pytest.raises(RewindError, match="nothing to undo"):
