@@ -89,6 +89,21 @@ def text_part(text: str) -> Message:
     return {"type": "text", "text": text}
 
 
+def tool_call(call_id: str | None, name: str, arguments: str) -> Message:
+    """A chat tool call of function ``name`` with its JSON-encoded ``arguments``."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def assistant_message(content: str | list[Message], calls: list[Message]) -> Message:
+    """A chat assistant message; its ``content`` is left out when empty and ``calls`` carry the turn."""
+    out: Message = {"role": "assistant"}
+    if content or not calls:
+        out["content"] = content
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
 def call_arguments(raw: Any) -> dict[str, Any]:
     """A chat tool call's ``arguments`` as the JSON object a native format takes: the object it
     encodes, or the raw text under ``arguments`` when it encodes none."""

@@ -19,12 +19,14 @@ from compaction_worker.formats._common import (
     NATIVE,
     FormatError,
     Message,
+    assistant_message,
     call_arguments,
     data_url,
     keep,
     restore,
     split_data_url,
     text_part,
+    tool_call,
     validated,
 )
 
@@ -120,21 +122,11 @@ def _assistant(message: Mapping[str, Any]) -> Message:
         return {"role": "assistant", "content": content}
     blocks = list(content or [])
     calls = [
-        {
-            "id": str(b.get("id")),
-            "type": "function",
-            "function": {"name": str(b.get("name")), "arguments": json.dumps(b.get("input", {}))},
-        }
+        tool_call(str(b.get("id")), str(b.get("name")), json.dumps(b.get("input", {})))
         for b in blocks
         if b.get("type") == "tool_use"
     ]
-    parts = _parts(blocks)
-    out: Message = {"role": "assistant"}
-    if parts or not calls:
-        out["content"] = parts
-    if calls:
-        out["tool_calls"] = calls
-    return out
+    return assistant_message(_parts(blocks), calls)
 
 
 def _assistant_back(message: Message) -> dict[str, Any]:

@@ -24,12 +24,14 @@ from typing import Any, NamedTuple
 from compaction_worker.formats._common import (
     FormatError,
     Message,
+    assistant_message,
     call_arguments,
     data_url,
     keep,
     restore,
     split_data_url,
     text_part,
+    tool_call,
     validated,
 )
 
@@ -143,10 +145,7 @@ def _content_in(raw: Any, i: int) -> Content:
     role = content.get("role") or "user"
     if role not in ("user", "model"):
         raise FormatError(f"{where}: the role is user or model, not {role!r}")
-    parts = content.get("parts")
-    if isinstance(parts, str | bytes) or not isinstance(parts, Sequence):
-        raise FormatError(f"{where}: parts is a list of parts")
-    return {"role": role, "parts": [_part_in(p, f"{where} part {j}") for j, p in enumerate(parts)]}
+    return {"role": role, "parts": _parts_in(content.get("parts"), where)}
 
 
 def _system_in(raw: SystemInstruction) -> Content:
@@ -155,11 +154,14 @@ def _system_in(raw: SystemInstruction) -> Content:
     if not isinstance(raw, Mapping):
         raise FormatError(f"system_instruction is a Content or a string, not {type(raw).__name__}")
     system = _snake_keys(raw, "system_instruction")
-    parts = system.get("parts")
+    return {**system, "parts": _parts_in(system.get("parts"), "system_instruction")}
+
+
+def _parts_in(parts: Any, where: str) -> list[Part]:
+    """The parts of ``where`` (a content or the system instruction), each checked."""
     if isinstance(parts, str | bytes) or not isinstance(parts, Sequence):
-        raise FormatError("system_instruction: parts is a list of parts")
-    where = "system_instruction part"
-    return {**system, "parts": [_part_in(p, f"{where} {j}") for j, p in enumerate(parts)]}
+        raise FormatError(f"{where}: parts is a list of parts")
+    return [_part_in(p, f"{where} part {j}") for j, p in enumerate(parts)]
 
 
 # --- parts -----------------------------------------------------------------------------------
@@ -230,23 +232,14 @@ def _system_back(message: Message) -> Content:
 def _assistant(content: Content) -> Message:
     calls = [p["function_call"] for p in content["parts"] if "function_call" in p]
     tool_calls = [
-        {
-            "id": str(call.get("id") or f"call_{k}"),
-            "type": "function",
-            "function": {
-                "name": call["name"],
-                "arguments": json.dumps(call.get("args", {}), ensure_ascii=False),
-            },
-        }
+        tool_call(
+            str(call.get("id") or f"call_{k}"),
+            call["name"],
+            json.dumps(call.get("args", {}), ensure_ascii=False),
+        )
         for k, call in enumerate(calls)
     ]
-    text = _content(content["parts"])
-    out: Message = {"role": "assistant"}
-    if text or not tool_calls:
-        out["content"] = text
-    if tool_calls:
-        out["tool_calls"] = tool_calls
-    return out
+    return assistant_message(_content(content["parts"]), tool_calls)
 
 
 def _assistant_back(message: Message) -> Content:

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 from compaction_worker.formats._common import (
     FormatError,
     Message,
+    assistant_message,
     call_arguments,
     data_url,
     keep,
     restore,
     text_part,
+    tool_call,
     validated,
 )
 
@@ -76,22 +78,11 @@ def _forward(message: BaseMessage) -> Message:
     if isinstance(message, _lc.ToolMessage):
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": content}
     if isinstance(message, _lc.AIMessage):
-        out: Message = {"role": "assistant"}
-        if content or not message.tool_calls:
-            out["content"] = content
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": call["id"],
-                    "type": "function",
-                    "function": {
-                        "name": call["name"],
-                        "arguments": json.dumps(call["args"], ensure_ascii=False),
-                    },
-                }
-                for call in message.tool_calls
-            ]
-        return out
+        calls = [
+            tool_call(call["id"], call["name"], json.dumps(call["args"], ensure_ascii=False))
+            for call in message.tool_calls
+        ]
+        return assistant_message(content, calls)
     raise FormatError(f"a {type(message).__name__}: only System, Human, AI and Tool messages map to chat")
 
 

@@ -21,6 +21,7 @@ from compaction_worker.formats._common import (
     keep,
     restore,
     text_part,
+    tool_call,
     validated,
 )
 
@@ -93,11 +94,7 @@ def _forward(group: Sequence[Mapping[str, Any]]) -> Message:
             raise FormatError(f"a message item with role {first.get('role')!r}")
         message = {"role": role, "content": _content(first.get("content"))}
     calls = [
-        {
-            "id": str(item.get("call_id")),
-            "type": "function",
-            "function": {"name": str(item.get("name")), "arguments": str(item.get("arguments") or "")},
-        }
+        tool_call(str(item.get("call_id")), str(item.get("name")), str(item.get("arguments") or ""))
         for item in known
         if _kind(item) == "function_call"
     ]

@@ -8,13 +8,17 @@ brings a primary back with its node id, its slots and its data.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
-from types import TracebackType
 from typing import Self
 
-from compaction_worker.local.embedded import EmbeddedRedis, EmbeddedStartError, PortInUseError, free_port
+from compaction_worker.local.embedded import (
+    EmbeddedRedis,
+    EmbeddedStartError,
+    PortInUseError,
+    free_port,
+    port_is_free,
+)
 
 __all__ = ["EmbeddedRedisCluster"]
 
@@ -36,7 +40,7 @@ class EmbeddedRedisCluster:
     @staticmethod
     def _node() -> EmbeddedRedis:
         port = free_port()
-        while port + 10000 > 65535 or not _free(port + 10000):
+        while port + 10000 > 65535 or not port_is_free(port + 10000):
             port = free_port()
         server = EmbeddedRedis(port, extra_args=())
         server.extra_args = (
@@ -106,7 +110,7 @@ class EmbeddedRedisCluster:
             node.close()
 
     def _cli(self, *args: str) -> str:
-        binary = os.path.join(os.path.dirname(self.nodes[0]._resolve_binary()), "valkey-cli")
+        binary = os.path.join(os.path.dirname(self.nodes[0].binary_path()), "valkey-cli")
         done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             raise EmbeddedStartError(f"valkey-cli {' '.join(args[:2])} failed: {done.stdout}{done.stderr}")
@@ -132,19 +136,8 @@ class EmbeddedRedisCluster:
         self.start()
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
         return f"<EmbeddedRedisCluster ports={self.ports}>"
-
-
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True

@@ -55,50 +55,13 @@ TOPICS = (
     ),
 )
 
-_WORDS = [
-    "the",
-    "request",
-    "handler",
-    "reads",
-    "the",
-    "configuration",
-    "once",
-    "and",
-    "passes",
-    "it",
-    "down",
-    "to",
-    "every",
-    "worker",
-    "so",
-    "that",
-    "retries",
-    "use",
-    "the",
-    "same",
-    "timeout",
-    "budget",
-    "while",
-    "the",
-    "scheduler",
-    "keeps",
-    "the",
-    "queue",
-    "short",
-    "and",
-    "each",
-    "batch",
-    "is",
-    "written",
-    "atomically",
-    "with",
-    "its",
-    "offsets",
-    "committed",
-    "only",
-    "after",
-    "storage",
-]
+# The filler prose's vocabulary, kept as text (a repeated word is drawn that much more often).
+_VOCABULARY = """
+    the request handler reads the configuration once and passes it down to every worker so that
+    retries use the same timeout budget while the scheduler keeps the queue short and each batch
+    is written atomically with its offsets committed only after storage
+"""
+_WORDS = _VOCABULARY.split()
 
 
 def _prose(rng: random.Random, words: int) -> str:
@@ -171,31 +134,15 @@ def synthetic_turns(
     return events
 
 
-_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file of the repository.",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "run_command",
-            "description": "Run a shell command in the repository.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    },
+def _tool(name: str, description: str, parameter: str) -> dict[str, Any]:
+    """A function tool that takes one string, ``parameter``."""
+    schema = {"type": "object", "properties": {parameter: {"type": "string"}}, "required": [parameter]}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+
+_TOOLS = [
+    _tool("read_file", "Read a file of the repository.", "path"),
+    _tool("run_command", "Run a shell command in the repository.", "command"),
 ]
 
 

@@ -19,7 +19,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
 from compaction_worker.errors import CompactionWorkerError, ConfigError
@@ -30,6 +29,7 @@ __all__ = [
     "EmbeddedStartError",
     "PortInUseError",
     "free_port",
+    "port_is_free",
 ]
 
 INSTALL_HINT = "pip install 'compaction-worker[embedded]'"
@@ -83,7 +83,8 @@ def free_port() -> int:
         return port
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Whether a server of ours could listen on ``port`` of 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # Servers set SO_REUSEADDR too, so a port in TIME_WAIT after a restart counts as free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -109,7 +110,11 @@ class _EmbeddedServer(ABC):
     stop_signal = "TERM"
 
     def __init__(
-        self, port: int | None, binary: str | os.PathLike[str] | None, startup_timeout: float
+        self,
+        port: int | None = None,
+        *,
+        binary: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 15.0,
     ) -> None:
         self._any_port = port is None  # ours to choose: another free one if it is taken before we start
         self.port = port if port is not None else free_port()
@@ -124,8 +129,8 @@ class _EmbeddedServer(ABC):
     # -- what subclasses provide -------------------------------------------------------
 
     @abstractmethod
-    def _resolve_binary(self) -> str:
-        """The executable's path; ConfigError with the install hint if there is none."""
+    def binary_path(self) -> str:
+        """The server's executable; ConfigError with the install hint if it is not installed."""
 
     @abstractmethod
     def _command(self, binary: str) -> list[str]:
@@ -134,10 +139,6 @@ class _EmbeddedServer(ABC):
     @abstractmethod
     def _is_ready(self) -> bool:
         """Whether the server answers on its port; called until true or timed out."""
-
-    def binary_path(self) -> str:
-        """The server's executable; ConfigError with the install hint if it is not installed."""
-        return self._resolve_binary()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -164,10 +165,10 @@ class _EmbeddedServer(ABC):
             if self.running:
                 return
             self.stop()  # tidies up after a server that died on its own
-            binary = self._resolve_binary()
+            binary = self.binary_path()
             if self._any_port and not self._has_run:
                 # Another process (a parallel test's server) may have taken the port since it was chosen.
-                while not _port_is_free(self.port):
+                while not port_is_free(self.port):
                     self.port = free_port()
             if not self._port_released(_PORT_RELEASE_SECONDS if self._has_run else 0.0):
                 raise PortInUseError(f"embedded {self.name}: port {self.port} on 127.0.0.1 is already in use")
@@ -190,7 +191,7 @@ class _EmbeddedServer(ABC):
     def _port_released(self, within: float) -> bool:
         """Whether the port is free, waiting up to ``within`` seconds for it."""
         deadline = time.monotonic() + within
-        while not _port_is_free(self.port):
+        while not port_is_free(self.port):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_POLL_SECONDS)
@@ -254,12 +255,7 @@ class _EmbeddedServer(ABC):
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -286,14 +282,6 @@ def _terminate(process: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
             process.wait()
 
 
-def _accepts_connections(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class EmbeddedKafka(_EmbeddedServer):
     """A Kafka-protocol broker (tansu, in-memory storage) as a child process.
 
@@ -308,21 +296,12 @@ class EmbeddedKafka(_EmbeddedServer):
     # there is nothing to flush, and SIGINT stops it at once.
     stop_signal = "INT"
 
-    def __init__(
-        self,
-        port: int | None = None,
-        *,
-        binary: str | os.PathLike[str] | None = None,
-        startup_timeout: float = 15.0,
-    ) -> None:
-        super().__init__(port, binary, startup_timeout)
-
     @property
     def bootstrap_servers(self) -> str:
         """``127.0.0.1:PORT``, for ``bootstrap_servers=``."""
         return f"127.0.0.1:{self.port}"
 
-    def _resolve_binary(self) -> str:
+    def binary_path(self) -> str:
         if self._binary is not None:
             return _executable(self._binary, "tansu (Kafka-protocol broker)")
         try:
@@ -350,7 +329,11 @@ class EmbeddedKafka(_EmbeddedServer):
 
     def _is_ready(self) -> bool:
         # Tansu binds its listener only after the storage is up, so accepting is ready.
-        return _accepts_connections(self.port)
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
 
 class EmbeddedRedis(_EmbeddedServer):
@@ -374,7 +357,7 @@ class EmbeddedRedis(_EmbeddedServer):
         startup_timeout: float = 15.0,
         extra_args: Sequence[str] = (),
     ) -> None:
-        super().__init__(port, binary, startup_timeout)
+        super().__init__(port, binary=binary, startup_timeout=startup_timeout)
         self.persistent = persistent
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self.extra_args = tuple(extra_args)
@@ -390,7 +373,7 @@ class EmbeddedRedis(_EmbeddedServer):
         """``redis://127.0.0.1:PORT/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def _resolve_binary(self) -> str:
+    def binary_path(self) -> str:
         if self._binary is not None:
             return _executable(self._binary, "valkey-server (Redis-protocol server)")
         try:

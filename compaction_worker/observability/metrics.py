@@ -197,34 +197,23 @@ def _gauge_of(key: str) -> metrics.CallbackT:
     return observe
 
 
-_turns = _meter.create_counter(TURNS.name, TURNS.unit, TURNS.description)
-_runs = _meter.create_counter(RUNS.name, RUNS.unit, RUNS.description)
-_tokens_before = _meter.create_histogram(TOKENS_BEFORE.name, TOKENS_BEFORE.unit, TOKENS_BEFORE.description)
-_tokens_after = _meter.create_histogram(TOKENS_AFTER.name, TOKENS_AFTER.unit, TOKENS_AFTER.description)
-_tokens_saved = _meter.create_counter(TOKENS_SAVED.name, TOKENS_SAVED.unit, TOKENS_SAVED.description)
-_llm_duration = _meter.create_histogram(LLM_DURATION.name, LLM_DURATION.unit, LLM_DURATION.description)
-_llm_tokens = _meter.create_histogram(LLM_TOKENS.name, LLM_TOKENS.unit, LLM_TOKENS.description)
-_cache_write_cost = _meter.create_counter(
-    CACHE_WRITE_COST.name, CACHE_WRITE_COST.unit, CACHE_WRITE_COST.description
-)
-_break_even = _meter.create_histogram(BREAK_EVEN.name, BREAK_EVEN.unit, BREAK_EVEN.description)
-_llm_cost = _meter.create_counter(LLM_COST.name, LLM_COST.unit, LLM_COST.description)
-_llm_failures = _meter.create_counter(LLM_FAILURES.name, LLM_FAILURES.unit, LLM_FAILURES.description)
-_breaker_opens = _meter.create_counter(BREAKER_OPENS.name, BREAKER_OPENS.unit, BREAKER_OPENS.description)
-_lock_wait = _meter.create_histogram(LOCK_WAIT.name, LOCK_WAIT.unit, LOCK_WAIT.description)
-_lock_contended = _meter.create_counter(LOCK_CONTENDED.name, LOCK_CONTENDED.unit, LOCK_CONTENDED.description)
-_round_trip = _meter.create_histogram(ROUND_TRIP.name, ROUND_TRIP.unit, ROUND_TRIP.description)
-_round_trip_calls = _meter.create_histogram(
-    ROUND_TRIP_CALLS.name, ROUND_TRIP_CALLS.unit, ROUND_TRIP_CALLS.description
-)
+# The catalogue makes the instruments, so an entry cannot lack one; keyed by name.
+_counters = {
+    m.name: _meter.create_counter(m.name, m.unit, m.description) for m in METRICS if m.kind == "counter"
+}
+_histograms = {
+    m.name: _meter.create_histogram(m.name, m.unit, m.description) for m in METRICS if m.kind == "histogram"
+}
 _lag = _meter.create_gauge(CONSUMER_LAG.name, CONSUMER_LAG.unit, CONSUMER_LAG.description)
-for _gauge in (JOBS_PENDING, JOBS_OLDEST, HELD_TURNS, OUTBOX_BACKLOG):
+for _gauge in (m for m in METRICS if m.kind == "observable_gauge"):
     _meter.create_observable_gauge(_gauge.name, [_gauge_of(_gauge.name)], _gauge.unit, _gauge.description)
 
 
 def record_turn(status: str, reason: str | None = None, *, count: int = 1) -> None:
     """Count consumed turns (one by default): appended, duplicate, held or dead_lettered (with its reason)."""
-    _turns.add(count, {"status": status} if reason is None else {"status": status, "reason": reason})
+    _counters[TURNS.name].add(
+        count, {"status": status} if reason is None else {"status": status, "reason": reason}
+    )
 
 
 def record_lag(topic: str, partition: int, lag: int) -> None:
@@ -243,15 +232,15 @@ def record_run(
 ) -> None:
     """Count one compaction run; with token counts (a committed run), record them and the saving,
     and its cost where the model is priced."""
-    _runs.add(1, {"trigger": trigger, "outcome": outcome})
+    _counters[RUNS.name].add(1, {"trigger": trigger, "outcome": outcome})
     if before is not None and after is not None:
-        _tokens_before.record(before)
-        _tokens_after.record(after)
-        _tokens_saved.add(max(0, before - after))
+        _histograms[TOKENS_BEFORE.name].record(before)
+        _histograms[TOKENS_AFTER.name].record(after)
+        _counters[TOKENS_SAVED.name].add(max(0, before - after))
     if cache_write_cost:
-        _cache_write_cost.add(cache_write_cost)
+        _counters[CACHE_WRITE_COST.name].add(cache_write_cost)
     if break_even is not None:
-        _break_even.record(break_even)
+        _histograms[BREAK_EVEN.name].record(break_even)
 
 
 def record_llm_call(
@@ -265,34 +254,34 @@ def record_llm_call(
 ) -> None:
     """Record one summarizer call: latency, tokens in/out, cost, or its failure."""
     base = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
-    _llm_duration.record(duration, base if error is None else {**base, "error.type": error})
+    _histograms[LLM_DURATION.name].record(duration, base if error is None else {**base, "error.type": error})
     if error is not None:
-        _llm_failures.add(1, {"gen_ai.request.model": model, "error.type": error})
+        _counters[LLM_FAILURES.name].add(1, {"gen_ai.request.model": model, "error.type": error})
         return
     if input_tokens is not None:
-        _llm_tokens.record(input_tokens, {**base, "gen_ai.token.type": "input"})
+        _histograms[LLM_TOKENS.name].record(input_tokens, {**base, "gen_ai.token.type": "input"})
     if output_tokens is not None:
-        _llm_tokens.record(output_tokens, {**base, "gen_ai.token.type": "output"})
+        _histograms[LLM_TOKENS.name].record(output_tokens, {**base, "gen_ai.token.type": "output"})
     if cost:
-        _llm_cost.add(cost, {"gen_ai.request.model": model})
+        _counters[LLM_COST.name].add(cost, {"gen_ai.request.model": model})
 
 
 def record_breaker_open() -> None:
     """Count one opening of the summarizer's circuit breaker."""
-    _breaker_opens.add(1)
+    _counters[BREAKER_OPENS.name].add(1)
 
 
 def record_round_trip(seconds: float, calls: int) -> None:
     """Record one send of per-turn calls: how long it took and how many calls it carried."""
-    _round_trip.record(seconds)
-    _round_trip_calls.record(calls)
+    _histograms[ROUND_TRIP.name].record(seconds)
+    _histograms[ROUND_TRIP_CALLS.name].record(calls)
 
 
 def record_lock_wait(seconds: float, *, acquired: bool, contended: bool) -> None:
     """Record one lock acquisition attempt: its wait, whether it was won, whether another run held it."""
-    _lock_wait.record(seconds, {"acquired": str(acquired).lower()})
+    _histograms[LOCK_WAIT.name].record(seconds, {"acquired": str(acquired).lower()})
     if contended:
-        _lock_contended.add(1)
+        _counters[LOCK_CONTENDED.name].add(1)
 
 
 def record_backlog(

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import annotated_types
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -25,38 +25,14 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from compaction_worker.observability.metrics import METRICS
-from compaction_worker.observability.tracing import SPANS
+from compaction_worker.observability.metrics import METRICS, Instrument
+from compaction_worker.observability.tracing import SPANS, SpanInfo
 from compaction_worker.settings import Settings
 
 OPERATIONS_PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "operations.md"
 
 _BEGIN = "<!-- generated: {name} (compaction-worker docs) -->"
 _END = "<!-- end generated: {name} -->"
-
-
-class Instrument(Protocol):
-    """A metric of the catalogue: its OpenTelemetry name, instrument kind, unit and meaning."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def unit(self) -> str: ...
-    @property
-    def description(self) -> str: ...
-
-
-class SpanDoc(Protocol):
-    """A span of the catalogue: its name, kind and meaning."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def description(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,23 +161,19 @@ def exported_series(metric: Instrument) -> list[str]:
     )
     try:
         meter = provider.get_meter("compaction_worker.catalogue")
-        kind = str(getattr(metric.kind, "value", metric.kind)).lower().replace(" ", "_").replace("-", "_")
-        unit, description = metric.unit, metric.description
+        kind, unit, description = metric.kind, metric.unit, metric.description
 
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(1)]
 
         if kind == "counter":
             meter.create_counter(metric.name, unit, description).add(1)
-        elif kind in ("up_down_counter", "updowncounter"):
-            meter.create_up_down_counter(metric.name, unit, description).add(1)
         elif kind == "histogram":
             meter.create_histogram(metric.name, unit, description).record(1)
         elif kind == "gauge":
             meter.create_gauge(metric.name, unit, description).set(1)
-        elif kind in ("observable_gauge", "observable_counter", "observable_up_down_counter"):
-            create = getattr(meter, f"create_{kind}")
-            create(metric.name, [observe], unit, description)
+        elif kind == "observable_gauge":
+            meter.create_observable_gauge(metric.name, [observe], unit, description)
         else:
             raise ValueError(f"{metric.name}: unknown instrument kind {metric.kind!r}")
         return sorted({sample.name for family in registry.collect() for sample in family.samples})
@@ -226,7 +198,7 @@ def metrics_markdown(metrics: Iterable[Instrument], exported: Callable[[Instrume
     return "\n".join(lines)
 
 
-def spans_markdown(spans: Iterable[SpanDoc]) -> str:
+def spans_markdown(spans: Iterable[SpanInfo]) -> str:
     """The spans region: each span's name, kind and meaning."""
     lines = ["| span | kind | meaning |", "|---|---|---|"]
     lines += [f"| `{s.name}` | {s.kind} | {_cell(s.description)} |" for s in spans]

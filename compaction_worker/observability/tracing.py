@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -216,57 +216,46 @@ class _Off:
 _OFF = _Off()
 
 
-def consume_span(
-    *,
-    topic: str,
-    partition: int,
-    offset: int,
-    group: str,
-    conversation_id: str,
-    headers: Headers,
-) -> AbstractContextManager[Span]:
+class ConsumedRecord(TypedDict):
+    """What a consume span says of its record; its parent comes from the record's ``headers``."""
+
+    topic: str
+    partition: int
+    offset: int
+    group: str
+    conversation_id: str
+    headers: Headers
+
+
+def consume_span(**record: Unpack[ConsumedRecord]) -> AbstractContextManager[Span]:
     """The span of one consumed turn, current while the turn is handled; its parent comes from the headers."""
     if not enabled():
         return _OFF
     return trace.use_span(
-        started_consume_span(
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            group=group,
-            conversation_id=conversation_id,
-            headers=headers,
-        ),
-        end_on_exit=True,
-        record_exception=True,
-        set_status_on_exception=True,
+        started_consume_span(**record), end_on_exit=True, record_exception=True, set_status_on_exception=True
     )
 
 
-def started_consume_span(
-    *,
-    topic: str,
-    partition: int,
-    offset: int,
-    group: str,
-    conversation_id: str,
-    headers: Headers,
-) -> Span:
+def started_consume_span(**record: Unpack[ConsumedRecord]) -> Span:
     """:func:`consume_span`, started and not made current, for the caller to end: each turn of a
     run (runtime/runs.py) keeps its own span while the run's one script call stores them all."""
     if not enabled():
         return trace.INVALID_SPAN
+    topic = record["topic"]
     attributes: dict[str, str | int] = {
         "messaging.system": "kafka",
         "messaging.operation.type": "process",
         "messaging.destination.name": topic,
-        "messaging.destination.partition.id": str(partition),
-        "messaging.kafka.offset": offset,
-        "messaging.consumer.group.name": group,
-        "messaging.message.conversation_id": conversation_id,
+        "messaging.destination.partition.id": str(record["partition"]),
+        "messaging.kafka.offset": record["offset"],
+        "messaging.consumer.group.name": record["group"],
+        "messaging.message.conversation_id": record["conversation_id"],
     }
     return _tracer.start_span(
-        f"{topic} process", context=extract_context(headers), kind=SpanKind.CONSUMER, attributes=attributes
+        f"{topic} process",
+        context=extract_context(record["headers"]),
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
     )
 
 

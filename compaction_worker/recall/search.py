@@ -65,7 +65,6 @@ class RecallResult:
 class _Built:
     index: RecallIndex
     version: int
-    archived: int
     messages: int
     artifacts: int
     partial: bool
@@ -108,7 +107,7 @@ class Recall:
             pipe.hlen(keys.artifacts)
             raw_version, archived = await pipe.execute()
         cached = self._cache.get(conversation_id)
-        if cached and (cached.version, cached.archived) == (int(float(raw_version or 0)), archived):
+        if cached and (cached.version, cached.artifacts) == (int(float(raw_version or 0)), archived):
             self._cache.move_to_end(conversation_id)
             return cached
         # Concurrent recalls of one conversation share one build.
@@ -135,7 +134,7 @@ class Recall:
         items = [p for n, seq, message in records for p in passages(n, seq, message)]
         items.extend(_artifact_passage(a) for a in artifacts)
         index = await off_loop(RecallIndex, items)
-        return _Built(index, snapshot.meta.version, len(artifacts), len(records), len(artifacts), partial)
+        return _Built(index, snapshot.meta.version, len(records), len(artifacts), partial)
 
     async def _read(
         self, conversation_id: str, gone: Sequence[int]

@@ -23,8 +23,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 
 from aiohttp import web
@@ -42,10 +40,8 @@ def _error_body(message: str, type_: str, param: str | None = None) -> dict[str,
     return {"error": {"message": message, "type": type_, "param": param, "code": None}}
 
 
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    status: int
-    body: dict[str, Any] | str
+_Failure = tuple[int, dict[str, Any] | str]
+"""A queued failure: the HTTP status and the body (JSON, or text if a str)."""
 
 
 def _prompt_chars(body: dict[str, Any]) -> int:
@@ -123,7 +119,7 @@ class FakeLLMServer:
         if body is None:
             body = _error_body(f"FakeLLMServer: injected failure (HTTP {status})", "server_error")
         with self._lock:
-            self._failures.extend(_Failure(status, body) for _ in range(n))
+            self._failures.extend([(status, body)] * n)
 
     def overflow_next(
         self, n: int, provider: str = "openai", actual: int = 9000, maximum: int = 8192
@@ -131,7 +127,7 @@ class FakeLLMServer:
         """Answer the next ``n`` requests with ``provider``'s real context-overflow error."""
         status, body = provider_overflow_error(provider, actual, maximum)
         with self._lock:
-            self._failures.extend(_Failure(status, body) for _ in range(n))
+            self._failures.extend([(status, body)] * n)
 
     def reset(self) -> None:
         """Forget recorded requests, delay, reply, responder and queued failures."""
@@ -177,12 +173,7 @@ class FakeLLMServer:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -248,9 +239,10 @@ class FakeLLMServer:
             if self._stopping.is_set():
                 return web.json_response(_error_body("FakeLLMServer is stopping", "server_error"), status=503)
         if failure is not None:
-            if isinstance(failure.body, str):
-                return web.Response(status=failure.status, text=failure.body)
-            return web.json_response(failure.body, status=failure.status)
+            status, error = failure
+            if isinstance(error, str):
+                return web.Response(status=status, text=error)
+            return web.json_response(error, status=status)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return web.json_response(
                 _error_body("the body must be a JSON object with a 'messages' list", "invalid_request_error"),

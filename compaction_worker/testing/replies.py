@@ -219,7 +219,7 @@ def default_summary(body: dict[str, Any]) -> str:
         # Words of paths and code can take four tokens each: cut further until the reply fits in
         # its tokens, as a model's does (with room for the product's count of another tokenizer).
         words = sum(len(line.split()) for line in parts)
-        while words > 8 and _tokens("\n".join(parts)) > max_tokens * _FIT:
+        while words > 8 and _o200k().text("\n".join(parts)) > max_tokens * _FIT:
             words = max(8, words * 9 // 10)
             parts = _within(parts, words)
     return "\n".join(parts)
@@ -234,11 +234,6 @@ counter (another model's tokenizer, its multiplier) may count the same text up t
 def _o200k() -> TokenCounter:
     """An OpenAI model's counter (o200k), made once."""
     return counter_for("gpt-4o", BudgetSettings())
-
-
-def _tokens(text: str) -> int:
-    """The reply's tokens by o200k."""
-    return _o200k().text(text)
 
 
 def _within(lines: list[str], words: int) -> list[str]:
