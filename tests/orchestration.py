@@ -17,12 +17,12 @@ from compaction_worker.runtime.compactor import Compactor, Summarizers
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.runtime.pool import run_job
-from compaction_worker.runtime.publisher import Publisher
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import RedisSettings, Settings
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.outbox import Publish
 from compaction_worker.strategies import summary_overhead
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
@@ -66,14 +66,14 @@ async def all_keys(redis: RedisClient, pattern: str = "*") -> list[bytes | str]:
 def make_parts(
     redis_client: RedisClient,
     settings: Settings,
-    published: Publisher,
+    published: Publish,
     summarizers: Summarizers = extractive,
 ) -> Parts:
     """The wired components over ``redis_client``, publishing to ``published``; extractive summaries."""
     return build_components(settings, redis_client, published, summarizers=summarizers)
 
 
-def compactor_with(parts: Parts, published: Publisher, summarizers: Summarizers) -> Compactor:
+def compactor_with(parts: Parts, published: Publish, summarizers: Summarizers) -> Compactor:
     """A compactor wired as ``parts``' is (same Redis, same settings) with other summarizers."""
     return make_parts(parts.store.redis, parts.settings, published, summarizers).compactor
 

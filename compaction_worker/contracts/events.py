@@ -63,6 +63,10 @@ class _Event(BaseModel):
         default_factory=_now, description="When the event was produced (with a timezone)."
     )
 
+    def wire(self) -> bytes:
+        """The event as it is published: its JSON."""
+        return self.model_dump_json().encode()
+
 
 # --- messages -------------------------------------------------------------------------
 

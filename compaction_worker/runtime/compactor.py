@@ -24,7 +24,6 @@ from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
 from compaction_worker.runtime.limits import run_limits
 from compaction_worker.runtime.pins import apply_asked
-from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.runtime.reports import Run, context_status, llm_failed
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
@@ -32,7 +31,7 @@ from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
 from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.outbox import Outbox, event_field, pack
+from compaction_worker.state.outbox import Outbox, Publish, event_field, pack
 from compaction_worker.state.proposals import Proposal, Proposals
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.factory import Summarizers, configured_summarizers
@@ -60,7 +59,7 @@ class Compactor:
         outbox: Outbox,
         archive: Archive,
         breaker: Breaker,
-        publish: Publisher,
+        publish: Publish,
         summarizers: Summarizers | None = None,
     ) -> None:
         """``summarizers`` replaces the configured ones, every profile's (tests, the demo)."""
@@ -185,7 +184,7 @@ class Compactor:
             with_summary=self.settings.topics.completed_summary,
         )
         await self.publish(
-            self.settings.topics.started, encode(run.started(meta, budget.threshold)), cid.encode()
+            self.settings.topics.started, run.started(meta, budget.threshold).wire(), cid.encode()
         )
         result: strategies.CompactionResult | None = None
         llm_failures = health.failures
@@ -231,7 +230,7 @@ class Compactor:
         if completed.outcome is Outcome.FAILED and not await self._superseded(cid, fence):
             retry_in = await self._record_failure(cid, meta)
         if completed.outcome is not Outcome.COMPACTED:  # a commit publishes through the outbox
-            await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+            await self.publish(self.settings.topics.completed, completed.wire(), cid.encode())
         log.info(
             "compaction of %s: %s, %s -> %s tokens (window %s, target %s)%s",
             cid,
@@ -315,7 +314,7 @@ class Compactor:
         # The event first: stored first, a failed publish would leave a proposal no retry announces.
         await self.publish(
             self.settings.topics.proposed,
-            encode(proposed_event(proposal, cid, replaces=replaces.compaction_id if replaces else None)),
+            proposed_event(proposal, cid, replaces=replaces.compaction_id if replaces else None).wire(),
             cid.encode(),
         )
         await self.proposals.put(cid, proposal)
@@ -375,7 +374,7 @@ class Compactor:
         completed = self._run_of(proposal, cid).unchanged(
             meta, Outcome.DISCARDED, None, error=reason, llm_failures=proposal.llm_failures
         )
-        await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+        await self.publish(self.settings.topics.completed, completed.wire(), cid.encode())
         log.info("proposal %s of %s %s", proposal.compaction_id, cid, reason)
 
     def _run_of(self, proposal: Proposal, cid: str) -> Run:
@@ -474,7 +473,7 @@ class Compactor:
             token_delta=token_delta,
             status=status,
             record=record,
-            outbox=(field, pack(self.settings.topics.completed, encode(completed))),
+            outbox=(field, pack(self.settings.topics.completed, completed.wire())),
         )
         await self.outbox.deliver(cid, field)
         return completed

@@ -13,7 +13,6 @@ from compaction_worker.recall.search import Recall
 from compaction_worker.runtime.compactor import Compactor
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.pool import CompactionPool
-from compaction_worker.runtime.publisher import Publisher
 from compaction_worker.runtime.rewind import Rewinder
 from compaction_worker.runtime.sweeper import Chore
 from compaction_worker.runtime.turns import TurnHandler
@@ -25,7 +24,7 @@ from compaction_worker.state.gaps import GapIndex
 from compaction_worker.state.index import Sweep, now_ms
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.outbox import Outbox
+from compaction_worker.state.outbox import Outbox, Publish
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
 from compaction_worker.summaries.factory import Summarizers
@@ -58,7 +57,7 @@ class Components:
 def build_components(
     settings: Settings,
     redis: RedisClient,
-    publish: Publisher,
+    publish: Publish,
     *,
     summarizers: Summarizers | None = None,
     store: Store | None = None,

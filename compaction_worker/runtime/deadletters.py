@@ -6,9 +6,9 @@ import base64
 import logging
 
 from compaction_worker.contracts.events import BadEventError, DeadLetter
-from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import TopicSettings
 from compaction_worker.state.gaps import ExpiredTurn, GapIndex
+from compaction_worker.state.outbox import Publish
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ a record that cannot be published would send its event back forever and stall th
 class DeadLetters:
     """Publishes dead-letter records for the turn handler and the gap index."""
 
-    def __init__(self, topics: TopicSettings, publish: Publisher) -> None:
+    def __init__(self, topics: TopicSettings, publish: Publish) -> None:
         self.topics = topics
         self.publish = publish
 
@@ -49,9 +49,9 @@ class DeadLetters:
             original_b64=base64.b64encode(raw).decode(),
             original_size=len(raw),
         )
-        payload = encode(record)
+        payload = record.wire()
         if len(payload) + len(key or b"") > DLQ_RECORD_LIMIT:
-            payload = encode(_cut_original(record, raw, key))
+            payload = _cut_original(record, raw, key).wire()
         log.warning("dead-lettered an event: %s", bad)
         await self.publish(self.topics.dlq, payload, key)
 
@@ -76,7 +76,7 @@ class DeadLetters:
 
 def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:
     """The record with as much of the original as fits in one Kafka record, saying how much."""
-    bare = len(encode(record.model_copy(update={"original_b64": ""})))
+    bare = len(record.model_copy(update={"original_b64": ""}).wire())
     room = DLQ_RECORD_LIMIT - bare - len(key or b"") - 200  # 200: the note below
     keep = max(0, room) // 4 * 3
     note = (

@@ -16,11 +16,11 @@ from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
 from compaction_worker.runtime.limits import limits_for
-from compaction_worker.runtime.publisher import Publisher, encode
 from compaction_worker.settings import Settings
 from compaction_worker.state import restore
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.lock import Locks
+from compaction_worker.state.outbox import Publish
 from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Rewinder:
     """Undoes a committed compaction from the preserved transcript, under the conversation's lock."""
 
     def __init__(
-        self, settings: Settings, store: Store, *, locks: Locks, archive: Archive, publish: Publisher
+        self, settings: Settings, store: Store, *, locks: Locks, archive: Archive, publish: Publish
     ) -> None:
         self.settings = settings
         self.store = store
@@ -124,8 +124,8 @@ class Rewinder:
             # A rewind brings messages back: fewer archived artifacts are missing from the history.
             artifacts_dropped=len(archived) - len(carried(archived, restored)),
         )
-        await self.publish(self.settings.topics.started, encode(started), cid.encode())
-        await self.publish(self.settings.topics.completed, encode(completed), cid.encode())
+        await self.publish(self.settings.topics.started, started.wire(), cid.encode())
+        await self.publish(self.settings.topics.completed, completed.wire(), cid.encode())
         log.info(
             "rewound compaction %s of %s: version %s, %s -> %s tokens",
             result.rewound,

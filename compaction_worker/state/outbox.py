@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class Publish(Protocol):
-    """Sends one event to a topic, keyed: the runtime's publisher (the state never imports the runtime)."""
+    """Sends one event to a topic, keyed: the worker's broker, or a test double (every publishing part takes one)."""
 
     async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None: ...
 
