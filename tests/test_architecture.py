@@ -1,4 +1,4 @@
-"""The package's shape, checked: no import cycles, pure packages stay pure, modules stay small.
+"""The package's shape, checked: no import cycles, every import points down the layers, pure packages stay pure.
 
 The import graph is read from the source with :mod:`ast`, so nothing is imported to check
 it. Every import counts: at module level, under ``if TYPE_CHECKING:`` and inside functions;
