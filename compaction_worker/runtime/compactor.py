@@ -29,7 +29,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
 from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
 from compaction_worker.state.jobs import Claim, Job, JobQueue
-from compaction_worker.state.lock import Locks
+from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, Publish, event_field, pack
 from compaction_worker.state.proposals import Proposal, Proposals
@@ -78,60 +78,55 @@ class Compactor:
         """Run a claimed job under its lock (in the span ``pool.run_job`` opened), finish it, and
         schedule the next run if the conversation is still over its threshold; None past the deadline."""
         with bound(job=claim.job.id, trigger=claim.job.trigger.value):  # every line of the run says which
-            return await self._run(claim)
+            cid, job, lease = claim.conversation_id, claim.job, claim.lease
+            deadline = self.settings.retry.compactions.deadline_seconds
+            span = trace.get_current_span()
+            span.set_attribute("compaction.trigger", job.trigger.value)
+            completed: CompactionCompleted | None = None
+            try:
+                async with asyncio.timeout(deadline) as limit:
+                    # None: proposed for approval, or a proposal already waits (nothing committed).
+                    completed, retry_in = await self._compact(job, lease)
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                # A stuck run must not keep its (renewed) lock forever: it fails, backs off, runs again.
+                log.warning("compaction of %s passed its %ss deadline; retried later", cid, deadline)
+                span.set_attribute("compaction.outcome", "deadline")
+                metrics.record_run(job.trigger.value, Outcome.FAILED.value)
+                retry_in = await self._record_failure(cid, await self.store.meta(cid))
+            if completed is not None:
+                span.set_attributes(
+                    {
+                        "compaction.outcome": completed.outcome.value,
+                        "compaction.tokens.before": completed.tokens_before,
+                        "compaction.tokens.after": completed.tokens_after,
+                    }
+                )
+                compacted = completed.outcome is Outcome.COMPACTED
+                cost = completed.cost
+                if compacted:  # the GenAI conventions set it true only, never false
+                    span.set_attribute("gen_ai.conversation.compacted", True)
+                if cost is not None and cost.break_even_calls is not None:
+                    span.set_attribute("compaction.break_even_calls", cost.break_even_calls)
+                metrics.record_run(
+                    job.trigger.value,
+                    completed.outcome.value,
+                    completed.tokens_before if compacted else None,
+                    completed.tokens_after if compacted else None,
+                    cache_write_cost=cost.cache_write_cost if cost else None,
+                    break_even=cost.break_even_calls if cost else None,
+                )
+            await self.jobs.finish(claim)
+            if completed is not None and completed.outcome is Outcome.COMPACTED:
+                await self._reschedule_if_still_over(cid)
+            elif retry_in is not None:
+                # Without this, a failed run's conversation stays over its threshold until a
+                # turn happens to arrive after the backoff.
+                await self._reschedule_if_still_over(cid, delay=retry_in)
+            return completed
 
-    async def _run(self, claim: Claim) -> CompactionCompleted | None:
-        cid, job, lease = claim.conversation_id, claim.job, claim.lease
-        deadline = self.settings.retry.compactions.deadline_seconds
-        span = trace.get_current_span()
-        span.set_attribute("compaction.trigger", job.trigger.value)
-        completed: CompactionCompleted | None = None
-        try:
-            async with asyncio.timeout(deadline) as limit:
-                # None: proposed for approval, or a proposal already waits (nothing committed).
-                completed, retry_in = await self._compact(job, lease.fence, lease.token)
-        except TimeoutError:
-            if not limit.expired():
-                raise
-            # A stuck run must not keep its (renewed) lock forever: it fails, backs off, runs again.
-            log.warning("compaction of %s passed its %ss deadline; retried later", cid, deadline)
-            span.set_attribute("compaction.outcome", "deadline")
-            metrics.record_run(job.trigger.value, Outcome.FAILED.value)
-            retry_in = await self._record_failure(cid, await self.store.meta(cid))
-        if completed is not None:
-            span.set_attributes(
-                {
-                    "compaction.outcome": completed.outcome.value,
-                    "compaction.tokens.before": completed.tokens_before,
-                    "compaction.tokens.after": completed.tokens_after,
-                }
-            )
-            compacted = completed.outcome is Outcome.COMPACTED
-            cost = completed.cost
-            if compacted:  # the GenAI conventions set it true only, never false
-                span.set_attribute("gen_ai.conversation.compacted", True)
-            if cost is not None and cost.break_even_calls is not None:
-                span.set_attribute("compaction.break_even_calls", cost.break_even_calls)
-            metrics.record_run(
-                job.trigger.value,
-                completed.outcome.value,
-                completed.tokens_before if compacted else None,
-                completed.tokens_after if compacted else None,
-                cache_write_cost=cost.cache_write_cost if cost else None,
-                break_even=cost.break_even_calls if cost else None,
-            )
-        await self.jobs.finish(claim)
-        if completed is not None and completed.outcome is Outcome.COMPACTED:
-            await self._reschedule_if_still_over(cid)
-        elif retry_in is not None:
-            # Without this, a failed run's conversation stays over its threshold until a
-            # turn happens to arrive after the backoff.
-            await self._reschedule_if_still_over(cid, delay=retry_in)
-        return completed
-
-    async def _compact(
-        self, job: Job, fence: int, lock_token: str
-    ) -> tuple[CompactionCompleted | None, float | None]:
+    async def _compact(self, job: Job, lease: Lease) -> tuple[CompactionCompleted | None, float | None]:
         """Run the pipeline and commit (or, under ``pipeline.approval: manual``, propose); also
         returns, after a failure, when to try again. None when nothing ended: a proposal was
         made, or one already waits for the runtime."""
@@ -156,13 +151,7 @@ class Compactor:
             return None, None
         counter = counter_for(meta.model, settings.budget)
         planned = run_limits(settings, snapshot, counter, job)
-        info, budget, target, scale, limits = (
-            planned.info,
-            planned.budget,
-            planned.target,
-            planned.scale,
-            planned.limits,
-        )
+        budget = planned.budget
         summarizers = list((self.summarizers or configured_summarizers(settings))(meta.model, counter))
         # Without a fallback there is nothing to switch to: no breaker then.
         llm = breaker_model(summarizers[0].name, meta.model) if len(summarizers) > 1 else None
@@ -175,9 +164,9 @@ class Compactor:
             compaction_id=uuid.uuid4(),
             trigger=job.trigger,
             window=budget.window,
-            target=target,
-            scale=scale,
-            tokens_before=int(meta.total_tokens * scale),
+            target=planned.target,
+            scale=planned.scale,
+            tokens_before=int(meta.total_tokens * planned.scale),
             started_at=started_at,
             circuit_open=circuit_open,
             instructions=applied_instructions(meta.instructions, job.instructions),
@@ -193,7 +182,7 @@ class Compactor:
             originals = await self.store.originals(cid, strategies.edited_ordinals(snapshot.history))
             result = await strategies.compact(
                 snapshot.history,
-                limits,
+                planned.limits,
                 summarizers,
                 counter,
                 settings=settings.pipeline,
@@ -211,8 +200,7 @@ class Compactor:
                 result,
                 originals,
                 settings,
-                fence=fence,
-                lock_token=lock_token,
+                lease=lease,
                 llm_failures=llm_failures,
                 pending=pending,
             )
@@ -227,7 +215,7 @@ class Compactor:
         retry_in: float | None = None
         # A newer fence means another writer owns the conversation now (it took the lock
         # after ours expired): its state is not ours to stamp, and it reschedules itself.
-        if completed.outcome is Outcome.FAILED and not await self._superseded(cid, fence):
+        if completed.outcome is Outcome.FAILED and not await self._superseded(cid, lease.fence):
             retry_in = await self._record_failure(cid, meta)
         if completed.outcome is not Outcome.COMPACTED:  # a commit publishes through the outbox
             await self.publish(self.settings.topics.completed, completed.wire(), cid.encode())
@@ -237,8 +225,8 @@ class Compactor:
             completed.outcome.value,
             completed.tokens_before,
             completed.tokens_after,
-            info.window,
-            target,
+            planned.info.window,
+            planned.target,
             " with the LLM skipped (circuit open)" if circuit_open else "",
         )
         return completed, retry_in
@@ -251,8 +239,7 @@ class Compactor:
         originals: Mapping[int, Mapping[str, Any]],
         settings: Settings,
         *,
-        fence: int,
-        lock_token: str,
+        lease: Lease,
         llm_failures: int,
         pending: Proposal | None,
     ) -> CompactionCompleted | None:
@@ -266,14 +253,7 @@ class Compactor:
         if manual:
             result = replace(result, notes=(*result.notes, REACTIVE_UNAPPROVED))
         completed = await self._commit(
-            run,
-            snapshot,
-            result,
-            originals,
-            settings,
-            fence=fence,
-            lock_token=lock_token,
-            llm_failures=llm_failures,
+            run, snapshot, result, originals, settings, lease=lease, llm_failures=llm_failures
         )
         if pending is not None:  # what it proposed no longer applies to the history
             why = "a reactive compaction, after an overflow," if manual else "a compaction without approval"
@@ -344,8 +324,7 @@ class Compactor:
                 pending.result,
                 originals,
                 settings,
-                fence=lease.fence,
-                lock_token=lease.token,
+                lease=lease,
                 llm_failures=pending.llm_failures,
             )
             await self.proposals.remove(cid)
@@ -415,8 +394,7 @@ class Compactor:
         originals: Mapping[int, Mapping[str, Any]],
         settings: Settings,
         *,
-        fence: int,
-        lock_token: str,
+        lease: Lease,
         llm_failures: int,
     ) -> CompactionCompleted:
         """Archive what it replaced (idempotent), then the fenced commit with its event in the outbox; publish."""
@@ -464,13 +442,13 @@ class Compactor:
         kept = snapshot.in_transcript(result.draft.entries)
         await self.store.commit(
             cid,
-            fence=fence,
-            lock_token=lock_token,
+            fence=lease.fence,
+            lock_token=lease.token,
             expected_version=meta.version,
             consumed=snapshot.entry_count - kept,
             chunks=result.draft.chunks,
             entries=result.draft.entries[: len(result.draft.entries) - kept],
-            token_delta=token_delta,
+            tokens=token_delta,
             status=status,
             record=record,
             outbox=(field, pack(self.settings.topics.completed, completed.wire())),

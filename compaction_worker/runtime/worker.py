@@ -18,14 +18,18 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
-from opentelemetry.trace import Span
 
 from compaction_worker import _litellm
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.observability.health import HealthServer
 from compaction_worker.observability.metrics import record_lag
-from compaction_worker.observability.tracing import consume_span, inject_dict, started_consume_span
+from compaction_worker.observability.tracing import (
+    ConsumedRecord,
+    consume_span,
+    inject_dict,
+    started_consume_span,
+)
 from compaction_worker.runtime.channels import declare, make_broker
 from compaction_worker.runtime.compactor import Summarizers
 from compaction_worker.runtime.components import Components, build_components
@@ -80,10 +84,9 @@ class Worker:
 
         self.tune_gc_at_start = True
         if on_consuming is not None:
-            callback = on_consuming
 
             async def started() -> None:
-                callback()
+                on_consuming()
 
             self.app.after_startup(started)  # after build_worker's own hook, which starts consuming
         await self.app.run()
@@ -98,33 +101,20 @@ class Worker:
             finally:
                 await self.app.stop()
 
-    def group_joined(self) -> bool:
-        """Whether every turns consumer runs and is a member of the group (joined, partitions or not)."""
-        return self.consumer.group_joined()
-
-    async def broker_reachable(self) -> bool:
-        """Whether the broker answers a metadata request."""
-        return await self.broker.ping(timeout=self.settings.health.check_timeout_seconds)
-
     def __repr__(self) -> str:
         return f"<Worker handled={self.handled} {self.pool!r} {self.turns.gaps!r}>"
 
 
-def _record_spans(records: Sequence[Record], group: str) -> Callable[[int], Span]:
-    """Record ``i``'s consume span, started and not current: each turn of a run keeps its own (runtime/runs.py)."""
-
-    def span_of(index: int) -> Span:
-        record = records[index]
-        return started_consume_span(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            group=group,
-            conversation_id=record.key.decode(errors="replace") if record.key else "",
-            headers=record.headers,
-        )
-
-    return span_of
+def _consumed(record: Record, group: str) -> ConsumedRecord:
+    """What a record's consume span says of it."""
+    return ConsumedRecord(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        group=group,
+        conversation_id=record.key.decode(errors="replace") if record.key else "",
+        headers=record.headers,
+    )
 
 
 def build_worker(
@@ -151,27 +141,20 @@ def build_worker(
     turns, pool = parts.turns, parts.pool
 
     async def handle(record: Record) -> None:
-        key = record.key
-        with consume_span(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            group=kafka.group_id,
-            conversation_id=key.decode(errors="replace") if key else "",
-            headers=record.headers,
-        ):
+        with consume_span(**_consumed(record, kafka.group_id)):
             # An infrastructure error propagates: the consumer rewinds to this turn.
-            outcome = await turns.handle(record.value or b"", key, record.partition, record.offset)
+            outcome = await turns.handle(record.value or b"", record.key, record.partition, record.offset)
         worker.handled += 1
         if on_turn is not None:
             on_turn(outcome)
 
     async def handle_run(records: Sequence[Record]) -> int:
-        # Consecutive turns of one conversation in one script call (runtime/runs.py), else the first alone.
+        # Consecutive turns of one conversation in one script call (runtime/runs.py), else the first alone;
+        # each turn of a run keeps its own consume span, started and not current.
         outcomes = await append_run(
             turns,
             [(r.value or b"", r.key) for r in records[:RUN_MAX]],
-            _record_spans(records, kafka.group_id),
+            lambda index: started_consume_span(**_consumed(records[index], kafka.group_id)),
         )
         if not outcomes:
             await handle(records[0])
@@ -275,7 +258,10 @@ def _readiness(worker: Worker, client: RedisClient) -> dict[str, Callable[[], Aw
     async def redis_ping() -> bool:
         return bool(await client.ping())
 
-    async def group() -> bool:
-        return worker.group_joined()
+    async def broker_ping() -> bool:  # a metadata request
+        return await worker.broker.ping(timeout=worker.settings.health.check_timeout_seconds)
 
-    return {"redis": redis_ping, "broker": worker.broker_reachable, "group": group}
+    async def group() -> bool:  # every turns consumer runs and is a member of the group (partitions or not)
+        return worker.consumer.group_joined()
+
+    return {"redis": redis_ping, "broker": broker_ping, "group": group}

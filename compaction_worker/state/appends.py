@@ -131,10 +131,8 @@ def records_of(write: TurnWrite) -> list[str]:
     return encode_records(write.seq, write.first_n, write.messages, write.now)
 
 
-def turn_args(write: TurnWrite, retention_ms: int, records: Sequence[str] | None = None) -> list[str | bytes]:
-    """One turn's arguments, by position (lua/turn.lua names them); ``records`` are its
-    :func:`records_of`, if the caller has them."""
-    records = records_of(write) if records is None else records
+def turn_args(write: TurnWrite, retention_ms: int, records: Sequence[str]) -> list[str | bytes]:
+    """One turn's arguments, by position (lua/turn.lua names them); ``records`` are its :func:`records_of`."""
     fields = [text for pair in write.fields.items() for text in pair]
     args: list[str | bytes] = [
         str(write.seq),
@@ -158,12 +156,12 @@ def turn_args(write: TurnWrite, retention_ms: int, records: Sequence[str] | None
 
 
 def run_args(
-    writes: Sequence[TurnWrite], retention_ms: int, records: Sequence[Sequence[str]] | None = None
+    writes: Sequence[TurnWrite], retention_ms: int, records: Sequence[Sequence[str]]
 ) -> list[str | bytes]:
     """The script's arguments: the number of turns, then each turn's argument count and arguments."""
     args: list[str | bytes] = [str(len(writes))]
-    for i, write in enumerate(writes):
-        one = turn_args(write, retention_ms, None if records is None else records[i])
+    for write, each in zip(writes, records, strict=True):
+        one = turn_args(write, retention_ms, each)
         args += [str(len(one)), *one]
     return args
 

@@ -59,22 +59,17 @@ def held_value(raw: bytes, held_ms: int, fingerprint: str) -> bytes:
     return b"%d:%s:%s" % (held_ms, fingerprint.encode(), raw)
 
 
-def split_fingerprint(body: bytes) -> tuple[str, bytes]:
-    """A held turn's fingerprint and its original bytes, from what follows the prefix."""
-    match = _HELD_FINGERPRINT.match(body)
-    if match is None:
-        raise ValueError(f"not a held turn (no fingerprint): {body[:40]!r}")
-    return match.group(1).decode(), body[match.end() :]
-
-
 def parse_held(turn_seq: int, value: bytes | str) -> HeldTurn:
     """Read a stored held turn (ValueError for a value :func:`held_value` did not write)."""
     data = value.encode() if isinstance(value, str) else value
     match = _HELD_PREFIX.match(data)
     if match is None:
         raise ValueError(f"not a held turn (no hold time): {data[:40]!r}")
-    fingerprint, raw = split_fingerprint(data[match.end() :])
-    return HeldTurn(turn_seq, int(match.group(1)), raw, fingerprint)
+    body = data[match.end() :]
+    found = _HELD_FINGERPRINT.match(body)
+    if found is None:
+        raise ValueError(f"not a held turn (no fingerprint): {body[:40]!r}")
+    return HeldTurn(turn_seq, int(match.group(1)), body[found.end() :], found.group(1).decode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +88,6 @@ class ExpiredTurn:
 
 DeadLetter = Callable[[ExpiredTurn], Awaitable[None]]
 """Publishes an expired turn to the dead-letter topic (runtime/deadletters.py); raises if it could not."""
-
-
-def _ms(now: float | None) -> int:
-    return int((time.time() if now is None else now) * 1000)
 
 
 class GapIndex:
@@ -179,7 +170,7 @@ class GapIndex:
         once: the lock lets one sweep at a time send a conversation's turns. A held copy of a
         turn stored meanwhile is dropped here, unsent.
         """
-        now_ms = _ms(now)
+        now_ms = int((time.time() if now is None else now) * 1000)
         scan = await self.index.scan(self.batch, now_ms - self.timeout_ms)
         self.next_due_ms = None if scan.next_ms is None else scan.next_ms + self.timeout_ms
         expired: list[ExpiredTurn] = []

@@ -136,10 +136,6 @@ class ShardedIndex:
         value = await self.redis.zscore(self.key_of(conversation_id), conversation_id)
         return None if value is None else float(value)
 
-    async def due(self, limit: int, until_ms: float) -> list[str]:
-        """Up to ``limit`` members scored at or before ``until_ms``, oldest first over all buckets."""
-        return (await self.scan(limit, until_ms)).due
-
     async def scan(self, limit: int, until_ms: float) -> Scan:
         """The members due by ``until_ms`` (up to ``limit``, oldest first), and the next score after them.
 

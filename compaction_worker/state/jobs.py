@@ -175,7 +175,7 @@ class JobQueue:
 
     async def due(self, limit: int) -> list[str]:
         """Conversations whose job is due, oldest first."""
-        return await self.index.due(limit, now_ms())
+        return (await self.scan(limit)).due
 
     async def scan(self, limit: int) -> Scan:
         """Conversations whose job is due (oldest first), and when the next one will be (ms)."""
@@ -193,8 +193,9 @@ class JobQueue:
         cid = conversation_id
         keys = conversation_keys(cid, self.prefix)
         lease = await self.locks.acquire(cid, keys)
-        if isinstance(lease, Busy):
-            await self.look_later(lease)
+        if isinstance(lease, Busy):  # look at its entry when that lock would expire, not sooner
+            log.debug("%s is locked by another run; looking again in %d ms", cid, lease.until_ms - now_ms())
+            await self.index.add(cid, lease.until_ms, existing_only=True, later_only=True)
             yield None
             return
         claim: Claim | None = None
@@ -220,15 +221,6 @@ class JobQueue:
                     await asyncio.shield(self.mark_due(cid, again))
                 except Exception:  # Redis away: the entry stays scored at the lock's end, looked at then
                     log.warning("could not hand back the job of %s", cid, exc_info=True)
-
-    async def look_later(self, busy: Busy) -> None:
-        """Another worker holds the conversation: look at its entry when that lock would expire, not sooner."""
-        log.debug(
-            "%s is locked by another run; looking again in %d ms",
-            busy.conversation_id,
-            busy.until_ms - now_ms(),
-        )
-        await self.index.add(busy.conversation_id, busy.until_ms, existing_only=True, later_only=True)
 
     async def finish(self, claim: Claim) -> None:
         """Drop the job that ran (unless a newer request replaced it, or another run took the

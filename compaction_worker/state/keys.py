@@ -53,12 +53,13 @@ class ConversationKeys:
         """All keys, for deletion."""
         return tuple(getattr(self, f.name) for f in fields(self))
 
-    def lasting(self) -> tuple[str, ...]:
-        """The keys that live as long as the conversation, meta first: all but the lock (its own TTL).
+    def lasting(self, *first: str) -> tuple[str, ...]:
+        """The keys that live as long as the conversation, meta first (or ``first`` first, as a script
+        names them): all but the lock (its own TTL).
 
         They expire together, at the deadline the meta keeps (lua/expiry.lua).
         """
-        return tuple(k for k in self.all() if k != self.lock)
+        return (*first, *(k for k in self.all() if k != self.lock and k not in first))
 
 
 def conversation_keys(conversation_id: str, prefix: str = DEFAULT_PREFIX) -> ConversationKeys:

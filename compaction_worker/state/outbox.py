@@ -15,6 +15,7 @@ from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex, Sweep, now_ms
 from compaction_worker.state.keys import outbox_index_key
 from compaction_worker.state.lock import Busy, Locks
+from compaction_worker.state.scripts import as_text
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
 
@@ -35,10 +36,6 @@ def pack(topic: str, payload: bytes) -> bytes:
 def event_field(version: int, compaction_id: str) -> str:
     """The outbox field of a commit's event: its version first, so that fields sort in commit order."""
     return f"{version:012d}-{compaction_id}"
-
-
-def _text(field: bytes | str) -> str:
-    return field.decode() if isinstance(field, bytes) else field
 
 
 def unpack(value: bytes | str) -> tuple[str, bytes]:
@@ -89,7 +86,7 @@ class Outbox:
         keep the order of its versions (``event_field``). The index entry goes with the last event.
         """
         key = self.store.keys(conversation_id).outbox
-        pending = {_text(f): v for f, v in (await self.redis.hgetall(key)).items()}
+        pending = {as_text(f): v for f, v in (await self.redis.hgetall(key)).items()}
         if field not in pending:  # our lock ran out and a relay took the conversation over
             return
         for earlier in sorted(f for f in pending if f <= field):
@@ -122,7 +119,7 @@ class Outbox:
             return 0
         published = 0
         async with self.locks.kept(lease, keys):
-            pending = {_text(f): v for f, v in (await self.redis.hgetall(keys.outbox)).items()}
+            pending = {as_text(f): v for f, v in (await self.redis.hgetall(keys.outbox)).items()}
             for field in sorted(pending):  # in version order (``event_field``)
                 await self.publish(*unpack(pending[field]), cid.encode())
                 await self.redis.hdel(keys.outbox, field)

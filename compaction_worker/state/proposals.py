@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from compaction_worker import strategies
@@ -56,17 +56,7 @@ class Proposal:
         data = {
             "compaction_id": str(self.compaction_id),
             "trigger": self.trigger.value,
-            "version": self.version,
-            "last_seq": self.last_seq,
-            "entry_count": self.entry_count,
-            "window": self.window,
-            "target": self.target,
-            "scale": self.scale,
-            "tokens_before": self.tokens_before,
-            "circuit_open": self.circuit_open,
-            "llm_failures": self.llm_failures,
-            "duration_ms": self.duration_ms,
-            "instructions": self.instructions,
+            **{name: getattr(self, name) for name in _PLAIN},
             "result": {
                 "outcome": result.outcome.value,
                 "chunks": [c.to_json() for c in result.draft.chunks],
@@ -117,19 +107,13 @@ class Proposal:
         return cls(
             compaction_id=uuid.UUID(data["compaction_id"]),
             trigger=Trigger(data["trigger"]),
-            version=data["version"],
-            last_seq=data["last_seq"],
-            entry_count=data["entry_count"],
-            window=data["window"],
-            target=data["target"],
-            scale=data["scale"],
-            tokens_before=data["tokens_before"],
-            circuit_open=data["circuit_open"],
-            llm_failures=data["llm_failures"],
-            duration_ms=data["duration_ms"],
-            instructions=data["instructions"],
             result=result,
+            **{name: data[name] for name in _PLAIN},
         )
+
+
+_PLAIN = tuple(f.name for f in fields(Proposal) if f.name not in ("compaction_id", "trigger", "result"))
+"""The fields a proposal stores as they are (JSON numbers, booleans, text), in their stored order."""
 
 
 class Proposals:

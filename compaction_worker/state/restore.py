@@ -16,7 +16,6 @@ from compaction_worker.contracts.events import ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.errors import RewindError
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import encode
 from compaction_worker.state.store import Snapshot, Store, snapshot_of
 
 Repair = Callable[[tuple[SummaryChunk, ...], tuple[Entry, ...]], tuple[Entry, ...]]
@@ -98,7 +97,7 @@ async def rewind(
         "chunks_before": [c.to_json() for c in before.history.chunks],
         "covered_through_n": max((c.last_n for c in chunks), default=0),
     }
-    result = await store.replace(
+    result = await store.commit(
         conversation_id,
         writer="rewind",
         fence=fence,
@@ -110,7 +109,7 @@ async def rewind(
         tokens=restored_tokens,
         recount=True,
         status=status,
-        record=encode(record),
+        record=record,
         # No outbox event: the rewind publishes its own.
     )
     return RewindResult(

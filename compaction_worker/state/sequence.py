@@ -26,7 +26,7 @@ class TurnSequence:
     async def next(self, conversation_id: str) -> int:
         """The next unused turn seq of the conversation (1 for a new one)."""
         keys = conversation_keys(conversation_id, self.prefix)
-        lasting = [keys.meta, keys.seq, *(k for k in keys.lasting() if k not in (keys.meta, keys.seq))]
+        lasting = keys.lasting(keys.meta, keys.seq)
         return int(
             await self._next(
                 lasting, now_ms=str(int(time.time() * 1000)), retention_ms=str(self.retention_ms)

@@ -134,8 +134,9 @@ class Store:
     def turn_keys(self, conversation_id: str) -> list[str]:
         """The per-turn script's keys (lua/turn.lua names them)."""
         keys = self.keys(conversation_id)
-        first = (keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)
-        return [*first, *(k for k in keys.lasting() if k not in first)]
+        return list(
+            keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)
+        )
 
     async def append_turn(
         self,
@@ -285,57 +286,22 @@ class Store:
         consumed: int,
         chunks: Sequence[SummaryChunk],
         entries: Sequence[Entry],
-        token_delta: int,
+        tokens: int,
         status: ContextStatus,
         record: Mapping[str, Any],
         outbox: tuple[str, bytes] | None = None,
+        recount: bool = False,
+        writer: str = "commit",
     ) -> CommitResult:
-        """Commit a compaction: replace the first ``consumed`` entries and all chunks, keeping later appends.
+        """Replace the history as a new version: the first ``consumed`` entries and all chunks, keeping later appends.
 
-        ``outbox`` is an event (field, payload) stored with the commit, in the same script:
-        it is published afterwards and, if the worker dies first, by another (outbox.py).
-        Raises StaleFenceError when the fence moved, the lock expired, or another compaction
-        committed since the snapshot: nothing is written then.
-        """
-        return await self.replace(
-            conversation_id,
-            writer="commit",
-            fence=fence,
-            lock_token=lock_token,
-            expected_version=expected_version,
-            consumed=consumed,
-            chunks=chunks,
-            entries=entries,
-            tokens=token_delta,
-            recount=False,
-            status=status,
-            record=json.dumps(dict(record), separators=(",", ":"), ensure_ascii=False, default=str),
-            outbox=outbox,
-        )
-
-    async def replace(
-        self,
-        conversation_id: str,
-        *,
-        writer: str,
-        fence: int,
-        lock_token: str,
-        expected_version: int,
-        consumed: int,
-        chunks: Sequence[SummaryChunk],
-        entries: Sequence[Entry],
-        tokens: int,
-        recount: bool,
-        status: ContextStatus,
-        record: str,
-        outbox: tuple[str, bytes] | None = None,
-    ) -> CommitResult:
-        """Replace the history as a new version, for a fenced ``writer`` (a commit or a rewind).
-
-        ``tokens`` is the change in history tokens, or with ``recount`` the tokens of the new
-        chunks and entries (the total is then recomputed with the entries appended since).
-        ``record`` (JSON) goes to the compaction log. Raises StaleFenceError, writing nothing,
-        when the fence moved, the lock expired or the version changed.
+        The fenced ``writer`` is a compaction's commit or a rewind (restore.py). ``tokens`` is
+        the change in history tokens, or with ``recount`` the tokens of the new chunks and
+        entries (the total is then recomputed with the entries appended since). ``record`` goes
+        to the compaction log. ``outbox`` is an event (field, payload) stored with the commit,
+        in the same script: it is published afterwards and, if the worker dies first, by
+        another (outbox.py). Raises StaleFenceError when the fence moved, the lock expired, or
+        another compaction committed since the snapshot: nothing is written then.
         """
         keys = self.keys(conversation_id)
         header: dict[str, Any] = {
@@ -351,7 +317,7 @@ class Store:
         lists: dict[str, Sequence[str | bytes]] = {
             "chunks": [c.to_json() for c in chunks],
             "entries": [e.to_json() for e in entries],
-            "record": [record],
+            "record": [json.dumps(dict(record), separators=(",", ":"), ensure_ascii=False, default=str)],
             "outbox": outbox or (),
         }
         reply = await self._replace(

@@ -29,9 +29,9 @@ async def test_due_merges_the_buckets_oldest_first_and_bounded(redis_client: Red
     for score, cid in enumerate(reversed(CIDS)):
         await index.add(cid, 1000 + score)
     assert len({index.key_of(cid) for cid in CIDS}) == 4
-    assert await index.due(5, 2000) == list(reversed(CIDS))[:5]
-    assert await index.due(100, 1000 + 9) == list(reversed(CIDS))[:10]
-    assert await index.due(100, 999) == []
+    assert (await index.scan(5, 2000)).due == list(reversed(CIDS))[:5]
+    assert (await index.scan(100, 1000 + 9)).due == list(reversed(CIDS))[:10]
+    assert (await index.scan(100, 999)).due == []
     stats = await index.stats()
     assert (stats.count, stats.lowest_ms) == (40, 1000.0)
 

@@ -62,7 +62,7 @@ class TestRewind:
             consumed=len(entries),
             chunks=[chunk(entries[0], entries[1], tokens=5)],
             entries=kept,
-            token_delta=(5 + OVERHEAD + 6 + 9 + 4) - 127,
+            tokens=(5 + OVERHEAD + 6 + 9 + 4) - 127,
             status=ContextStatus.SUMMARIZED,
             record={"version": 1, "trigger": "threshold", "chunks_before": []},
         )
@@ -119,7 +119,7 @@ class TestRewind:
             consumed=snapshot.entry_count,
             chunks=[wider],
             entries=[],
-            token_delta=-snapshot.meta.history_tokens + 6 + OVERHEAD,
+            tokens=-snapshot.meta.history_tokens + 6 + OVERHEAD,
             status=ContextStatus.SUMMARIZED,
             record={"version": 2, "trigger": "manual", "chunks_before": [first.to_json()]},
         )

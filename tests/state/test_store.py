@@ -584,7 +584,7 @@ async def _replaced(
         consumed=consumed,
         chunks=[],
         entries=entries,
-        token_delta=0,
+        tokens=0,
         status=ContextStatus.SUMMARIZED,
         record={"v": version + 1},
     )
@@ -616,7 +616,7 @@ class TestCommit:
             consumed=len(entries),
             chunks=[chunk(entries[0], entries[1])],
             entries=entries[2:],
-            token_delta=5 - 20,
+            tokens=5 - 20,
             status=ContextStatus.SUMMARIZED,
             record={"v": 1},
         )
@@ -733,7 +733,7 @@ class TestCommit:
                 consumed=4,
                 chunks=[],
                 entries=snapshot.history.entries[2:],
-                token_delta=-20,
+                tokens=-20,
                 status=ContextStatus.FULL,
                 record={},
             )
@@ -755,7 +755,7 @@ class TestCommit:
                 consumed=4,
                 chunks=[],
                 entries=[],
-                token_delta=-40,
+                tokens=-40,
                 status=ContextStatus.FULL,
                 record={},
             )
@@ -774,7 +774,7 @@ class TestCommit:
                 consumed=4,
                 chunks=[],
                 entries=[],
-                token_delta=0,
+                tokens=0,
                 status=ContextStatus.FULL,
                 record={},
             )
