@@ -14,12 +14,10 @@ from compaction_worker.strategies.draft import (
     StageOutcome,
     StageReport,
     draft_tokens,
-    message_count,
     summary_overhead,
 )
 from compaction_worker.strategies.pipeline import build_stages, compact, edited_ordinals
 from compaction_worker.strategies.repair import provider_problems, repair
-from compaction_worker.strategies.tail import partition, select_tail, split_points
 
 __all__ = [
     "CompactionResult",
@@ -34,11 +32,7 @@ __all__ = [
     "compact",
     "draft_tokens",
     "edited_ordinals",
-    "message_count",
-    "partition",
     "provider_problems",
     "repair",
-    "select_tail",
-    "split_points",
     "summary_overhead",
 ]

@@ -10,11 +10,8 @@ from typing import Any, Protocol
 from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport
 from compaction_worker.contracts.history import (
     SUMMARY_ACK,
-    EffectiveHistory,
     Entry,
     SummaryChunk,
-    SummaryPlacement,
-    render,
     summary_message_text,
 )
 from compaction_worker.settings import PipelineSettings
@@ -247,8 +244,3 @@ def draft_tokens(draft: Draft, overhead: int) -> int:
     """Estimated tokens of a draft's chunks and entries (without system prompt and tools)."""
     chunk_tokens = sum(c.tokens for c in draft.chunks)
     return sum(e.tokens for e in draft.entries) + (chunk_tokens + overhead if draft.chunks else 0)
-
-
-def message_count(history: EffectiveHistory, placement: SummaryPlacement = "separate") -> int:
-    """How many messages the history renders to with the given summary placement."""
-    return len(render(history, placement))

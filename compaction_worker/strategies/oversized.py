@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from compaction_worker.contracts.history import Entry
@@ -30,15 +30,6 @@ MIN_KEEP_BYTES = 256
 """The least text a cut keeps, even when the message's other parts already use its budget."""
 ATTEMPTS = 3
 """Re-cuts when the kept text is denser in tokens than the message's average."""
-
-
-@dataclass(frozen=True, slots=True)
-class Caps:
-    """What one message must be cut to; None where no limit applies."""
-
-    tokens: int | None
-    bytes: int | None
-    lines: int | None
 
 
 def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
@@ -64,13 +55,13 @@ def truncate_oversized(draft: Draft, ctx: StageContext) -> StageOutcome:
             continue
         if entry.role not in ("user", "assistant", "tool") or i == last_user:
             continue
+        tokens = keep if entry.tokens > huge else None
         tool = entry.role == "tool"
-        caps = Caps(
-            tokens=keep if entry.tokens > huge else None,
-            bytes=settings.max_tool_output_bytes if tool else None,
-            lines=settings.max_tool_output_lines if tool else None,
-        )
-        if caps != Caps(None, None, None) and (new := shrink(entry, caps, ctx)) is not None:
+        max_bytes = settings.max_tool_output_bytes if tool else None
+        max_lines = settings.max_tool_output_lines if tool else None
+        if tokens is None and max_bytes is None and max_lines is None:
+            continue  # within every limit
+        if (new := shrink(entry, ctx, tokens=tokens, max_bytes=max_bytes, max_lines=max_lines)) is not None:
             edited[i] = new
     out = outcome(draft, ctx, edited, STAGE, plural(len(edited), "message"))
     return replace(out, notes=tuple(notes)) if notes else out
@@ -88,7 +79,7 @@ def cut_to(entries: Sequence[Entry], budget: int, ctx: StageContext) -> tuple[En
             break
         if entry.role == "system" or entry.pinned or entry.edit in PLACEHOLDER_EDITS:
             continue
-        cut = shrink(entry, Caps(tokens=max(0, entry.tokens - over), bytes=None, lines=None), ctx) or entry
+        cut = shrink(entry, ctx, tokens=max(0, entry.tokens - over)) or entry
         cut = _cut_arguments(cut, over - (entry.tokens - cut.tokens), ctx)
         if cut is not entry:
             over -= entry.tokens - cut.tokens
@@ -146,7 +137,7 @@ def cut_kept(entry: Entry, budget: int, ctx: StageContext) -> tuple[Entry, str] 
     distinctive terms found only in the omitted part, each with a few words of context, in
     what is left. Returns the entry and a note of what was carried and what was not.
     """
-    cut = shrink(entry, Caps(tokens=budget * 3 // 4, bytes=None, lines=None), ctx)
+    cut = shrink(entry, ctx, tokens=budget * 3 // 4)
     if cut is None:
         return None
     original = "\n".join(_texts(entry.message.get("content")))
@@ -197,31 +188,38 @@ TRUNCATE_OVERSIZED = EditStage(STAGE, truncate_oversized)
 """The stage as the pipeline runs it."""
 
 
-def shrink(entry: Entry, caps: Caps, ctx: StageContext) -> Entry | None:
-    """The entry with its text cut to the caps, or None when it is within them or cannot shrink."""
+def shrink(
+    entry: Entry,
+    ctx: StageContext,
+    *,
+    tokens: int | None = None,
+    max_bytes: int | None = None,
+    max_lines: int | None = None,
+) -> Entry | None:
+    """The entry with its text cut to the limits given, or None when it is within them or cannot shrink."""
     content = entry.message.get("content")
     texts = _texts(content)
     if not texts:
         return None
     total_bytes = sum(len(t.encode()) for t in texts)
-    max_bytes = total_bytes if caps.bytes is None else caps.bytes
-    if caps.tokens is not None:
+    max_bytes = total_bytes if max_bytes is None else max_bytes
+    if tokens is not None:
         # The entry's count already includes the text: count the message without it (cheap)
         # rather than the text itself (a second pass over what may be megabytes).
         other = ctx.count_message({**entry.message, "content": _without_text(content)})
         text_tokens = max(1, entry.tokens - other)
         # What the text may cost once images, tool calls and overhead are paid for.
-        room = caps.tokens - other
+        room = tokens - other
         max_bytes = min(max_bytes, max(MIN_KEEP_BYTES, total_bytes * room // text_tokens))
     best: Entry | None = None
     for _ in range(ATTEMPTS):
-        cut = cut_content(content, max_bytes, caps.lines)
+        cut = cut_content(content, max_bytes, max_lines)
         if cut is None:
             break
         best = rewrite(entry, cut, EDIT, ctx)
-        if caps.tokens is None or best.tokens <= caps.tokens:
+        if tokens is None or best.tokens <= tokens:
             break
-        max_bytes = max(MIN_KEEP_BYTES, int(max_bytes * caps.tokens / best.tokens * 0.9))
+        max_bytes = max(MIN_KEEP_BYTES, int(max_bytes * tokens / best.tokens * 0.9))
     return best if best is not None and best.tokens < entry.tokens else None
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
-from compaction_worker.contracts.history import EffectiveHistory
+from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.observability import tracing
 from compaction_worker.offload import off_loop
 from compaction_worker.settings import PipelineSettings
@@ -22,7 +22,6 @@ from compaction_worker.strategies.draft import (
     StageKind,
     StageOutcome,
     add_usage,
-    message_count,
     summary_overhead,
 )
 from compaction_worker.strategies.oversized import TRUNCATE_OVERSIZED
@@ -81,28 +80,28 @@ async def compact(
     leaves no way to the target, the run aims at each of ``limits.ceilings`` in turn and says
     so in a note: a history brought under its window beats one left over it (invariant 5).
     """
-
-    async def attempt(aim: Limits) -> CompactionResult:
-        return await _compact(
-            history,
-            aim,
-            summarizers,
-            counter,
-            settings=settings,
-            originals=originals,
-            conversation_id=conversation_id,
-            conversation_model=conversation_model,
-            instructions=instructions,
-        )
-
-    result = await attempt(limits)
+    # What this run's editing stages change is still verbatim in ``history``; what earlier runs
+    # changed, in ``originals``.
+    verbatim = {e.n: e.message for e in history.entries if e.edit is None and not e.synthetic}
+    ctx = StageContext(
+        limits,
+        settings or PipelineSettings(),
+        counter,
+        summary_overhead(counter),
+        summarizers=tuple(summarizers),
+        originals={**verbatim, **(originals or {})},
+        conversation_id=conversation_id,
+        conversation_model=conversation_model,
+        instructions=instructions,
+    )
+    result = await _compact(history, ctx)
     if result.outcome is not Outcome.NOOP or result.tokens_before <= limits.target:
         return result
     spent = result.usage
     for ceiling in limits.ceilings:
         if ceiling <= limits.target or result.tokens_before <= ceiling:
             continue
-        relaxed = await attempt(replace(limits, target=ceiling))
+        relaxed = await _compact(history, replace(ctx, limits=replace(limits, target=ceiling)))
         spent = add_usage(spent, relaxed.usage)
         if relaxed.outcome is Outcome.COMPACTED:
             note = (
@@ -120,34 +119,9 @@ async def compact(
     return replace(result, usage=spent, error="; ".join(why))
 
 
-async def _compact(
-    history: EffectiveHistory,
-    limits: Limits,
-    summarizers: Sequence[Summarizer],
-    counter: Counter,
-    *,
-    settings: PipelineSettings | None = None,
-    originals: Mapping[int, Mapping[str, Any]] | None = None,
-    conversation_id: str = "",
-    conversation_model: str = "",
-    instructions: str | None = None,
-) -> CompactionResult:
-    """One run of the pipeline towards ``limits.target`` (:func:`compact`'s arguments)."""
-    settings = settings or PipelineSettings()
-    # What this run's editing stages change is still verbatim in ``history``; what earlier runs
-    # changed, in ``originals``.
-    verbatim = {e.n: e.message for e in history.entries if e.edit is None and not e.synthetic}
-    ctx = StageContext(
-        limits,
-        settings,
-        counter,
-        summary_overhead(counter),
-        summarizers=tuple(summarizers),
-        originals={**verbatim, **(originals or {})},
-        conversation_id=conversation_id,
-        conversation_model=conversation_model,
-        instructions=instructions,
-    )
+async def _compact(history: EffectiveHistory, ctx: StageContext) -> CompactionResult:
+    """One run of the pipeline towards ``ctx.limits.target``."""
+    limits = ctx.limits
     # The sync parts (counting, editing, repair) run in threads: on a large history each takes
     # long enough to stall every other conversation's turns on the event loop.
     run = await off_loop(_Run, history, ctx)
@@ -168,7 +142,7 @@ async def _compact(
     if run.standing is not None and run.standing.reserve:
         ctx = replace(ctx, limits=replace(limits, target=max(0, limits.target - run.standing.reserve)))
         run.ctx = ctx
-    for stage in build_stages(settings):
+    for stage in build_stages(ctx.settings):
         if stage.kind is StageKind.LAST_RESORT and reaches_target(draft, ctx):
             # The last resort drops turns to reach the target: a history under it already (a
             # forced run whose summary had nothing worth writing) keeps them (invariants 10, 11).
@@ -190,7 +164,7 @@ async def _compact(
         draft = out.draft
         if stage.kind is not StageKind.EDIT or (reaches_target(draft, ctx) and not limits.force):
             return await off_loop(run.commit, draft)
-    if run.settled(draft):
+    if run.applied and reaches_target(draft, run.ctx):
         # A manual compaction whose editing stages did all there was to do; what the summary
         # stage could not do is no error then.
         return await off_loop(run.commit, draft, ())
@@ -261,7 +235,7 @@ class _Run:
             if self.ctx.settings.standing_state_max_tokens
             else None
         )
-        self.messages_before = message_count(self.history, self.ctx.settings.summary_placement)
+        self.messages_before = len(render(self.history, self.ctx.settings.summary_placement))
 
     def record(self, out: StageOutcome) -> None:
         """Count what a stage spent and met; keep its outcome if it changed the draft."""
@@ -275,10 +249,6 @@ class _Run:
                 # What the summarizer quoted from the user (checked against the messages) joins the state.
                 merged = tuple(merge(self.standing.items, out.items))
                 self.standing = replace(self.standing, items=merged)
-
-    def settled(self, draft: Draft) -> bool:
-        """Whether the stages applied so far reached the target."""
-        return bool(self.applied) and reaches_target(draft, self.ctx)
 
     def commit(self, draft: Draft, errors: Sequence[str] | None = None) -> CompactionResult:
         """The compacted result: ``draft`` repaired (repair runs last on every committed draft).
@@ -314,7 +284,7 @@ class _Run:
             tokens_before=self.tokens_before,
             tokens_after=self.ctx.tokens(draft),
             messages_before=self.messages_before,
-            messages_after=message_count(after, self.ctx.settings.summary_placement),
+            messages_after=len(render(after, self.ctx.settings.summary_placement)),
             stages=tuple(name for out in applied for name in out.names),
             reports=tuple(out.report for out in applied if out.report is not None),
             summary_tokens=sum(out.summary_tokens for out in applied),

@@ -75,9 +75,7 @@ def repair(draft: Draft, ctx: StageContext) -> StageOutcome:
     added = [e for e in fixed if id(e) not in originals]
     if not added:
         return StageOutcome(draft)
-    kinds: dict[str, int] = {}
-    for entry in added:
-        kinds[entry.role] = kinds.get(entry.role, 0) + 1
+    kinds = Counter(e.role for e in added)
     detail = ", ".join(f"{count} synthetic {role}" for role, count in sorted(kinds.items()))
     return StageOutcome(
         Draft(draft.chunks, tuple(fixed)),

@@ -220,7 +220,6 @@ class _Attempts:
     """The summarizers asked so far: who is on, what failed and why, what it all cost."""
 
     summarizers: Sequence[Summarizer]
-    conversation_id: str
     current: int = 0
     asked: set[int] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
@@ -248,7 +247,7 @@ class _Attempts:
 
 async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple[_Attempts, str | None]:
     """Summarize the span piece by piece; the attempts, and why it stopped short (None: it did not)."""
-    attempts = _Attempts(summarizers, span.conversation_id)
+    attempts = _Attempts(summarizers)
     costs: list[int] | None = None  # counted once a limit makes them matter
     # The fold's piece covers every entry inside the folded chunks' spans (ones they kept
     # then and no longer do): the chunks that follow must not overlap the folded one.

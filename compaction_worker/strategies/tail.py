@@ -61,19 +61,12 @@ def observations(entries: Sequence[Entry]) -> set[int]:
     message after an assistant message of the same turn (text-protocol agents, such as SWE-agent and
     mini-swe-agent, send a command's output back as a user message in the step that ran it)."""
     out: set[int] = set()
-    for i in range(1, len(entries)):
-        entry = entries[i]
-        if entry.role == "user" and any(e.role == "assistant" for e in _same_turn_before(entries, i)):
+    replied = False  # an assistant message came earlier in the current turn
+    for i, entry in enumerate(entries):
+        replied = replied and entry.seq == entries[i - 1].seq
+        if entry.role == "user" and replied:
             out.add(i)
-    return out
-
-
-def _same_turn_before(entries: Sequence[Entry], i: int) -> list[Entry]:
-    seq, out = entries[i].seq, []
-    for j in range(i - 1, -1, -1):
-        if entries[j].seq != seq:
-            break
-        out.append(entries[j])
+        replied = replied or entry.role == "assistant"
     return out
 
 

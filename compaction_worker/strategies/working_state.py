@@ -162,9 +162,9 @@ def _entry(
             kept["plan"] = {"tool": plan.tool, "seq": plan.seq, "text": plan.text}
     cap = ctx.settings.working_state_file_max_tokens
     for file in files:
-        full = _file_section(file) if file.content is not None else None
-        whole = full is not None and ctx.count(full) <= cap
-        if whole and full is not None and _cost([*sections, full], ctx) <= budget:
+        heading = f"## File {file.path} ({file.how} at turn {file.seq})"
+        full = f"{heading}\n{_fence(file.content)}" if file.content is not None else None
+        if full is not None and ctx.count(full) <= cap and _cost([*sections, full], ctx) <= budget:
             sections.append(full)
             kept["files"].append(asdict(file))
             continue
@@ -191,11 +191,6 @@ def _fence(content: str) -> str:
     while fence in content:
         fence += "`"
     return f"{fence}\n{content.rstrip()}\n{fence}"
-
-
-def _file_section(file: FileState) -> str:
-    assert file.content is not None
-    return f"## File {file.path} ({file.how} at turn {file.seq})\n{_fence(file.content)}"
 
 
 def _size(file: FileState, ctx: StageContext) -> str:

@@ -19,10 +19,12 @@ __all__ = [
     "IMAGE",
     "IMAGE_TOKENS",
     "by_n",
+    "call",
     "chunk",
     "context",
     "lines",
     "load_benchmark",
+    "result",
     "words",
 ]
 
@@ -71,6 +73,24 @@ def context(
         chunk_budget=window // 4,
     )
     return StageContext(limits, PipelineSettings(**settings), counter, summary_overhead(counter))
+
+
+def call(*call_ids: str, **extra: Any) -> dict[str, Any]:
+    """An assistant message calling ``read_file`` once per id; ``extra`` fields added (``pinned=True``)."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": c, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+            for c in call_ids
+        ],
+        **extra,
+    }
+
+
+def result(call_id: str, **extra: Any) -> dict[str, Any]:
+    """The tool result answering ``call_id``; ``extra`` fields added."""
+    return {"role": "tool", "tool_call_id": call_id, "content": "output", **extra}
 
 
 def chunk() -> SummaryChunk:

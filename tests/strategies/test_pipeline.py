@@ -24,7 +24,7 @@ from compaction_worker.strategies import (
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.testing import Chat, WordCounter
 
-COUNTER = WordCounter()
+from .helpers import COUNTER, call, result
 
 
 def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
@@ -34,20 +34,6 @@ def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[E
         message = spec if isinstance(spec, dict) else {"role": spec[0], "content": f"{spec[0]} {i}"}
         chat.add(message, tokens=10 if isinstance(spec, dict) else spec[1])
     return tuple(chat.entries)
-
-
-def call(call_id: str) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
-        ],
-    }
-
-
-def result(call_id: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": "output"}
 
 
 class FakeSummarizer:

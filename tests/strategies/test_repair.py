@@ -33,27 +33,11 @@ from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
 from compaction_worker.testing import Chat
 
 from .conversations import stage_context
-from .helpers import COUNTER
+from .helpers import COUNTER, call, result
 
 PLACEMENTS: tuple[SummaryPlacement, ...] = ("separate", "merge")
 CTX = stage_context(COUNTER)
 CHUNK = SummaryChunk("c", "earlier work", 1, 1, 1, 1, 3, "2024-01-01T00:00:00+00:00", "fake")
-
-
-def call(*call_ids: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": c, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
-            for c in call_ids
-        ],
-        **extra,
-    }
-
-
-def result(call_id: str, **extra: Any) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": "output", **extra}
 
 
 def say(role: str, text: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -383,12 +367,12 @@ def ownership_changes(before: Draft, after: Draft) -> list[str]:
     owner = {id(before.entries[i]): (id(before.entries[c.owner]), c.slot) for i, c in was.items()}
     now = pair_results([e.message for e in after.entries])
     problems = []
-    for i, call in now.items():
-        entry, caller = after.entries[i], after.entries[call.owner]
+    for i, paired in now.items():
+        entry, caller = after.entries[i], after.entries[paired.owner]
         if entry.synthetic or caller.synthetic:
             continue
-        if owner.get(id(entry)) != (id(caller), call.slot):
-            problems.append(f"result {entry.n} now answers call {call.slot} of {caller.n}")
+        if owner.get(id(entry)) != (id(caller), paired.slot):
+            problems.append(f"result {entry.n} now answers call {paired.slot} of {caller.n}")
     return problems
 
 

@@ -22,11 +22,9 @@ from compaction_worker.strategies.standing_state import read_state
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.standing import STANDING_HEADER
-from compaction_worker.testing import Chat, WordCounter
+from compaction_worker.testing import Chat
 
-from .helpers import context, load_benchmark
-
-COUNTER = WordCounter()
+from .helpers import COUNTER, context, load_benchmark
 
 CURRENT = {
     "rule": "Never execute shell commands without explicit approval.",

@@ -25,7 +25,7 @@ from compaction_worker.strategies.tail import (
 from tests.trajectories import load_trajectories
 
 from .conversations import CALL_IDS, Conversation, conversations
-from .helpers import COUNTER
+from .helpers import COUNTER, call, result
 
 
 def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[Entry, ...]:
@@ -36,27 +36,6 @@ def entries(*specs: tuple[str, int] | dict[str, Any], start: int = 1) -> tuple[E
         tokens = 10 if isinstance(spec, dict) else spec[1]
         out.append(Entry(n=i, seq=i, message=message, tokens=tokens))
     return tuple(out)
-
-
-def call(*call_ids: str, pinned: bool = False) -> dict[str, Any]:
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": c, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
-            for c in call_ids
-        ],
-    }
-    if pinned:
-        message["pinned"] = True
-    return message
-
-
-def result(call_id: str, pinned: bool = False) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": "output"}
-    if pinned:
-        message["pinned"] = True
-    return message
 
 
 def pinned(role: str, text: str = "remember this") -> dict[str, Any]:
