@@ -140,8 +140,7 @@ def extract_artifacts(
         return []
     skip = frozenset(exclude)
     last_seen: dict[str, int] = {}
-    for position, found in enumerate(_scan(messages)):
-        item = _item(found)
+    for position, (_, item) in enumerate(scan_items(messages)):
         if item not in skip:
             last_seen.pop(item, None)  # re-inserted: the dict stays in order of last sight
             last_seen[item] = position
@@ -158,21 +157,11 @@ def extract_artifacts(
 def scan_items(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, str]]:
     """Every item of ``messages`` as ``(message index, "<kind>: <text>")``, in order, repeats included."""
     for index, message in enumerate(messages):
-        for found in _scan_message(message):
-            yield index, _item(found)
-
-
-def _item(found: Found) -> str:
-    kind, text = found
-    return f"{kind}: {text}"
+        for kind, text in _scan_message(message):
+            yield index, f"{kind}: {text}"
 
 
 # --- scanning ---------------------------------------------------------------------------
-
-
-def _scan(messages: Sequence[Mapping[str, Any]]) -> Iterator[Found]:
-    for message in messages:
-        yield from _scan_message(message)
 
 
 def _scan_message(message: Mapping[str, Any]) -> tuple[Found, ...]:
@@ -237,13 +226,10 @@ def _arguments(call: Mapping[str, Any]) -> str:
 
 
 def _scan_arguments(raw: str) -> Iterator[Found]:
-    if not raw:
-        return
     try:
         arguments = json.loads(raw)
     except ValueError:
-        yield from _scan_text(raw)
-        return
+        arguments = None
     if not isinstance(arguments, dict):
         yield from _scan_text(raw)
         return
@@ -264,15 +250,6 @@ def _commands(lines: Sequence[str]) -> Iterator[Found]:
             yield "cmd", _cap(command)
 
 
-def _scan_text(text: str, *, user: bool = False, prose: bool = False) -> Iterator[Found]:
-    """Items of a text; ``user``: the user wrote it, so the numbers it states are facts;
-    ``prose``: the user or the assistant wrote it, so its other distinctive terms count too."""
-    for line, found, prose_line in _scan_lines(text, user=user):
-        yield from found
-        if prose and prose_line:
-            yield from _terms(line, found)
-
-
 def _terms(line: str, found: Sequence[Found]) -> Iterator[Found]:
     """The line's distinctive terms that none of its other items holds, with their context."""
     held = " ".join(text for _, text in found)
@@ -283,8 +260,10 @@ def _terms(line: str, found: Sequence[Found]) -> Iterator[Found]:
         yield "term", _cap(term if phrase == term else f"{term}{TERM_CONTEXT}{phrase}")
 
 
-def _scan_lines(text: str, *, user: bool) -> Iterator[tuple[str, list[Found], bool]]:
-    """Each line of a text with its items, and whether it is prose (not code, a command or a log line)."""
+def _scan_text(text: str, *, user: bool = False, prose: bool = False) -> Iterator[Found]:
+    """Items of a text, line by line; ``user``: the user wrote it, so the numbers it states are facts;
+    ``prose``: the user or the assistant wrote it, so the other distinctive terms of its lines of
+    prose (not code, a command or a log line) count too."""
     fence: str | None = None  # the language of the ``` block we are in, "" for a plain one
     traceback = False
     for raw in text.splitlines():
@@ -300,7 +279,7 @@ def _scan_lines(text: str, *, user: bool) -> Iterator[tuple[str, list[Found], bo
         ends_traceback = traceback and bool(stripped) and not line[0].isspace()
         traceback = traceback and not ends_traceback
         found: list[Found] = []
-        prose = False
+        terms = False
         if stripped.startswith("$ ") or (fence in _SHELL_FENCES and fence != "console" and stripped):
             found += _commands([stripped[2:] if stripped.startswith("$ ") else stripped])
         elif ends_traceback or _ERROR_LINE.search(stripped):
@@ -308,13 +287,15 @@ def _scan_lines(text: str, *, user: bool) -> Iterator[tuple[str, list[Found], bo
         elif (pytest := _PYTEST_ERROR.match(stripped)) and _is_exception(message := stripped[pytest.end() :]):
             found.append(("error", _cap(message)))  # the exception verbatim, without pytest's prefix
         elif fence is None:  # prose: errors and commands inside sentences
-            prose = not traceback
+            terms = prose and not traceback
             found += (("error", _cap(e)) for e in mentions.inline_errors(stripped))
             found += (("cmd", _cap(c)) for c in mentions.inline_commands(stripped))
         found += _scan_words(line)
         if user and fence is None:
             found += (("fact", _cap(f)) for f in mentions.facts(stripped))
-        yield line, found, prose
+        yield from found
+        if terms:
+            yield from _terms(line, found)
 
 
 def _is_exception(text: str) -> bool:

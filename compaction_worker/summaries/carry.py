@@ -61,10 +61,6 @@ _COMMON_PAIRS: Final = frozenset(
 )
 
 
-def _strip(word: str) -> str:
-    return word.strip(_EDGES)
-
-
 _SENTENCE_END: Final = (".", "!", "?", ":", ";")
 _BULLET: Final = re.compile(r"[-*+>\u2022]|#{1,6}|\d{1,3}[.)]|\(?[a-z]\)")
 """A list item's or a heading's marker: the word after it starts a sentence."""
@@ -114,7 +110,7 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
         else:
             i += 1
             continue
-        term = " ".join([*words[i:last], _strip(words[last])]).lstrip(_EDGES)
+        term = " ".join([*words[i:last], words[last].strip(_EDGES)]).lstrip(_EDGES)
         low = max(0, i - CONTEXT_WORDS)
         high = min(len(words) - 1, last + CONTEXT_WORDS)
         yield term, " ".join(words[low : high + 1])
@@ -148,29 +144,8 @@ def _joined(words: list[str], kinds: list[int], last: int) -> int:
 
 
 _NUMBER: Final = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?")
-_NOT_UNITS: Final = frozenset(
-    {
-        "a",
-        "an",
-        "and",
-        "at",
-        "by",
-        "for",
-        "in",
-        "is",
-        "it",
-        "of",
-        "on",
-        "or",
-        "the",
-        "to",
-        "was",
-        "we",
-        "as",
-        "if",
-        "so",
-    }
-)
+_NOT_UNIT_WORDS: Final = "a an and at by for in is it of on or the to was we as if so"
+_NOT_UNITS: Final = frozenset(_NOT_UNIT_WORDS.split())
 
 
 def _is_unit(raw: str) -> bool:
@@ -187,16 +162,12 @@ def _is_unit(raw: str) -> bool:
 @functools.lru_cache(maxsize=1 << 15)
 def _kind(raw: str) -> int:
     """Whether a word as written is plain, a distinctive term or a capitalised name."""
-    word = _strip(raw)
+    word = raw.strip(_EDGES)
     if is_distinctive(word):
         return _TERM
-    if _is_name(word) and word not in _NOT_NAMES:
+    if word[:1].isupper() and word[1:].isalpha() and word[1:].islower() and word not in _NOT_NAMES:
         return _NAME
     return _PLAIN
-
-
-def _is_name(word: str) -> bool:
-    return len(word) > 1 and word[0].isupper() and word[1:].isalpha() and word[1:].islower()
 
 
 def distinctive_terms(text: str) -> list[str]:
@@ -238,13 +209,10 @@ def carry(
     """
     said = set(skip)
     terms = [t for t in distinctive_terms(text) if t not in said]
-    if prefer:
-        words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
-        ends = [end for _, end in words]
-        asked = {t: matches(_phrase(text, words, ends, t), prefer) for t in terms}
-        terms.sort(key=lambda t: -asked[t])  # stable: in order of appearance otherwise
     words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
     ends = [end for _, end in words]
+    if prefer:  # a stable sort: in order of appearance otherwise
+        terms.sort(key=lambda t: -matches(_phrase(text, words, ends, t), prefer))
     phrases: list[str] = []
     carried: list[str] = []
     dropped: list[str] = []

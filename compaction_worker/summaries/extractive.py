@@ -53,8 +53,7 @@ def _lead(text: str, max_words: int = 30, min_words: int = 6) -> str:
         words += sentence.split()
         if len(words) >= min_words:
             break
-    words = words or text.split()  # all code: its first words then
-    return " ".join(words[:max_words]) + (" ..." if len(words) > max_words else "")
+    return _words(" ".join(words or text.split()), max_words)  # all code: its first words then
 
 
 def _words(text: str, max_words: int) -> str:

@@ -67,14 +67,8 @@ def _words(text: str) -> set[str]:
 
 def instruction_terms(instructions: str | None) -> Terms:
     """The terms of ``instructions`` that a kept line or item should share (none without instructions)."""
-    if not instructions:
-        return frozenset()
-    terms = set()
-    for match in _WORD.finditer(instructions.lower()):
-        word = match.group().rstrip(".:-/")
-        if len(word) >= 3 and word not in _COMMON:
-            terms.add(_stem(word))
-    return frozenset(terms)
+    words = (match.group().rstrip(".:-/") for match in _WORD.finditer((instructions or "").lower()))
+    return frozenset(_stem(word) for word in words if len(word) >= 3 and word not in _COMMON)
 
 
 def matches(text: str, terms: Collection[str]) -> int:

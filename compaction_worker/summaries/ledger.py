@@ -8,6 +8,7 @@ this package.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from compaction_worker.summaries.contract import CountTokens
 from compaction_worker.summaries.instructions import Terms, matches
 from compaction_worker.summaries.selection import select_items
 
-__all__ = ["finalize_ledger", "merge_ledgers", "plan_ledger", "span_ledger"]
+__all__ = ["finalize_ledger", "merge_ledgers", "plan_ledger"]
 
 
 def merge_ledgers(
@@ -74,24 +75,6 @@ def _merge(
     return tuple(kept)
 
 
-def span_ledger(
-    messages: Sequence[Mapping[str, Any]],
-    folded: Sequence[SummaryChunk],
-    budget: int,
-    count: CountTokens,
-    *,
-    terms: Terms = frozenset(),
-) -> tuple[str, ...]:
-    """The ledger of a new chunk: its span's artifacts, merged with what the folded chunks carried.
-
-    Items sharing ``terms`` (the instructions') come first, as in ``merge_ledgers``.
-    """
-    if not folded and not terms:
-        return tuple(extract_artifacts(messages, budget, count))
-    # All of the span's items compete with the folded ones, not a pre-trimmed few.
-    return _merge(_sources((), messages, folded), budget, count, terms=terms)
-
-
 def plan_ledger(
     messages: Sequence[Mapping[str, Any]],
     folded: Sequence[SummaryChunk],
@@ -101,7 +84,7 @@ def plan_ledger(
     count: CountTokens,
     terms: Terms = frozenset(),
 ) -> tuple[int, tuple[str, ...]]:
-    """A new chunk's ledger budget, and its ledger before the summary (``span_ledger``).
+    """A new chunk's ledger budget, and its ledger of the span and the chunks it folds, before the summary.
 
     The budget is ``allowance``; a fold's grows, up to ``cap``, to hold what the chunks it
     folds carried (their ledgers and what their summaries stated) with the span's items:
@@ -110,10 +93,15 @@ def plan_ledger(
     into what the summary left unused (``finalize_ledger``). Items sharing ``terms`` come first.
     """
     budget = min(allowance, cap)
-    if budget <= 0 or not folded:
-        return max(0, budget), span_ledger(messages, folded, budget, count, terms=terms)
-    cached = _cached(count)
+    if budget <= 0:
+        return 0, ()
+    if not folded and not terms:
+        return budget, tuple(extract_artifacts(messages, budget, count))
+    cached = functools.cache(count)
+    # All of the span's items compete with the folded ones, not a pre-trimmed few.
     sources = _sources((), messages, folded)
+    if not folded:
+        return budget, _merge(sources, budget, cached, terms=terms)
     everything = _merge(sources, sys.maxsize, cached, terms=terms)
     need = cached("\n".join(everything))
     if need <= budget:
@@ -144,7 +132,7 @@ def finalize_ledger(
     """
     if budget <= 0:
         return ()
-    cached = _cached(count)
+    cached = functools.cache(count)  # choosing a ledger counts the same items repeatedly
     sources = _sources(ledger, messages, folded)
 
     def choose(room: int) -> tuple[str, ...]:
@@ -162,18 +150,6 @@ def finalize_ledger(
         else:
             high = middle - 1
     return choose(low)
-
-
-def _cached(count: CountTokens) -> CountTokens:
-    """``count`` remembering its answers: choosing a ledger counts the same items repeatedly."""
-    memo: dict[str, int] = {}
-
-    def counted(text: str) -> int:
-        if text not in memo:
-            memo[text] = count(text)
-        return memo[text]
-
-    return counted
 
 
 def _sources(

@@ -220,7 +220,8 @@ class LiteLLMSummarizer:
         limit = self._input_limit(model, request)
         if limit is None:
             return None
-        return max(0, self._transcript_room(request, system, limit))
+        # A little headroom: token counts of blocks do not add up exactly to the whole.
+        return max(0, int(limit * 0.97) - self._tokens(compose_prompt(request, system, [])))
 
     def _models(self, request: SummaryRequest) -> list[str]:
         primary = self.settings.model or ""
@@ -282,7 +283,7 @@ class LiteLLMSummarizer:
                 reason = self._describe(e)
                 failures += 1
                 if is_retryable(e) and not self._retry.exhausted(failures):
-                    await self._backoff(model, failures, reason, request)
+                    await self._backoff(model, failures, reason)
                     continue
                 self._scrub(e)
                 raise _ModelFailed(reason) from e
@@ -305,7 +306,7 @@ class LiteLLMSummarizer:
             reason, transient = problem
             failures += 1
             if transient and not self._retry.exhausted(failures):
-                await self._backoff(model, failures, reason, request)
+                await self._backoff(model, failures, reason)
                 continue
             raise _ModelFailed(reason)
 
@@ -362,7 +363,7 @@ class LiteLLMSummarizer:
             "max_retries": 0,
         }
 
-    async def _backoff(self, model: str, failures: int, reason: str, request: SummaryRequest) -> None:
+    async def _backoff(self, model: str, failures: int, reason: str) -> None:
         delay = self._retry.backoff(failures, self._rng)
         log.warning(
             "summary by %s failed (%s); try %d/%d in %.2fs",
@@ -398,10 +399,6 @@ class LiteLLMSummarizer:
             learned = frame + (size - frame) // 2
         # A prompt of ``size`` tokens was refused, whatever the numbers claim.
         self._learned[model] = min(learned, size - 1, self._learned.get(model, size))
-
-    def _transcript_room(self, request: SummaryRequest, system: str, limit: int) -> int:
-        # A little headroom: token counts of blocks do not add up exactly to the whole.
-        return int(limit * 0.97) - self._tokens(compose_prompt(request, system, []))
 
     def _prompt(self, request: SummaryRequest, system: str, *, clamped: bool) -> list[dict[str, str]]:
         """The prompt, with every long tool output cut to its head and tail when ``clamped``."""

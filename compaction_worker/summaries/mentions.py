@@ -43,8 +43,7 @@ def inline_commands(line: str) -> Iterator[str]:
     """The inline code spans of ``line`` that look like shell commands, verbatim."""
     if "`" not in line:  # most lines have no code span
         return
-    for match in _CODE_SPAN.finditer(line):
-        span = match.group(1).strip()
+    for span in code_spans(line):
         words = span.split()
         if len(words) < 2:
             continue
@@ -223,13 +222,6 @@ def facts(line: str) -> Iterator[str]:
         yield line[start : match.end()].strip()
 
 
-def _last_value(text: str) -> str:
-    found = ""
-    for match in _VALUE.finditer(text):
-        found = match.group()
-    return found.strip()
-
-
 # --- cores -------------------------------------------------------------------------------
 
 _CORE_ERROR: Final = re.compile(
@@ -240,8 +232,9 @@ MAX_CORE_CHARS: Final = 120
 
 def core(kind: str, text: str) -> str:
     """The shortest verbatim part of an item that still says what it is (see the module doc)."""
-    if kind == "fact":
-        return _last_value(text) or text
+    if kind == "fact":  # the last value stated
+        values = _VALUE.findall(text)
+        return values[-1].strip() if values else text
     if kind == "term":  # "<term> — <its context>": the term is what must survive
         return text.split(" \u2014 ", 1)[0]
     if kind == "error":

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from compaction_worker.contracts.toolpairs import pair_results
+from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 from compaction_worker.summaries.contract import SummaryRequest
 
 __all__ = [
@@ -137,23 +137,15 @@ def transcript_blocks(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """One rendered, neutralised block per message, numbered by its position in the span."""
     # By position: runtimes reuse call ids across turns, so an id alone may name another call.
     calls = pair_results(messages)
-    blocks = []
-    for n, message in enumerate(messages, 1):
-        call = calls.get(n - 1)
-        blocks.append(_neutralise(_render_message(n, message, call.name if call else None)))
-    return blocks
+    return [
+        _neutralise(_render_message(n, message, calls.get(n - 1))) for n, message in enumerate(messages, 1)
+    ]
 
 
-def _render_message(n: int, message: Mapping[str, Any], tool_name: str | None) -> str:
+def _render_message(n: int, message: Mapping[str, Any], answered: ToolCall | None) -> str:
     role = str(message.get("role", "unknown"))
-    details = []
-    call_id = message.get("tool_call_id")
-    if message.get("name"):
-        details.append(str(message["name"]))
-    elif tool_name:
-        details.append(tool_name)
-    if call_id:
-        details.append(str(call_id))
+    name = message.get("name") or (answered.name if answered else None)
+    details = [str(d) for d in (name, message.get("tool_call_id")) if d]
     lines = [f"[{n}] {role}" + (f" ({', '.join(details)})" if details else "") + ":"]
     text = render_content(message.get("content"))
     if text:
