@@ -31,14 +31,12 @@ def _package_dir() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def _bundled_tokenizers() -> Path:
-    """LiteLLM's bundled tiktoken files."""
-    return _package_dir() / "litellm_core_utils" / "tokenizers"
-
-
-# What LiteLLM's default_encoding module sets on import (a custom directory wins), set here
-# before tiktoken is first asked for an encoding, so counting works offline without LiteLLM.
-os.environ["TIKTOKEN_CACHE_DIR"] = os.environ.get("CUSTOM_TIKTOKEN_CACHE_DIR") or str(_bundled_tokenizers())
+# What LiteLLM's default_encoding module sets on import (a custom directory wins, else its
+# bundled files), set here before tiktoken is first asked for an encoding, so counting works
+# offline without LiteLLM.
+os.environ["TIKTOKEN_CACHE_DIR"] = os.environ.get("CUSTOM_TIKTOKEN_CACHE_DIR") or str(
+    _package_dir() / "litellm_core_utils" / "tokenizers"
+)
 
 TIKTOKEN_CACHE_DIR = Path(os.environ["TIKTOKEN_CACHE_DIR"])
 """Where tiktoken reads its encodings from in this process."""

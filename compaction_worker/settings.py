@@ -411,9 +411,6 @@ class Profile(_Section):
     summarizer: dict[str, Any] = Field(default_factory=dict)
 
 
-_PROFILE_SECTIONS = ("budget", "tail", "pipeline", "summarizer")
-
-
 class Settings(BaseSettings):
     """Everything the worker, the CLI and the client need, read once."""
 
@@ -486,8 +483,7 @@ class Settings(BaseSettings):
 
     def _merged(self, profile: Profile) -> Settings:
         sections: dict[str, Any] = {}
-        for section in _PROFILE_SECTIONS:
-            changes = getattr(profile, section)
+        for section, changes in profile:
             if changes:
                 base: BaseModel = getattr(self, section)
                 sections[section] = type(base).model_validate({**base.model_dump(), **changes})
@@ -524,7 +520,8 @@ class Settings(BaseSettings):
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
     """Read the settings once: arguments, then environment, then the YAML file, then defaults."""
-    path = config_file or _env_path("COMPACTION_CONFIG_FILE")
+    from_env = os.environ.get("COMPACTION_CONFIG_FILE")
+    path = config_file or (Path(from_env) if from_env else None)
     if path is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     token = _yaml_file.set(path)
@@ -532,8 +529,3 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Setti
         return Settings(**overrides)  # type: ignore[arg-type]  # overrides are validated by pydantic
     finally:
         _yaml_file.reset(token)
-
-
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value) if value else None

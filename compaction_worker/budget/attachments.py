@@ -92,7 +92,7 @@ def fit_files(
     bound is its multiplier. Without it every file is counted.
     """
     budget = max(0, budget_tokens)
-    parts = [_Part.of(name, text) for name, text in files.items()]
+    parts = [_Part(name, text) for name, text in files.items()]
     bound: dict[int, int] = {}
     if max_tokens_per_byte is not None:
         bound = {
@@ -120,24 +120,19 @@ class _Part:
 
     __slots__ = ("body", "body_tokens", "bytes", "cost", "name", "preview", "text", "tokens")
 
-    def __init__(self, name: str, text: str, size: int, preview: bool) -> None:
+    def __init__(self, name: str, text: str) -> None:
         self.name = name
         self.text = text
-        self.bytes = size
-        self.preview = preview
-        self.body = text[:FILE_PREVIEW_CHARS] if preview else text
+        # More characters than the limit has bytes: no need to encode a huge text to know.
+        self.bytes = len(text) if len(text) > FILE_PREVIEW_MODE_SIZE else _utf8_len(text)
+        self.preview = self.bytes > FILE_PREVIEW_MODE_SIZE
+        self.body = text[:FILE_PREVIEW_CHARS] if self.preview else text
         """The text a head is cut from: the file, or its preview."""
         self.tokens: int | None = None
         """Tokens of the whole file, once counted (never for a preview)."""
         self.body_tokens = 0
         self.cost = 0
         """Tokens of the file as attached when it fits: whole, or the preview and its notice."""
-
-    @classmethod
-    def of(cls, name: str, text: str) -> _Part:
-        # More characters than the limit has bytes: no need to encode a huge text to know.
-        size = len(text) if len(text) > FILE_PREVIEW_MODE_SIZE else _utf8_len(text)
-        return cls(name, text, size, size > FILE_PREVIEW_MODE_SIZE)
 
     def measure(self, count: Callable[[str], int]) -> None:
         if self.preview:

@@ -91,11 +91,6 @@ def resolve_window(model: str, settings: BudgetSettings, event_window: int | Non
     return WindowInfo(model, settings.fallback_window or DEFAULT_FALLBACK_WINDOW, None, "fallback")
 
 
-def is_known_model(model: str) -> bool:
-    """Whether LiteLLM's bundled registry knows ``model`` (directly or through an alias)."""
-    return _registry(model) is not None
-
-
 def known_window(model: str) -> int | None:
     """``model``'s window in LiteLLM's bundled registry (under any of its spellings), None when unknown."""
     known = _registry(model)
@@ -105,15 +100,11 @@ def known_window(model: str) -> int | None:
 def _override(model: str, overrides: dict[str, int]) -> int | None:
     if not overrides:
         return None
-    for name in (model, model.strip(), _strip_provider(model.strip())):
+    for name in (model, model.strip(), model.strip().rsplit("/", 1)[-1]):
         value = overrides.get(name)
         if value is not None and value > 0:
             return value
     return None
-
-
-def _strip_provider(model: str) -> str:
-    return model.rsplit("/", 1)[-1]
 
 
 def _registry(model: str) -> tuple[int, int | None] | None:
@@ -135,8 +126,11 @@ def _registry_cached(model: str) -> tuple[int, int | None] | None:
 def _lookup(name: str) -> tuple[int, int | None] | None:
     """``name``'s limits in the map (:func:`_entry`)."""
     info = _entry(name)
-    if info is None:
-        return None
+    return None if info is None else _limits(info)
+
+
+def _limits(info: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """A map entry's ``(window, max_output_tokens)``; None when it states no window."""
     # Some entries exist with every limit set to None (e.g. "o1-mini"): not a match.
     window = _positive(info.get("max_input_tokens")) or _positive(info.get("max_tokens"))
     if window is None:
@@ -287,10 +281,10 @@ def _base_index() -> dict[str, tuple[int, int | None]]:
     for key, info in _litellm.model_map().items():
         if info.get("mode") not in _CHAT_MODES:
             continue
-        window = _positive(info.get("max_input_tokens")) or _positive(info.get("max_tokens"))
+        known = _limits(info)
         base = base_name(key)
-        if window is not None and base:
-            found[base].append((window, _positive(info.get("max_output_tokens"))))
+        if known is not None and base:
+            found[base].append(known)
     index: dict[str, tuple[int, int | None]] = {}
     for base, limits in found.items():
         counts = Counter(window for window, _ in limits)

@@ -22,13 +22,14 @@ from compaction_worker.contracts.events import (
     DLQ_TOPIC,
     EVENT_MODELS,
     PROPOSED_TOPIC,
+    SCHEMA_VERSION,
     STARTED_TOPIC,
     TURNS_TOPIC,
     CompactionMode,
     DeadLetterReason,
     Outcome,
 )
-from compaction_worker.contracts.json_schemas import GENERATED_NOTE, schema_mode, schema_version
+from compaction_worker.contracts.json_schemas import GENERATED_NOTE, schema_mode
 from compaction_worker.errors import CompactionWorkerError
 
 KAFKA_BINDING_VERSION = "0.4.0"
@@ -105,12 +106,9 @@ def channel_description(topic: str, renamed_by: str | None, group_id: str | None
     ``renamed_by`` is the setting that renames the topic; ``group_id`` the consumer group
     that reads it, for the input.
     """
-    turn = EVENT_MODELS[TURNS_TOPIC]
-    completed = EVENT_MODELS[COMPLETED_TOPIC]
-    dead_letter = EVENT_MODELS[DLQ_TOPIC]
-    _require_fields(turn, "turn_seq", "compaction")
-    _require_fields(completed, "outcome", "version", "compaction_id")
-    _require_fields(dead_letter, "reason", "original_b64")
+    _require_fields(EVENT_MODELS[TURNS_TOPIC], "turn_seq", "compaction")
+    _require_fields(EVENT_MODELS[COMPLETED_TOPIC], "outcome", "version", "compaction_id")
+    _require_fields(EVENT_MODELS[DLQ_TOPIC], "reason", "original_b64")
     reasons = ", ".join(f"`{reason.value}`" for reason in DeadLetterReason)
     group = f" (consumer group `{group_id}`)" if group_id else " (one consumer group)"
     notes = {
@@ -157,7 +155,6 @@ def info_description(renamed_by: Mapping[str, str]) -> str:
     """The document's introduction; ``renamed_by`` names, per default topic, the setting that renames it."""
     for model in EVENT_MODELS.values():
         _require_fields(model, "schema_version", "event_id", "timestamp", "conversation_id")
-    version = schema_version(EVENT_MODELS[TURNS_TOPIC])
     overrides = ", ".join(f"`{renamed_by[topic]}`" for topic in EVENT_MODELS if topic in renamed_by)
     return prose(f"""\
 Keeps LLM conversations inside their models' context windows. An agent runtime publishes
@@ -169,7 +166,7 @@ process go to `{DLQ_TOPIC}`.
 Payloads are UTF-8 JSON, one event per record. The JSON Schemas next to this document
 (generated from the pydantic models in `compaction_worker.contracts.events`) are exact for
 each direction: what the worker accepts, and every field it always writes. Every event
-carries `schema_version` (now {version}), `event_id` (a UUID) and `timestamp` (UTC).
+carries `schema_version` (now {SCHEMA_VERSION}), `event_id` (a UUID) and `timestamp` (UTC).
 Channel addresses are the default topic names; each can be overridden ({overrides}).
 
 ## Ordering

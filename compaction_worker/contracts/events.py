@@ -40,6 +40,14 @@ ConversationId = Annotated[
 ]
 
 
+_PUBLISHED = ConfigDict(
+    extra="ignore",
+    json_schema_serialization_defaults_required=True,
+    json_schema_mode_override="serialization",
+)
+"""The config of what the worker publishes: its schema is of the bytes written, defaults included."""
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -51,11 +59,7 @@ class _Event(BaseModel):
     breaking change for older workers or consumers; breaking changes bump schema_version.
     """
 
-    model_config = ConfigDict(
-        extra="ignore",
-        json_schema_serialization_defaults_required=True,
-        json_schema_mode_override="serialization",
-    )
+    model_config = _PUBLISHED
 
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: uuid.UUID = Field(default_factory=uuid.uuid4, description="Unique id, for de-duplication.")
@@ -323,11 +327,7 @@ class StandingStateReport(BaseModel):
     """What a compaction did with the standing state: the user's rules, constraints, preferences, goals,
     decisions and facts, by kind. Kept: the sentence is in the new effective history word for word."""
 
-    model_config = ConfigDict(
-        extra="ignore",
-        json_schema_serialization_defaults_required=True,
-        json_schema_mode_override="serialization",
-    )
+    model_config = _PUBLISHED
 
     kept: dict[str, int] = Field(
         default_factory=dict, description="Current items still in the history, by kind."
@@ -344,11 +344,7 @@ class StandingStateReport(BaseModel):
 class LlmUsage(BaseModel):
     """Tokens and cost of the summarizer's LLM calls in one compaction."""
 
-    model_config = ConfigDict(
-        extra="ignore",
-        json_schema_serialization_defaults_required=True,
-        json_schema_mode_override="serialization",
-    )
+    model_config = _PUBLISHED
 
     calls: int = Field(default=0, ge=0)
     prompt_tokens: int = Field(default=0, ge=0)
@@ -361,11 +357,7 @@ class CompactionCost(BaseModel):
     """What a compaction costs once and saves per later call at the conversation model's prices
     (LiteLLM's), with the provider's prompt cache counted; null figures: the model is unpriced."""
 
-    model_config = ConfigDict(
-        extra="ignore",
-        json_schema_serialization_defaults_required=True,
-        json_schema_mode_override="serialization",
-    )
+    model_config = _PUBLISHED
 
     tokens_removed: int = Field(default=0, ge=0, description="tokens_before - tokens_after.")
     cache_write_tokens: int = Field(

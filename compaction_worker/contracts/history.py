@@ -124,9 +124,8 @@ class SummaryChunk:
     @classmethod
     def from_json(cls, raw: str | bytes) -> SummaryChunk:
         data = json.loads(raw)
-        data["stages"] = tuple(data.get("stages", ()))
-        data["artifacts"] = tuple(data.get("artifacts", ()))
-        data["kept"] = tuple(data.get("kept", ()))
+        for key in ("stages", "artifacts", "kept"):  # stored as JSON arrays
+            data[key] = tuple(data.get(key, ()))
         return cls(**data)
 
     def render_text(self) -> str:
@@ -152,10 +151,6 @@ class EffectiveHistory:
     version: int = 0
     system_prompt: str | None = None
     tools: tuple[Mapping[str, Any], ...] | None = None
-
-    @property
-    def summarized(self) -> bool:
-        return bool(self.chunks)
 
     def with_parts(self, chunks: Iterable[SummaryChunk], entries: Iterable[Entry]) -> EffectiveHistory:
         return replace(self, chunks=tuple(chunks), entries=tuple(entries))

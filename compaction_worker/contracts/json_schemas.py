@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
-from compaction_worker.contracts.events import EVENT_MODELS, TURNS_TOPIC
+from compaction_worker.contracts.events import EVENT_MODELS, SCHEMA_VERSION, TURNS_TOPIC
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -19,15 +17,13 @@ GENERATED_NOTE = (
 )
 """Marks a file as generated: ``schemas --check`` reports and ``schemas`` removes stale ones carrying it."""
 
-SchemaMode = Literal["validation", "serialization"]
-
 
 def schema_file(topic: str) -> str:
     """The file name of one topic's JSON Schema."""
     return f"{topic}.json"
 
 
-def schema_mode(topic: str) -> SchemaMode:
+def schema_mode(topic: str) -> Literal["validation", "serialization"]:
     """Validation mode for what the worker accepts, serialization mode for what it emits.
 
     A producer of an input may leave out every field that has a default, and that is what
@@ -38,12 +34,6 @@ def schema_mode(topic: str) -> SchemaMode:
     return "validation" if topic in INPUT_TOPICS else "serialization"
 
 
-def schema_id(topic: str) -> str:
-    """The ``$id`` of one topic's schema: a URN that names the topic and the schema version."""
-    version = schema_version(EVENT_MODELS[topic])
-    return f"urn:compaction-worker:schema:{topic}" + (f":v{version}" if version is not None else "")
-
-
 def event_schema(topic: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of one topic's event, from its pydantic model."""
     model = EVENT_MODELS[topic]
@@ -51,7 +41,7 @@ def event_schema(topic: str) -> dict[str, Any]:
     direction = "consumes" if topic in INPUT_TOPICS else "publishes"
     return {
         "$schema": JSON_SCHEMA_DIALECT,
-        "$id": schema_id(topic),
+        "$id": f"urn:compaction-worker:schema:{topic}:v{SCHEMA_VERSION}",
         "$comment": GENERATED_NOTE,
         **schema,
         "title": schema.get("title", model.__name__),
@@ -64,9 +54,3 @@ def render_json(document: dict[str, Any]) -> str:
     """A schema as the file's exact text."""
     # Sorted keys and a fixed indent keep the diff of a model change down to that change.
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def schema_version(model: type[BaseModel]) -> Any:
-    """The ``schema_version`` a model's events carry; None if it has none."""
-    field = model.model_fields.get("schema_version")
-    return None if field is None else field.default

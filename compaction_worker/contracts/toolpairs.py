@@ -69,19 +69,6 @@ class Pairing:
     results: Mapping[int, ToolCall]
     """For each tool result's index, the call it answers (orphans are absent)."""
 
-    def answered(self) -> frozenset[tuple[int, int]]:
-        """``(owner, slot)`` of every call that has a result."""
-        return frozenset((c.owner, c.slot) for c in self.results.values())
-
-    def unanswered(self) -> tuple[ToolCall, ...]:
-        """Calls no result answers, in history order."""
-        answered = self.answered()
-        return tuple(c for c in self.calls if (c.owner, c.slot) not in answered)
-
-    def pairs(self) -> list[tuple[int, int]]:
-        """``(call index, result index)`` for every answered result, in result order."""
-        return [(call.owner, index) for index, call in sorted(self.results.items())]
-
 
 def pairing(messages: Sequence[Mapping[str, Any]]) -> Pairing:
     """Pair every tool result of ``messages`` with the call it answers, by position."""
@@ -112,10 +99,12 @@ def pair_results(messages: Sequence[Mapping[str, Any]]) -> dict[int, ToolCall]:
 
 
 def tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """``(call index, result index)`` of every tool result that answers a call."""
-    return pairing(messages).pairs()
+    """``(call index, result index)`` of every tool result that answers a call, in result order."""
+    return [(call.owner, index) for index, call in sorted(pairing(messages).results.items())]
 
 
 def unanswered_calls(messages: Sequence[Mapping[str, Any]]) -> tuple[ToolCall, ...]:
     """Tool calls that no result answers, in history order."""
-    return pairing(messages).unanswered()
+    paired = pairing(messages)
+    answered = {(c.owner, c.slot) for c in paired.results.values()}
+    return tuple(c for c in paired.calls if (c.owner, c.slot) not in answered)

@@ -19,7 +19,7 @@ from compaction_worker.budget.windows import (
     DEFAULT_FALLBACK_WINDOW,
     WindowInfo,
     base_name,
-    is_known_model,
+    known_window,
     resolve_window,
 )
 from compaction_worker.settings import BudgetSettings
@@ -110,12 +110,12 @@ class TestRegistry:
     @pytest.mark.parametrize("model", ["gpt-4o", "openai/gpt-4o", "claude-3-5-sonnet-20241022"])
     def test_is_known_model(self, model: str) -> None:
         """Models the registry maps, directly or by alias, are known."""
-        assert is_known_model(model)
+        assert known_window(model) is not None
 
     @pytest.mark.parametrize("model", ["", " ", "/", "nope", "acme/unknown-model", "\x00" * 3])
     def test_is_not_known_model(self, model: str) -> None:
         """Anything the registry cannot map is unknown, without raising."""
-        assert not is_known_model(model)
+        assert known_window(model) is None
 
     def test_lookups_are_cached(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A second resolution of the same model does not read the map again."""

@@ -142,10 +142,11 @@ class TestPairing:
         assert [(c.id, c.slot) for c in unanswered_calls(messages)] == [("b", 1), ("a", 2)]
 
     def test_pairing_reports_every_call(self) -> None:
-        p = pairing([user(), calls(("a", "1")), result("a"), calls(("a", "2"))])
+        messages = [user(), calls(("a", "1")), result("a"), calls(("a", "2"))]
+        p = pairing(messages)
         assert [c.owner for c in p.calls] == [1, 3]
-        assert p.answered() == frozenset({(1, 0)})
-        assert p.pairs() == [(1, 2)]
+        assert {(c.owner, c.slot) for c in p.results.values()} == {(1, 0)}
+        assert tool_pairs(messages) == [(1, 2)]
 
 
 @st.composite
