@@ -89,8 +89,10 @@ async def _topics(bootstrap: str) -> set[str]:
 
 def _listening(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            # A connect to a free port of the ephemeral range can pick that port as its own
+            # source and reach itself (TCP simultaneous open): nothing listens then.
+            return bool(sock.getsockname() != sock.getpeername())
     except OSError:
         return False
 
