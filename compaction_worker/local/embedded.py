@@ -29,6 +29,7 @@ __all__ = [
     "EmbeddedStartError",
     "PortInUseError",
     "free_port",
+    "listening",
     "port_is_free",
 ]
 
@@ -93,6 +94,17 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on ``port`` of 127.0.0.1 right now."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            # A connect to a free port of the ephemeral range can pick that port as its own
+            # source and reach itself (TCP simultaneous open): nothing listens then.
+            return bool(sock.getsockname() != sock.getpeername())
+    except OSError:
+        return False
 
 
 def _executable(path: str | os.PathLike[str], what: str) -> str:
@@ -329,11 +341,7 @@ class EmbeddedKafka(_EmbeddedServer):
 
     def _is_ready(self) -> bool:
         # Tansu binds its listener only after the storage is up, so accepting is ready.
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
+        return listening(self.port)
 
 
 class EmbeddedRedis(_EmbeddedServer):

@@ -30,6 +30,7 @@ from compaction_worker.local.embedded import (
     EmbeddedRedis,
     EmbeddedStartError,
     free_port,
+    listening,
 )
 from compaction_worker.runtime.topics import create_topics
 
@@ -85,16 +86,6 @@ async def _topics(bootstrap: str) -> set[str]:
         return set(await admin.list_topics())
     finally:
         await admin.close()
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            # A connect to a free port of the ephemeral range can pick that port as its own
-            # source and reach itself (TCP simultaneous open): nothing listens then.
-            return bool(sock.getsockname() != sock.getpeername())
-    except OSError:
-        return False
 
 
 # --- Kafka ------------------------------------------------------------------------------
@@ -173,7 +164,7 @@ class TestEmbeddedKafka:
             took = time.monotonic() - began
 
             assert not kafka.running
-            assert not _listening(kafka.port)
+            assert not listening(kafka.port)
         # Promptness is the point, so a duration it is: against the wait avoided, not a guess
         # at how soon a loaded machine ends a process.
         assert took < TANSU_CLIENT_WAIT
@@ -222,6 +213,26 @@ class TestEmbeddedRedis:
 # --- lifecycle --------------------------------------------------------------------------
 
 
+class TestListening:
+    def test_a_listener_counts_and_a_free_port_does_not(self) -> None:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            port = server.getsockname()[1]
+            assert listening(port)
+        assert not listening(port)
+
+    def test_a_connection_that_reaches_itself_is_no_listener(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """TCP simultaneous open: a socket bound to a free port and connected to it reaches itself."""
+        own = socket.socket()
+        own.bind(("127.0.0.1", 0))
+        port = own.getsockname()[1]
+        own.connect(("127.0.0.1", port))
+        assert own.getsockname() == own.getpeername()
+        monkeypatch.setattr(socket, "create_connection", lambda *_args, **_kwargs: own)
+        assert not listening(port)
+
+
 @pytest.mark.integration
 class TestLifecycle:
     def test_close_frees_the_port_and_removes_the_workdir(self) -> None:
@@ -230,12 +241,12 @@ class TestLifecycle:
         _skip_if_missing(server)
         workdir = server.workdir
         assert server.running
-        assert _listening(server.port)
+        assert listening(server.port)
 
         server.close()
 
         assert not server.running
-        assert not _listening(server.port)
+        assert not listening(server.port)
         assert not workdir.exists()
 
     def test_start_again_after_the_server_exited_on_its_own(self) -> None:
@@ -315,16 +326,16 @@ class TestLifecycle:
             assert parent.stdin is not None
             port_text, workdir = parent.stdout.readline().split(maxsplit=1)
             port = int(port_text)
-            assert _listening(port)
+            assert listening(port)
 
             parent.stdin.write("die\n")
             parent.stdin.flush()
             parent.wait(10)
 
             deadline = time.monotonic() + 5
-            while _listening(port) and time.monotonic() < deadline:
+            while listening(port) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert not _listening(port)
+            assert not listening(port)
         finally:
             if parent.poll() is None:
                 parent.kill()
@@ -448,4 +459,4 @@ async def test_start_and_stop_are_usable_from_async_code() -> None:
         await client.aclose()
     finally:
         server.close()
-    assert not _listening(server.port)
+    assert not listening(server.port)
