@@ -58,8 +58,17 @@ class Planned:
     """A run's turn: its own consume span (current while its append is acted on); None: the current one."""
 
 
+Counted = tuple[TokenCounter, list[NewMessage]]
+"""A turn's counter and its messages as stored, counted (:func:`counted`)."""
+
+
 def plan_turn(
-    event: TurnEvent, known: Meta | None, settings: Settings, *, hold: tuple[bytes, int] | None = None
+    event: TurnEvent,
+    known: Meta | None,
+    settings: Settings,
+    *,
+    hold: tuple[bytes, int] | None = None,
+    counts: dict[str, Counted] | None = None,
 ) -> Planned:
     """The turn's append onto the meta the handler knows (None: it knows none), under the settings
     profile the turn chooses, else the one the conversation has.
@@ -67,12 +76,16 @@ def plan_turn(
     ``hold``: the event's bytes and the time (ms) it is held from, sent when the handler expects
     a gap before it. Without a known meta the write's revision is unknown, so the script answers
     with the stored meta (a first turn is taken for a new conversation's: revision 0). The jobs it
-    records continue the current span's trace.
+    records continue the current span's trace. ``counts`` keeps the turn's counts by profile
+    across its tries (a stale meta is planned on again): its messages are counted once.
     """
     meta = known or Meta()
     profile = event.profile if event.profile is not None else meta.profile
     budget = settings.for_profile(profile).budget
-    counter, new = counted(event, budget)
+    counts = {} if counts is None else counts
+    if profile not in counts:
+        counts[profile] = counted(event, budget)
+    counter, new = counts[profile]
     plan = plan_append(
         event,
         meta,
@@ -98,7 +111,7 @@ def plan_turn(
     return Planned(event, plan, write)
 
 
-def counted(event: TurnEvent, settings: BudgetSettings) -> tuple[TokenCounter, list[NewMessage]]:
+def counted(event: TurnEvent, settings: BudgetSettings) -> Counted:
     """The counter for the event's model, and its messages as stored, each with its token count
     and its JSON text (encoded once: the stores and the fingerprint take it)."""
     counter = counter_for(event.model, settings)

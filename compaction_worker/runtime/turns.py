@@ -34,7 +34,7 @@ from compaction_worker.retry import RetryPolicy
 from compaction_worker.runtime.deadletters import DeadLetters
 from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.pins import apply_asked
-from compaction_worker.runtime.plan import AppendPlan, Planned, plan_turn
+from compaction_worker.runtime.plan import AppendPlan, Counted, Planned, plan_turn
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import AppendReply, AppendStatus
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate
@@ -267,12 +267,14 @@ class TurnHandler:
         # A first turn is never ahead of a gap; a later one may be, if the handler knows no meta.
         send_held = seq > (known.last_seq + 1 if known is not None else 1)
         held_ms = int(time.time() * 1000)  # when it is held, if it is (an earlier hold keeps its own)
+        counts: dict[str, Counted] = {}  # counted once, whatever meta each try is planned on
 
         async def once() -> TurnOutcome:
             nonlocal known, send_held
             with tracing.span(tracing.BUDGET_SPAN) as span:
                 # The job's compaction continues this span's trace (jobs.py keeps its context).
-                turn = plan_turn(event, known, self.settings, hold=(raw, held_ms) if send_held else None)
+                hold = (raw, held_ms) if send_held else None
+                turn = plan_turn(event, known, self.settings, hold=hold, counts=counts)
                 if turn.write.job is not None:
                     span.set_attribute("compaction.trigger", turn.write.job.trigger.value)
             with tracing.span(tracing.APPEND_SPAN) as span:

@@ -28,7 +28,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.state.connection import is_cluster
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
-from compaction_worker.testing import turn_bytes
+from compaction_worker.testing import turn_bytes, turn_event
 from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
 from tests.state.helpers import hold
 
@@ -461,6 +461,32 @@ class TestOneRoundTrip:
         assert outcome.status is TurnStatus.APPENDED
         meta = await parts.store.meta("c")
         assert (meta.last_seq, meta.msg_count, meta.noop_tokens) == (2, 2, 12345)
+
+    async def test_a_turn_planned_again_on_the_stored_meta_is_counted_once(
+        self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A handler that knows no meta (a restart) plans the turn twice, the second time on the meta
+        the script answered; its messages are counted once, and the stored totals are the exact ones."""
+        await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
+        real, counts = plan.counted, 0
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal counts
+            counts += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(plan, "counted", counted)
+        fresh = make_parts(parts.store.redis, parts.settings, published).turns
+        outcome = await fresh.handle(turn_bytes("c", 2, [assistant("two"), user("three")]), b"c")
+        assert outcome.status is TurnStatus.APPENDED
+        assert counts == 1
+        meta = await parts.store.meta("c")
+        expected = sum(m.tokens for m in real(turn_event("c", 1, [user("one")]), parts.settings.budget)[1])
+        expected += sum(
+            m.tokens
+            for m in real(turn_event("c", 2, [assistant("two"), user("three")]), parts.settings.budget)[1]
+        )
+        assert (meta.last_seq, meta.msg_count, meta.history_tokens) == (2, 3, expected)
 
     async def test_a_meta_changed_before_every_call_is_an_outage_after_stale_tries_calls(
         self, parts: Parts, published: Published, monkeypatch: pytest.MonkeyPatch
