@@ -1,4 +1,4 @@
-"""The command line: run on embedded defaults, history, status, compact, rewind, artifacts and schemas."""
+"""The command line: run on embedded defaults, history, status, compact, rewind, artifacts, schemas and quality."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -28,6 +29,7 @@ from compaction_worker.settings import Settings
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Published, make_parts
 from tests.runtime.test_compactor import compact_mentions
+from tests.trajectories import DATA, load_trajectories
 
 pytestmark = pytest.mark.integration
 
@@ -281,6 +283,30 @@ def test_schemas_check_passes_on_the_committed_files() -> None:
     """The committed schemas match the models."""
     result = CliRunner().invoke(main, ["schemas", "--check"])
     assert result.exit_code == 0, result.output
+
+
+def test_quality_runs_a_suite_with_its_own_options(tmp_path: Path) -> None:
+    """`quality SUITE ARGS...` runs one of bench/'s quality suites, offline: the published runs on
+    one window, then one standing-state case; a folder with no runs, or no such suite, is a usage error."""
+    runner = CliRunner()
+    small = runner.invoke(
+        main, ["quality", "small-windows", "--windows", "8192", "--trajectories", str(DATA), "--json"]
+    )
+    assert small.exit_code == 0, small.output
+    rows = json.loads(small.output)
+    assert [row["run"] for row in rows] == [run.name for run in load_trajectories()]
+    assert all(row["window"] == 8192 and row["over_window"] == 0 for row in rows), rows
+    assert sum(row["compactions"] for row in rows) >= 1
+    args = ["--seeds", "7", "--windows", "8192", "--budgets", "0.3", "--only", "extractive", "--json"]
+    standing = runner.invoke(main, ["quality", "standing", *args])
+    assert standing.exit_code == 0, standing.output
+    (case,) = json.loads(standing.output)
+    assert (case["summarizer"], case["window"], case["budget"]) == ("extractive", 8192, 0.3)
+    assert case["worst_round"]["rule"] == case["worst_round"]["constraint"] == 1.0
+    empty = runner.invoke(main, ["quality", "small-windows", "--trajectories", str(tmp_path)])
+    assert empty.exit_code == 2
+    assert f"no <agent>/<run>.traj or .traj.json under {tmp_path}" in empty.output
+    assert runner.invoke(main, ["quality", "nope"]).exit_code == 2
 
 
 @pytest.mark.slow

@@ -123,6 +123,7 @@ for command in (
     tools.schemas,
     tools.docs,
     tools.bench,
+    tools.quality,
     tools.replay,
 ):
     main.add_command(command)

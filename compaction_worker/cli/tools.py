@@ -1,7 +1,8 @@
-"""Tool commands: the schemas, the operations page, the benchmark, and replaying recorded conversations offline."""
+"""Tool commands: the schemas, the operations page, the benchmarks, and replaying recorded conversations offline."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,22 @@ def bench(ctx: click.Context, /, **options: Any) -> None:
     from compaction_worker.bench.command import bench_command
 
     ctx.exit(bench_command(settings_of(ctx), ctx.obj, **options))
+
+
+QUALITY_SUITES = ("fidelity", "standing", "small-windows")
+"""``compaction-worker quality``'s suites: the modules of bench/ that measure what compactions keep."""
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("suite", type=click.Choice(QUALITY_SUITES))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def quality(suite: str, args: tuple[str, ...]) -> None:
+    """Measure what compactions keep, offline (no broker, no Redis; no LLM unless --model): SUITE is
+    fidelity (artifacts across cycles), standing (what the user set, by kind, at tight budgets) or
+    small-windows (published agent runs on 4K-8K windows). `compaction-worker quality SUITE --help`
+    lists a suite's options."""
+    module = importlib.import_module(f"compaction_worker.bench.{suite.replace('-', '_')}")
+    module.main(list(args))
 
 
 @click.command()

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from compaction_worker.contracts.history import Entry, SummaryChunk
@@ -23,7 +19,6 @@ __all__ = [
     "chunk",
     "context",
     "lines",
-    "load_benchmark",
     "result",
     "words",
 ]
@@ -100,15 +95,3 @@ def chunk() -> SummaryChunk:
 
 def by_n(draft: Draft) -> dict[int, Entry]:
     return {e.n: e for e in draft.entries}
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py``, loaded from its path: benchmarks/ is a directory of scripts."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module

@@ -1,21 +1,18 @@
 """Artifact fidelity over ten compaction cycles, without an LLM (the issue's definition of done).
 
-The session, the cycles and the measure live in ``benchmarks/fidelity.py``, which prints
-the same table; run with ``-s`` to see it here.
+The session, the cycles and the measure live in ``compaction_worker/bench/fidelity.py``
+(``compaction-worker quality fidelity`` prints the same table); run with ``-s`` to see it here.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from compaction_worker.bench import fidelity
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.summaries.artifacts import scan_items
 from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
-
-from .helpers import load_benchmark
-
-fidelity = load_benchmark("fidelity")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Published agent trajectories on 4K-8K windows (benchmarks/small_windows.py, issue 33): every
+"""Published agent trajectories on 4K-8K windows (`compaction-worker quality small-windows`, issue 33): every
 compaction brings the history under the window or says why, keeps the newest step, and the
 summarizer reads every message it replaces."""
 
@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import load_benchmark
-
-small_windows = load_benchmark("small_windows")
+from compaction_worker.bench import small_windows
+from tests.trajectories import load_trajectories
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window", [4_096, 6_144, 8_192])
 async def test_every_compaction_on_a_small_window_keeps_its_promises(window: int) -> None:
-    rows = [await small_windows.replay(run, window) for run in small_windows.load_trajectories()]
+    rows = [await small_windows.replay(run, window) for run in load_trajectories()]
     assert sum(r.compactions for r in rows) >= 3
     for row in rows:
         assert row.over_window == 0, row

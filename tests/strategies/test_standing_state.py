@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from compaction_worker.bench import standing as canaries
 from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport
 from compaction_worker.contracts.history import STANDING, EffectiveHistory, Entry, render, text_of
 from compaction_worker.settings import PipelineSettings
@@ -24,7 +25,7 @@ from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.standing import STANDING_HEADER
 from compaction_worker.testing import Chat
 
-from .helpers import COUNTER, context, load_benchmark
+from .helpers import COUNTER, context
 
 CURRENT = {
     "rule": "Never execute shell commands without explicit approval.",
@@ -228,7 +229,6 @@ async def test_typed_canaries_hold_rules_constraints_and_changes_over_five_round
 ) -> None:
     """The benchmark's generated sessions (seed 7): every rule and constraint in every round, every
     changed value resolved, the output at or under its target."""
-    canaries = load_benchmark("standing")
     rounds, read = await canaries.run_case(7, window, share, summarizer)
     assert len(rounds) == 5
     for r in rounds:

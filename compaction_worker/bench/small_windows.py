@@ -1,6 +1,6 @@
 """Published agent trajectories replayed on small windows: every compaction ends under the window.
 
-Run: python benchmarks/small_windows.py [--windows 4096 6144 8192] [--json]
+Run: compaction-worker quality small-windows [--windows 4096 6144 8192] [--trajectories DIR] [--json]
 
 Each run in tests/data/trajectories/ (two agents, both message styles) arrives one step at a
 time, as its agent produced it, with the default settings on a 4K, 6K or 8K window. Whenever
@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compaction_worker import strategies
+from compaction_worker.bench.trajectories import Trajectory, load_trajectories
 from compaction_worker.budget.tokens import compute_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import Outcome
@@ -42,11 +42,10 @@ from compaction_worker.summaries.carry import distinctive_terms
 from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.trajectories import Trajectory, load_trajectories  # the repository's test data
-
 MODEL = "gpt-4o-mini"
 WINDOWS = (4_096, 6_144, 8_192)
+TRAJECTORIES = Path("tests/data/trajectories")
+"""The repository's published runs (run from a checkout), unless ``--trajectories`` names others."""
 
 
 class Reading:
@@ -144,19 +143,34 @@ async def replay(run: Trajectory, window: int) -> Row:
     return row
 
 
+async def _replay_all(runs: Sequence[Trajectory], windows: Sequence[int]) -> list[Row]:
+    return [await replay(run, window) for window in windows for run in runs]
+
+
 def _cut_in_place(history: EffectiveHistory, seq: int) -> bool:
     """Whether the newest step is still there as an entry, edited (cut to fit) but not summarized."""
     return any(e.seq == seq and e.role == "assistant" for e in history.entries)
 
 
-async def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="compaction-worker quality small-windows",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
+    parser.add_argument(
+        "--trajectories",
+        type=Path,
+        default=TRAJECTORIES,
+        help="a folder of agent runs, <agent>/<run>.traj or .traj.json (default: the repository's)",
+    )
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    rows = [await replay(run, window) for window in args.windows for run in load_trajectories()]
+    args = parser.parse_args(argv)
+    runs = load_trajectories(args.trajectories)
+    if not runs:
+        parser.error(f"no <agent>/<run>.traj or .traj.json under {args.trajectories}")
+    rows = asyncio.run(_replay_all(runs, args.windows))
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
@@ -173,7 +187,3 @@ async def main() -> None:
     for r in rows:
         for error in dict.fromkeys(r.errors):
             print(f"  {r.run} @ {r.window}: {error}")
-
-
-if __name__ == "__main__":
-    asyncio.run(main())

@@ -1,7 +1,7 @@
 """Artifact fidelity across compaction cycles: additive chunks with ledgers versus recursive folds.
 
-Run: python benchmarks/fidelity.py [--cycles 10] [--seed 7]
-     python benchmarks/fidelity.py --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
+Run: compaction-worker quality fidelity [--cycles 10] [--seed 7]
+     compaction-worker quality fidelity --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
 
 A synthetic coding session plants exact artifacts (file paths, shell commands, error
 texts, ids, URLs; numbers ride inside them) across its turns. It grows like a live
@@ -640,8 +640,10 @@ async def _real(model: str, api_base: str | None, api_key: str | None, cycles: i
         print(f"  cycle {cycle.cycle}: {', '.join(cycle.stages)}; {cycle.chunks} chunk(s)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Artifact fidelity across compaction cycles.")
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="compaction-worker quality fidelity", description="Artifact fidelity across compaction cycles."
+    )
     parser.add_argument("--cycles", type=int, default=None, help="10 without --model, 5 with it")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--model", help="a LiteLLM model string: summarize with it (the real-model case)")
@@ -649,12 +651,8 @@ def main() -> None:
         "--api-base", help="the model's API base, e.g. a local server's http://127.0.0.1:8765/v1"
     )
     parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.model:
         asyncio.run(_real(args.model, args.api_base, args.api_key, args.cycles or 5, args.seed))
     else:
         asyncio.run(_main(args.cycles or 10, args.seed))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Typed canaries: what the user set survives five compactions in a row, by kind, at tight budgets.
 
-Run: python benchmarks/standing.py [--seeds 7 8 9] [--windows 4096 ...] [--budgets 0.3 ...] [--json]
-     python benchmarks/standing.py --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
+Run: compaction-worker quality standing [--seeds 7 8 9] [--windows 4096 ...] [--budgets 0.3 ...] [--json]
+     compaction-worker quality standing --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
 
 A generated conversation (seeded; each item drawn from several templates with random subjects
 and values, so that nothing is tuned to one list) plants items of every kind in user turns —
@@ -337,9 +337,11 @@ def _share(kept: int, planted: int) -> str:
     return f"{100 * kept / planted:.0f}%" if planted else "-"
 
 
-async def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="compaction-worker quality standing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9])
     parser.add_argument("--json", action="store_true")
@@ -351,7 +353,10 @@ async def main() -> None:
     parser.add_argument(
         "--only", choices=["extractive", "lossy", "llm"], help="one summarizer (llm needs --model)"
     )
-    args = parser.parse_args()
+    asyncio.run(_report(parser.parse_args(argv)))
+
+
+async def _report(args: argparse.Namespace) -> None:
     summarizers = [args.only] if args.only else ["extractive", "lossy"] + (["llm"] if args.model else [])
     llm = {"model": args.model, "api_base": args.api_base, "api_key": args.api_key} if args.model else {}
     rows: list[dict[str, Any]] = []
@@ -412,7 +417,3 @@ async def main() -> None:
             f"| {row['summarizer']} | {row['window']:,} | {row['budget']:.0%} | {kinds} | "
             f"{100 * row['superseded_resolved']:.0f}% | {row['max_budget_used']:.2f} |"
         )
-
-
-if __name__ == "__main__":
-    asyncio.run(main())
