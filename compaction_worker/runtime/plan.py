@@ -86,15 +86,9 @@ def plan_turn(
     if profile not in counts:
         counts[profile] = counted(event, budget)
     counter, new = counts[profile]
-    plan = plan_append(
-        event,
-        meta,
-        new,
-        request_of(event),
-        counter=counter,
-        settings=budget,
-        traceparent=tracing.current_traceparent(),
-    )
+    plan = plan_append(event, meta, new, request_of(event), counter=counter, settings=budget)
+    if plan.job is not None:  # its compaction continues this turn's trace (jobs.py keeps the context)
+        plan.job = replace(plan.job, traceparent=tracing.current_traceparent())
     fingerprint = event.fingerprint([m.text or "" for m in new])
     write = TurnWrite(
         seq=event.turn_seq,
@@ -127,7 +121,7 @@ def request_of(event: TurnEvent) -> JobRequest | None:
     if event.compaction is None:
         return None
     trigger = Trigger.MANUAL if event.compaction.mode is CompactionMode.FORCE else Trigger.REACTIVE
-    return JobRequest(trigger, event.compaction.error, traceparent=tracing.current_traceparent())
+    return JobRequest(trigger, event.compaction.error)
 
 
 def plan_append(
@@ -139,7 +133,6 @@ def plan_append(
     counter: TokenCounter,
     settings: BudgetSettings,
     now: float | None = None,
-    traceparent: str | None = None,
 ) -> AppendPlan:
     """The append of ``event`` (its messages counted as ``new``) onto a conversation whose meta is ``meta``."""
     now = time.time() if now is None else now
@@ -211,7 +204,7 @@ def plan_append(
         fields |= first_fields(now)
     threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
     request = _with_instructions(request, event)
-    job = request if request is not None else _threshold_job(threshold, traceparent)
+    job = request if request is not None else (JobRequest(threshold) if threshold is not None else None)
     return AppendPlan(fields, after, job, tuple(notes), first=meta.last_seq == 0)
 
 
@@ -243,11 +236,6 @@ def _with_instructions(request: JobRequest | None, event: TurnEvent) -> JobReque
     if request is None or not asked or not asked.strip():
         return request
     return replace(request, instructions=asked.strip())
-
-
-def _threshold_job(trigger: Trigger | None, traceparent: str | None) -> JobRequest | None:
-    # The compaction continues this turn's trace (jobs.py keeps the context with the request).
-    return JobRequest(trigger, traceparent=traceparent) if trigger is not None else None
 
 
 def _input_part(new: Sequence[NewMessage], event: TurnEvent) -> int:

@@ -9,12 +9,12 @@ same action on its replies (:meth:`TurnHandler.acted`); what a run does not stor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -123,10 +123,16 @@ class TurnHandler:
         again, ``retry.turn_attempts`` tries in all, then the turn goes to the DLQ as
         ``processing_failed``: a poison turn cannot stall its partition.
         """
-        # The key is the conversation's id (parse checks it): every line logged for it says so.
-        with bound(conversation_id=key.decode(errors="replace") if key else None):
+        event: TurnEvent | None = None
+        with contextlib.suppress(Exception):  # a bad event is parsed again by each try, and dead-lettered
+            event = self.parse(raw, key)
+        # Every line logged for the turn names it (a bad event: the conversation its key names).
+        with bound(
+            conversation_id=event.conversation_id if event else key.decode(errors="replace") if key else None,
+            turn_seq=event.turn_seq if event else None,
+        ):
             return await self._tried(
-                lambda: self._handle(raw, key, partition, offset),
+                lambda: self._handle(event, raw, key, partition, offset),
                 lambda error, tries: self._poisoned(raw, key, partition, offset, error=error, tries=tries),
                 self.failed_in_run.pop(raw, 0) if self.failed_in_run else 0,
             )
@@ -160,17 +166,20 @@ class TurnHandler:
         )
 
     async def _handle(
-        self, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
+        self,
+        event: TurnEvent | None,
+        raw: bytes,
+        key: bytes | None,
+        partition: int | None,
+        offset: int | None,
     ) -> TurnOutcome:
         try:
-            event = self.parse(raw, key)
+            event = event or self.parse(raw, key)
         except BadEventError as bad:
             await self.dead_letters.send(raw, key, partition, offset, bad=bad)
             metrics.record_turn(TurnStatus.DEAD_LETTERED.value, bad.reason.value)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
-        cid = event.conversation_id
-        with bound(conversation_id=cid, turn_seq=event.turn_seq):
-            return await self._settle(event, raw, key, partition, offset)
+        return await self._settle(event, raw, key, partition, offset)
 
     async def _settle(
         self, event: TurnEvent, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
@@ -318,11 +327,11 @@ class TurnHandler:
         for turn, reply in zip(turns, replies, strict=False):
             if reply.status is not AppendStatus.APPENDED:
                 return outcomes, reply
-            with (
-                bound(turn_seq=turn.event.turn_seq),
-                tracing.current(turn.span) if turn.span is not None else nullcontext(),
-            ):
-                self.remember(cid, turn.plan.after)
+            self.remember(cid, turn.plan.after)
+            if turn.span is None:  # a lone turn: handle bound its seq, and its span is current
+                outcomes.append(await self.appended(cid, turn.plan, reply))
+                continue
+            with bound(turn_seq=turn.event.turn_seq), tracing.current(turn.span):  # a run's turn
                 outcomes.append(await self.appended(cid, turn.plan, reply))
         return outcomes, None
 

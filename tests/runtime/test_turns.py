@@ -618,5 +618,8 @@ async def test_every_line_logged_for_a_turn_names_its_conversation_and_seq(
     with caplog.at_level(logging.INFO, logger="compaction_worker"):
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
         await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")  # held: logged
+        await parts.turns.handle(b"{not json", b"k")  # a bad event: named by its key
     (held,) = [r for r in caplog.records if "waits for turn" in r.getMessage()]
     assert (getattr(held, "conversation_id", None), getattr(held, "turn_seq", None)) == ("c", 3)
+    (bad,) = [r for r in caplog.records if "dead-lettered" in r.getMessage()]
+    assert (getattr(bad, "conversation_id", None), getattr(bad, "turn_seq", None)) == ("k", None)
