@@ -26,9 +26,8 @@ from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMete
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
-from compaction_worker.runtime.plan import plan_append
+from compaction_worker.runtime.plan import plan_turn
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.meta import Meta
 from compaction_worker.strategies.draft import add_usage
 
@@ -40,6 +39,8 @@ MAX_RUNS_PER_TURN = 8
 
 _NOW = 0.0
 """Replay time for the threshold rule: failed runs set no backoff here, so it never matters."""
+REPLAY_ID = "replay"
+"""The conversation id of the turns the replay decides (a recorded conversation's name may be no valid id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,22 +248,22 @@ class Replay:
         return calibrated_total(self.meta)
 
     async def turn(self, seq: int, messages: Sequence[dict[str, Any]]) -> None:
-        """Append one turn, then run the compactions it sets off."""
+        """Append one turn as the worker decides it (runtime/plan.py: ``plan_turn``, on the meta the
+        replay keeps), then run the compactions it sets off."""
+        event = TurnEvent.model_validate(
+            {"conversation_id": REPLAY_ID, "turn_seq": seq, "model": self.meta.model, "messages": messages}
+        )
+        planned = plan_turn(event, self.meta, self.settings, now=_NOW)
+        plan = planned.plan
         entries = []
-        for message in messages:
-            self.transcript.append(message)
-            entries.append(Entry(len(self.transcript), seq, message, self.counter.message(message)))
+        for new in planned.write.messages:
+            self.transcript.append(new.message)
+            entries.append(Entry(len(self.transcript), seq, new.message, new.tokens))
         self.turn_blocks.append(
             [b for e in entries for b in message_blocks(e.message, e.tokens, self.counter.text)]
         )
         if seq > 1:  # the previous call's reply
             self._output_tokens += sum(e.tokens for e in entries if e.message.get("role") == "assistant")
-        # The worker's own decision about a turn (runtime/plan.py), on the meta the replay keeps.
-        event = TurnEvent.model_construct(conversation_id=self.name, turn_seq=seq, model=self.meta.model)
-        new = [NewMessage(e.message, e.tokens) for e in entries]
-        plan = plan_append(
-            event, self.meta, new, None, counter=self.counter, settings=self.settings.budget, now=_NOW
-        )
         self.meta = plan.after
         self.history = self.history.with_parts(self.history.chunks, (*self.history.entries, *entries))
         tokens = self.total()

@@ -1,11 +1,10 @@
 """What a turn decides, computed from the event and the meta the handler knows: pure, no I/O.
 
-:func:`plan_turn` is the one decision about a turn, for a lone turn and for each turn of a run
-(runs.py) alike: its messages counted, its fingerprint, every meta field its append changes,
-whether it records a compaction job and which, and the write the per-turn script is sent. The
-script stores the write only if the meta's revision is still the one it was planned on
-(state/appends.py), so the plan is exact or it is not used. Replay (replay/simulate.py) decides
-its turns with the same :func:`plan_append`.
+:func:`plan_turn` is the one decision about a turn, for a lone turn, each turn of a run (runs.py)
+and each turn of a replay (replay/simulate.py) alike: its messages counted, its fingerprint, every
+meta field its append changes, whether it records a compaction job and which, and the write the
+per-turn script is sent. The script stores the write only if the meta's revision is still the
+one it was planned on (state/appends.py), so the plan is exact or it is not used.
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ def plan_turn(
     *,
     hold: tuple[bytes, int] | None = None,
     counts: dict[str, Counted] | None = None,
+    now: float | None = None,
 ) -> Planned:
     """The turn's append onto the meta the handler knows (None: it knows none), under the settings
     profile the turn chooses, else the one the conversation has.
@@ -77,7 +77,8 @@ def plan_turn(
     a gap before it. Without a known meta the write's revision is unknown, so the script answers
     with the stored meta (a first turn is taken for a new conversation's: revision 0). The jobs it
     records continue the current span's trace. ``counts`` keeps the turn's counts by profile
-    across its tries (a stale meta is planned on again): its messages are counted once.
+    across its tries (a stale meta is planned on again): its messages are counted once. ``now``:
+    the time of the append (replay's own clock), else the clock's.
     """
     meta = known or Meta()
     profile = event.profile if event.profile is not None else meta.profile
@@ -86,7 +87,7 @@ def plan_turn(
     if profile not in counts:
         counts[profile] = counted(event, budget)
     counter, new = counts[profile]
-    plan = plan_append(event, meta, new, request_of(event), counter=counter, settings=budget)
+    plan = plan_append(event, meta, new, request_of(event), counter=counter, settings=budget, now=now)
     if plan.job is not None:  # its compaction continues this turn's trace (jobs.py keeps the context)
         plan.job = replace(plan.job, traceparent=tracing.current_traceparent())
     fingerprint = event.fingerprint([m.text or "" for m in new])
