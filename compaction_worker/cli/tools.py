@@ -79,8 +79,8 @@ QUALITY_SUITES = ("fidelity", "standing", "small-windows")
 def quality(suite: str, args: tuple[str, ...]) -> None:
     """Measure what compactions keep, offline (no broker, no Redis; no LLM unless --model): SUITE is
     fidelity (artifacts across cycles), standing (what the user set, by kind, at tight budgets) or
-    small-windows (published agent runs on 4K-8K windows). `compaction-worker quality SUITE --help`
-    lists a suite's options."""
+    small-windows (published agent runs on 4K-8K windows). Each runs on the default settings (not
+    --config's), varied as it says. `compaction-worker quality SUITE --help` lists a suite's options."""
     module = importlib.import_module(f"compaction_worker.bench.{suite.replace('-', '_')}")
     module.main(list(args))
 
