@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from compaction_worker import strategies
 from compaction_worker.budget.economics import Prices
 from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
@@ -129,6 +131,19 @@ def split_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list
     return system, turns
 
 
+def _events(name: str, model: str, turns: Sequence[Sequence[Mapping[str, Any]]]) -> list[TurnEvent]:
+    """The turns as a runtime would publish them; one the worker would refuse is the input's error."""
+    events = []
+    for seq, messages in enumerate(turns, start=1):
+        turn = {"conversation_id": REPLAY_ID, "turn_seq": seq, "model": model, "messages": messages}
+        try:
+            events.append(TurnEvent.model_validate(turn))
+        except ValidationError as e:
+            reason = "; ".join(f"{'.'.join(map(str, i['loc']))}: {i['msg']}" for i in e.errors()[:3])
+            raise ReplayInputError(f"{name}: turn {seq} is not a valid conversation.turn ({reason})") from e
+    return events
+
+
 class Replay:
     """Replays one conversation; :meth:`run` returns its report."""
 
@@ -153,6 +168,7 @@ class Replay:
                 f"{self.name}: model {model!r} has no known context window; pass --context-window"
             )
         system, self.turns = split_turns(conversation.messages)
+        self.events = _events(self.name, model, self.turns)
         self.counter = counter_for(model, budget_settings)
         tools = conversation.tools
         info, budget = budget_for(model, budget_settings, window, None)
@@ -194,8 +210,8 @@ class Replay:
 
     async def run(self, on_turn: Callable[[], None] = lambda: None) -> ConversationReport:
         """Append every turn, compacting where the worker would; ``on_turn`` is called after each."""
-        for seq, messages in enumerate(self.turns, start=1):
-            await self.turn(seq, messages)
+        for event in self.events:
+            await self.turn(event)
             on_turn()
         self.report.meta, self.report.history = self.meta, self.history
         self.report.cache = self.cache_figures()
@@ -247,12 +263,10 @@ class Replay:
         """The conversation's context as the threshold rule sees it (calibrated estimate)."""
         return calibrated_total(self.meta)
 
-    async def turn(self, seq: int, messages: Sequence[dict[str, Any]]) -> None:
+    async def turn(self, event: TurnEvent) -> None:
         """Append one turn as the worker decides it (runtime/plan.py: ``plan_turn``, on the meta the
         replay keeps), then run the compactions it sets off."""
-        event = TurnEvent.model_validate(
-            {"conversation_id": REPLAY_ID, "turn_seq": seq, "model": self.meta.model, "messages": messages}
-        )
+        seq = event.turn_seq
         planned = plan_turn(event, self.meta, self.settings, now=_NOW)
         plan = planned.plan
         entries = []

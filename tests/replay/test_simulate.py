@@ -116,6 +116,15 @@ def test_an_unknown_model_without_a_window_is_refused() -> None:
         Replay(_conversation(), strict, configured_summarizers(strict), model="acme/unknown")
 
 
+def test_a_turn_the_worker_would_refuse_is_the_input_s_error() -> None:
+    """Replay decides each turn as the worker does, on the event a runtime would publish: a turn of
+    more messages than a ``conversation.turn`` holds is named, before anything is replayed."""
+    tool_loop = [{"role": "user", "content": "go"}] + [{"role": "assistant", "content": "step"}] * 10_000
+    settings = Settings()
+    with pytest.raises(ReplayInputError, match=r"long: turn 1 is not a valid conversation.turn \(messages"):
+        Replay(Conversation("long", tuple(tool_loop)), settings, configured_summarizers(settings))
+
+
 async def test_an_llm_summarizer_s_tokens_are_counted(fake_llm: FakeLLMServer) -> None:
     settings = Settings(
         summarizer=SummarizerSettings(model="openai/fake", api_base=fake_llm.url, api_key="fake"),
