@@ -4,11 +4,10 @@ Run: compaction-worker quality small-windows [--windows 4096 6144 8192] [--traje
 
 Each run in tests/data/trajectories/ (two agents, both message styles), or under ``--trajectories``,
 arrives one step at a time, as its agent produced it, with the default settings on a 4K, 6K or 8K
-window. Whenever
-the history reaches the compaction threshold (the worker's trigger), it is compacted with the
-extractive summarizer (every outage's fallback) through ``strategies.compact``, with the limits
-the worker derives (``runtime.limits.limits_for``). After each compaction the suite checks
-what issue 33 asks of a small window:
+window. Whenever the history reaches the compaction threshold (the worker's trigger), it is
+compacted with the extractive summarizer (every outage's fallback) through ``strategies.compact``,
+with the limits the worker derives (``runtime.limits.limits_for``). After each compaction the
+suite checks what issue 33 asks of a small window:
 
 - **under the window**: the history fits what the window leaves for input, or the outcome says
   why it cannot (its error names the numbers);
