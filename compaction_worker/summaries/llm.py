@@ -103,6 +103,29 @@ class _ModelFailed(Exception):
         self.too_large = too_large
 
 
+class _Again(Exception):
+    """Ask the model again at once, on the prompt adapted (tool outputs cut, a shorter summary asked)."""
+
+
+class _Transient(Exception):
+    """A try that failed in a way worth repeating after a backoff: a retryable error, a transiently bad reply."""
+
+
+@dataclass(slots=True)
+class _Asked:
+    """How a model's prompt is adapted so far; kept across its tries."""
+
+    clamped: bool = False
+    """Long tool outputs cut to head and tail."""
+    shorter: int = 0
+    """Times a shorter summary was asked for (its output was cut off)."""
+
+
+_ADAPTED: Final = RetryPolicy(CUT_OFF_RETRIES + 2, base_seconds=0.0, cap_seconds=0.0)
+"""The asks of one try: the first, once more with tool outputs cut, and a shorter summary up to
+:data:`CUT_OFF_RETRIES` times; at once (nothing failed)."""
+
+
 @dataclass(slots=True)
 class _Usage:
     calls: int = 0
@@ -249,66 +272,87 @@ class LiteLLMSummarizer:
     async def _with_model(
         self, model: str, request: SummaryRequest, system: str, usage: _Usage
     ) -> SummaryResult:
-        clamped, failures, shorter = False, 0, 0
-        while True:
-            limit = self._input_limit(model, request)
-            # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
-            asked = system + shorter_note(request.max_summary_tokens, shorter) if shorter else system
-            prompt = await off_loop(self._prompt, request, asked, clamped=clamped)
-            size = await off_loop(self._tokens, prompt)
-            if limit is not None and size > limit:
-                if not clamped:
-                    clamped = True  # cut long tool outputs before spending a call
-                    continue
-                raise _ModelFailed(
-                    f"the summarizer's input ({size} tokens) is over its limit ({limit})", too_large=True
+        """``model``'s summary, by the retry driver: a try that fails in a way worth repeating is
+        made again after ``retry``'s backoff; within a try, the prompt adapted (tool outputs cut,
+        a shorter summary asked) is asked again at once."""
+        asked = _Asked()
+
+        async def one_try() -> SummaryResult:
+            return await _ADAPTED.run(
+                lambda: self._ask(model, request, system, usage, asked),
+                retry_if=lambda error: isinstance(error, _Again),
+            )
+
+        try:
+            return await self._retry.run(
+                one_try,
+                retry_if=lambda error: isinstance(error, _Transient),
+                on_retry=lambda error, failures: log.warning(
+                    "summary by %s failed (%s); try %d of %d",
+                    model,
+                    error,
+                    failures + 1,
+                    self._retry.attempts,
+                ),
+                sleep=self._sleep,
+                rng=self._rng,
+            )
+        except _Transient as last:
+            raise _ModelFailed(str(last)) from last.__cause__
+
+    async def _ask(
+        self, model: str, request: SummaryRequest, system: str, usage: _Usage, asked: _Asked
+    ) -> SummaryResult:
+        """One call of ``model`` on the prompt as ``asked`` so far, and its summary. Raises
+        :class:`_Again` to ask again at once on an adapted prompt, :class:`_Transient` for a failure
+        worth a backoff, :class:`_ModelFailed` to give the model up."""
+        limit = self._input_limit(model, request)
+        # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
+        instructions = (
+            system + shorter_note(request.max_summary_tokens, asked.shorter) if asked.shorter else system
+        )
+        prompt = await off_loop(self._prompt, request, instructions, clamped=asked.clamped)
+        size = await off_loop(self._tokens, prompt)
+        if limit is not None and size > limit:
+            if not asked.clamped:
+                asked.clamped = True  # cut long tool outputs before spending a call
+                raise _Again
+            raise _ModelFailed(
+                f"the summarizer's input ({size} tokens) is over its limit ({limit})", too_large=True
+            )
+        try:
+            response: Any = await self._call(model, prompt, request, usage)
+        except Exception as e:
+            self._scrub(e)
+            overflow = detect_overflow(e)
+            if overflow is not None:
+                self._learn(model, overflow, size, request, system)
+                log.info(
+                    "summarizer input over %s's window (%d tokens); now %d", model, size, self._learned[model]
                 )
-            try:
-                response: Any = await self._call(model, prompt, request, usage)
-            except Exception as e:
-                overflow = detect_overflow(e)
-                if overflow is not None:
-                    self._learn(model, overflow, size, request, system)
-                    log.info(
-                        "summarizer input over %s's window (%d tokens); now %d",
-                        model,
-                        size,
-                        self._learned[model],
-                    )
-                    if not clamped:
-                        clamped = True
-                        continue
-                    self._scrub(e)
-                    raise _ModelFailed("input too large even with tool outputs cut", too_large=True) from e
-                reason = self._describe(e)
-                failures += 1
-                if is_retryable(e) and not self._retry.exhausted(failures):
-                    await self._backoff(model, failures, reason)
-                    continue
-                self._scrub(e)
-                raise _ModelFailed(reason) from e
-            text, finish = _reply(response)
-            problem = summary_problem(text, self._count(text), request)
-            if finish in _CUT_OFF:
-                if shorter < CUT_OFF_RETRIES:
-                    # The model wrote past the budget: the same budget, a shorter summary asked.
-                    shorter += 1
-                    log.info(
-                        "summary by %s was cut off (finish_reason=%s); asking for a shorter one",
-                        model,
-                        finish,
-                    )
-                    continue
-                problem = (f"the summary was cut off (finish_reason={finish})", False)
-            if problem is None:
-                text = text.strip()
-                return SummaryResult(text, model, self._count(text), usage.event())
-            reason, transient = problem
-            failures += 1
-            if transient and not self._retry.exhausted(failures):
-                await self._backoff(model, failures, reason)
-                continue
-            raise _ModelFailed(reason)
+                if not asked.clamped:
+                    asked.clamped = True
+                    raise _Again from e
+                raise _ModelFailed("input too large even with tool outputs cut", too_large=True) from e
+            if is_retryable(e):
+                raise _Transient(self._describe(e)) from e
+            raise _ModelFailed(self._describe(e)) from e
+        text, finish = _reply(response)
+        problem = summary_problem(text, self._count(text), request)
+        if finish in _CUT_OFF:
+            if asked.shorter < CUT_OFF_RETRIES:
+                # The model wrote past the budget: the same budget, a shorter summary asked.
+                asked.shorter += 1
+                log.info(
+                    "summary by %s was cut off (finish_reason=%s); asking for a shorter one", model, finish
+                )
+                raise _Again
+            problem = (f"the summary was cut off (finish_reason={finish})", False)
+        if problem is None:
+            text = text.strip()
+            return SummaryResult(text, model, self._count(text), usage.event())
+        reason, transient = problem
+        raise _Transient(reason) if transient else _ModelFailed(reason)
 
     async def _call(
         self, model: str, prompt: list[dict[str, str]], request: SummaryRequest, usage: _Usage
@@ -362,18 +406,6 @@ class LiteLLMSummarizer:
             "num_retries": 0,
             "max_retries": 0,
         }
-
-    async def _backoff(self, model: str, failures: int, reason: str) -> None:
-        delay = self._retry.backoff(failures, self._rng)
-        log.warning(
-            "summary by %s failed (%s); try %d/%d in %.2fs",
-            model,
-            reason,
-            failures + 1,
-            self._retry.attempts,
-            delay,
-        )
-        await self._sleep(delay)
 
     def _input_limit(self, model: str, request: SummaryRequest) -> int | None:
         """Prompt tokens the model accepts: the configured cap, its window minus the reply, what it said."""
