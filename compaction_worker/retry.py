@@ -10,6 +10,7 @@ retry together. This module imports nothing of the package.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -65,7 +66,9 @@ class RetryPolicy:
         """``await call()`` until it succeeds, retrying what ``retry_if`` accepts with backoff.
 
         ``failures``: tries that failed before this run (it waits their backoff first).
-        ``on_retry(error, failures)`` is told of each failure about to be retried. An error
+        ``on_retry(error, failures)`` is told of each failure about to be retried; when it returns
+        an awaitable (an ``async`` callback: what the next try needs done first), it is awaited
+        before the backoff. An error
         ``retry_if`` refuses, or the last try's error, propagates unchanged; so does
         cancellation (``retry_if`` never sees it). The deadline, if any, bounds the whole run,
         backoffs included: past it, ``TimeoutError``.
@@ -80,8 +83,8 @@ class RetryPolicy:
                     failures += 1
                     if self.exhausted(failures) or not retry_if(exc):
                         raise
-                    if on_retry is not None:
-                        on_retry(exc, failures)
+                    if on_retry is not None and inspect.isawaitable(done := on_retry(exc, failures)):
+                        await done
                 await sleep(self.backoff(failures, rng))
 
 

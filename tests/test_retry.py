@@ -112,6 +112,25 @@ async def test_run_continues_from_earlier_failures_and_tells_each_retry() -> Non
     assert sleeps.delays == [twin.uniform(0, 2.0), twin.uniform(0, 4.0)]
 
 
+async def test_an_async_on_retry_is_done_before_the_next_try() -> None:
+    """What the next try needs first (a reactive compaction, in client/llm.py) is awaited before it."""
+    order: list[str] = []
+
+    async def call() -> str:
+        order.append("call")
+        if len(order) == 1:
+            raise ValueError("over the window")
+        return "ok"
+
+    async def fix(error: BaseException, failures: int) -> None:
+        await asyncio.sleep(0)
+        order.append(f"fix {error} {failures}")
+
+    policy = RetryPolicy(attempts=2, base_seconds=0.0, cap_seconds=0.0)
+    assert await policy.run(call, retry_if=lambda e: True, on_retry=fix) == "ok"
+    assert order == ["call", "fix over the window 1", "call"]
+
+
 async def test_run_with_unlimited_attempts_keeps_trying() -> None:
     sleeps, call = Sleeps(), Failing(*(OSError() for _ in range(50)))
     assert await RetryPolicy(0, 0.01, 0.02).run(call, retry_if=lambda e: True, sleep=sleeps) == 51

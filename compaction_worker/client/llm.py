@@ -21,11 +21,14 @@ from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import TurnEvent, Usage
 from compaction_worker.recall.tools import OPENAI_TOOL, TOOL_NAME, recall_calls, tool_result
+from compaction_worker.retry import RetryPolicy
 
 __all__ = ["assistant_message", "complete"]
 
 # CompactionRequest.error's limit; the numbers a provider states come first in its text.
 _MAX_ERROR_CHARS = 20_000
+_AFTER_COMPACTION = RetryPolicy(2, base_seconds=0.0, cap_seconds=0.0)
+"""A call, and once more after the reactive compaction its overflow asked for (no wait: it has landed)."""
 
 
 async def complete(
@@ -60,18 +63,22 @@ async def complete(
     # The previous turn, or a compaction it set off, may not be stored yet.
     await client.wait_for(conversation_id, timeout=compaction_timeout)
     history = await client.messages(conversation_id)
+
+    async def compacted(error: BaseException, _failures: int) -> None:
+        """The reactive compaction an overflow asks for, landed, before the call is made again."""
+        nonlocal history
+        seq = await client.next_turn_seq(conversation_id)
+        await client.request_compaction(conversation_id, seq, model, error=str(error)[:_MAX_ERROR_CHARS])
+        await client.wait_for(conversation_id, timeout=compaction_timeout)
+        history = await client.messages(conversation_id)
+
     rounds = 0
     while True:
-        try:
-            response = await litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs)
-        except Exception as error:
-            if detect_overflow(error) is None:
-                raise
-            seq = await client.next_turn_seq(conversation_id)
-            await client.request_compaction(conversation_id, seq, model, error=str(error)[:_MAX_ERROR_CHARS])
-            await client.wait_for(conversation_id, timeout=compaction_timeout)
-            history = await client.messages(conversation_id)
-            response = await litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs)
+        response = await _AFTER_COMPACTION.run(
+            lambda: litellm.acompletion(model=model, messages=[*history, *new], **litellm_kwargs),
+            retry_if=lambda error: detect_overflow(error) is not None,
+            on_retry=compacted,
+        )
         reply = assistant_message(response)
         new.append(reply)
         calls = recall_calls(reply.get("tool_calls") or ()) if recall else []
