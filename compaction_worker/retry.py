@@ -68,10 +68,9 @@ class RetryPolicy:
         ``failures``: tries that failed before this run (it waits their backoff first).
         ``on_retry(error, failures)`` is told of each failure about to be retried; when it returns
         an awaitable (an ``async`` callback: what the next try needs done first), it is awaited
-        before the backoff. An error
-        ``retry_if`` refuses, or the last try's error, propagates unchanged; so does
-        cancellation (``retry_if`` never sees it). The deadline, if any, bounds the whole run,
-        backoffs included: past it, ``TimeoutError``.
+        before the backoff. An error ``retry_if`` refuses, or the last try's error, propagates
+        unchanged; so does cancellation (``retry_if`` never sees it). The deadline, if any, bounds
+        the whole run, backoffs included: past it, ``TimeoutError``.
         """
         async with asyncio.timeout(self.deadline_seconds):
             if failures:
