@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from compaction_worker.errors import CompactionWorkerError
 
@@ -484,6 +484,16 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     PROCESSING_FAILED = "processing_failed"
     """Handling the turn failed ``retry.turn_attempts`` times with an error that is no outage."""
+
+
+def validation_summary(error: ValidationError, limit: int = 10) -> str:
+    """Why pydantic refused an event, for a person: each field's place and message (``limit`` of them)."""
+    parts = [
+        f"{'.'.join(str(p) for p in item['loc']) or 'event'}: {item['msg']}"
+        for item in error.errors()[:limit]
+    ]
+    more = error.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 class BadEventError(CompactionWorkerError):

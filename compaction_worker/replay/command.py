@@ -114,7 +114,7 @@ def run_replay(settings: Settings, options: Options) -> int:
 
 
 async def _replay_all(replays: Sequence[Replay]) -> list[ConversationReport]:
-    turns = sum(len(r.turns) for r in replays)
+    turns = sum(len(r.events) for r in replays)
     with click.progressbar(length=turns, label="replaying", file=sys.stderr, show_pos=True) as bar:
         return [await r.run(lambda: bar.update(1)) for r in replays]
 

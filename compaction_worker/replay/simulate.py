@@ -22,7 +22,7 @@ from compaction_worker.budget.economics import Prices
 from compaction_worker.budget.threshold import calibrated_total, scale_of, threshold_trigger
 from compaction_worker.budget.tokens import Budget, budget_for, conversation_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
-from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger, TurnEvent
+from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger, TurnEvent, validation_summary
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
 from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, block, message_blocks, peer
 from compaction_worker.replay.reader import Conversation, ReplayInputError
@@ -139,7 +139,7 @@ def _events(name: str, model: str, turns: Sequence[Sequence[Mapping[str, Any]]])
         try:
             events.append(TurnEvent.model_validate(turn))
         except ValidationError as e:
-            reason = "; ".join(f"{'.'.join(map(str, i['loc']))}: {i['msg']}" for i in e.errors()[:3])
+            reason = validation_summary(e, limit=3)
             raise ReplayInputError(f"{name}: turn {seq} is not a valid conversation.turn ({reason})") from e
     return events
 
@@ -167,8 +167,8 @@ class Replay:
             raise ReplayInputError(
                 f"{self.name}: model {model!r} has no known context window; pass --context-window"
             )
-        system, self.turns = split_turns(conversation.messages)
-        self.events = _events(self.name, model, self.turns)
+        system, turns = split_turns(conversation.messages)
+        self.events = _events(self.name, model, turns)
         self.counter = counter_for(model, budget_settings)
         tools = conversation.tools
         info, budget = budget_for(model, budget_settings, window, None)

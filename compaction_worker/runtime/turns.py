@@ -26,6 +26,7 @@ from compaction_worker.contracts.events import (
     DeadLetterReason,
     Trigger,
     TurnEvent,
+    validation_summary,
 )
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
@@ -434,13 +435,4 @@ def _refusal(raw: bytes, error: ValidationError) -> BadEventError:
     # escape, or nesting over its depth limit.
     unparsable = any(item["type"] == "json_invalid" for item in error.errors())
     reason = DeadLetterReason.MALFORMED_JSON if unparsable else DeadLetterReason.SCHEMA_VIOLATION
-    return BadEventError(reason, _validation_summary(error), None if unparsable else cid)
-
-
-def _validation_summary(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:10]:
-        where = ".".join(str(p) for p in item["loc"]) or "event"
-        parts.append(f"{where}: {item['msg']}")
-    more = error.error_count() - 10
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    return BadEventError(reason, validation_summary(error), None if unparsable else cid)
