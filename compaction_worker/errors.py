@@ -43,5 +43,5 @@ class WaitTimeoutError(CompactionWorkerError, TimeoutError):
 class ConcurrentUpdateError(CompactionWorkerError):
     """Another writer changed a conversation's meta between every read and write of a turn.
 
-    Transient: the turn is delivered again (runtime/outages.py counts it as an outage).
+    Transient: the turn is delivered again (runtime/turns.is_outage counts it as an outage).
     """

@@ -12,7 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.client.client import Client
-from compaction_worker.contracts.events import CompactionCompleted
+from compaction_worker.contracts.events import CompactionCompleted, Publish
 from compaction_worker.runtime.compactor import Compactor, Summarizers
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis
@@ -22,7 +22,6 @@ from compaction_worker.runtime.worker import Worker, build_worker
 from compaction_worker.settings import RedisSettings, Settings
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.outbox import Publish
 from compaction_worker.strategies import summary_overhead
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer

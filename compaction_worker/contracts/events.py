@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -25,6 +25,13 @@ STARTED_TOPIC: Final = "compaction.started"
 COMPLETED_TOPIC: Final = "compaction.completed"
 PROPOSED_TOPIC: Final = "compaction.proposed"
 DLQ_TOPIC: Final = "conversation.turn.dlq"
+
+
+class Publish(Protocol):
+    """Sends one event to a topic, keyed: the worker's broker, or a test double (every publishing part takes one)."""
+
+    async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None: ...
+
 
 MAX_INSTRUCTIONS_CHARS: Final = 4_000
 """The longest compaction instructions a request or a conversation may carry (characters)."""

@@ -16,7 +16,13 @@ from compaction_worker import strategies
 from compaction_worker.budget.economics import Prices, compaction_cost, rewritten_tokens
 from compaction_worker.budget.threshold import calibrated_total, threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, counter_for
-from compaction_worker.contracts.events import CompactionCompleted, CompactionProposed, Outcome, Trigger
+from compaction_worker.contracts.events import (
+    CompactionCompleted,
+    CompactionProposed,
+    Outcome,
+    Publish,
+    Trigger,
+)
 from compaction_worker.contracts.history import EffectiveHistory, render, summary_message_text
 from compaction_worker.errors import ProposalError, StaleFenceError
 from compaction_worker.observability import metrics
@@ -31,7 +37,7 @@ from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
 from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.outbox import Outbox, Publish, event_field, pack
+from compaction_worker.state.outbox import Outbox, event_field, pack
 from compaction_worker.state.proposals import Proposal, Proposals
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.factory import Summarizers, configured_summarizers

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compaction_worker.contracts.events import Publish
 from compaction_worker.observability import metrics
 from compaction_worker.observability.health import Liveness
 from compaction_worker.recall.search import Recall
@@ -24,7 +25,7 @@ from compaction_worker.state.gaps import GapIndex
 from compaction_worker.state.index import Sweep, now_ms
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.outbox import Outbox, Publish
+from compaction_worker.state.outbox import Outbox
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
 from compaction_worker.summaries.factory import Summarizers
@@ -89,7 +90,7 @@ def build_components(
     )
 
     async def expire_held() -> Sweep:
-        expired = await dead_letters.expire_held(gaps)
+        expired = await gaps.expire(dead_letters.held)
         return Sweep(len(expired), gaps.next_due_ms)
 
     async def backlog() -> Sweep:

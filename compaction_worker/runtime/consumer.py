@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 
 from compaction_worker.observability.health import Liveness
 from compaction_worker.runtime.connections import kafka_client_args
-from compaction_worker.runtime.outages import is_outage
+from compaction_worker.runtime.turns import is_outage
 from compaction_worker.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import base64
 import logging
 
-from compaction_worker.contracts.events import BadEventError, DeadLetter
+from compaction_worker.contracts.events import BadEventError, DeadLetter, Publish
 from compaction_worker.settings import TopicSettings
-from compaction_worker.state.gaps import ExpiredTurn, GapIndex
-from compaction_worker.state.outbox import Publish
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +58,6 @@ class DeadLetters:
         # Held turns were keyed by their conversation (or not keyed: parse allows that); the
         # record is keyed by it either way, so it lands beside the conversation's other letters.
         await self.send(raw, conversation_id.encode(), None, None, bad=bad, turn_seq=turn_seq)
-
-    async def expire_held(self, gaps: GapIndex, now: float | None = None) -> list[ExpiredTurn]:
-        """Dead-letter the turns held behind a gap past its timeout; returns them.
-
-        Each is forgotten once published (gaps.py sends them under their conversation's lock):
-        a publish error propagates (the sweeper logs it) and leaves the turn held for the next sweep.
-        """
-
-        async def send(turn: ExpiredTurn) -> None:
-            await self.held(turn.raw, turn.conversation_id, turn.turn_seq, turn.error)
-
-        return await gaps.expire(send, now)
 
 
 def _cut_original(record: DeadLetter, raw: bytes, key: bytes | None) -> DeadLetter:

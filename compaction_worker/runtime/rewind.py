@@ -13,14 +13,19 @@ from dataclasses import dataclass
 from compaction_worker import strategies
 from compaction_worker.budget.threshold import scale_of
 from compaction_worker.budget.tokens import conversation_budget, counter_for
-from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted, Outcome, Trigger
+from compaction_worker.contracts.events import (
+    CompactionCompleted,
+    CompactionStarted,
+    Outcome,
+    Publish,
+    Trigger,
+)
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.settings import Settings
 from compaction_worker.state import restore
 from compaction_worker.state.archive import Archive, carried
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.outbox import Publish
 from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)

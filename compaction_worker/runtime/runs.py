@@ -21,9 +21,8 @@ from opentelemetry.trace import Span
 from compaction_worker.contracts.events import BadEventError, TurnEvent
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
-from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.plan import Planned, plan_turn
-from compaction_worker.runtime.turns import TurnHandler, TurnOutcome
+from compaction_worker.runtime.turns import TurnHandler, TurnOutcome, is_outage
 from compaction_worker.state.appends import AppendStatus
 from compaction_worker.state.meta import Meta
 

@@ -18,7 +18,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
+from redis import exceptions as redis_errors
 
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import (
@@ -33,7 +35,6 @@ from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
 from compaction_worker.retry import RetryPolicy
 from compaction_worker.runtime.deadletters import DeadLetters
-from compaction_worker.runtime.outages import is_outage
 from compaction_worker.runtime.pins import apply_asked
 from compaction_worker.runtime.plan import AppendPlan, Counted, Planned, plan_turn
 from compaction_worker.settings import Settings
@@ -64,6 +65,31 @@ _AGAIN = RetryPolicy(STALE_TRIES, base_seconds=0.0, cap_seconds=0.0)
 """A call made again at once on what the script answered: nothing failed, so no wait."""
 KNOWN_CONVERSATIONS = 4096
 """How many conversations' meta a handler remembers (the least recently served are forgotten)."""
+
+
+OUTAGES: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    # A Redis Cluster in failover: slots unserved or moving, a primary down.
+    redis_errors.ClusterError,
+    redis_errors.RedisClusterException,
+    redis_errors.TryAgainError,
+    OSError,
+    KafkaError,
+    ConcurrentUpdateError,
+)
+"""Errors that mean "the infrastructure is away or busy", not "this event is bad"."""
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether a failure is an outage: the infrastructure is away, not the event at fault.
+
+    An outage brings its turn back until the infrastructure returns, without limit; any other
+    failure is a bug or a poison turn, tried ``retry.turns`` times and then dead-lettered, so
+    that one turn cannot stall its partition (:meth:`TurnHandler.handle`).
+    """
+    return isinstance(error, OUTAGES)
 
 
 @dataclass(slots=True)
@@ -119,7 +145,7 @@ class TurnHandler:
     ) -> TurnOutcome:
         """Handle one event; bad input becomes a dead-letter record, never an exception.
 
-        An outage (runtime/outages.py) propagates: the caller must not acknowledge the event,
+        An outage (:func:`is_outage`) propagates: the caller must not acknowledge the event,
         so that it is redelivered once Redis or the broker is back. Any other failure is tried
         again, ``retry.turn_attempts`` tries in all, then the turn goes to the DLQ as
         ``processing_failed``: a poison turn cannot stall its partition.

@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import BadEventError, DeadLetterReason
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.index import ShardedIndex
 from compaction_worker.state.keys import gaps_index_key
 from compaction_worker.state.lock import Busy, Locks
@@ -86,8 +85,9 @@ class ExpiredTurn:
         return self.error.detail
 
 
-DeadLetter = Callable[[ExpiredTurn], Awaitable[None]]
-"""Publishes an expired turn to the dead-letter topic (runtime/deadletters.py); raises if it could not."""
+DeadLetter = Callable[[bytes, str, int, BadEventError], Awaitable[None]]
+"""Publishes a held turn (its bytes, conversation, seq and reason) to the dead-letter topic
+(runtime/deadletters.py: ``DeadLetters.held``); raises if it could not."""
 
 
 class GapIndex:
@@ -104,8 +104,8 @@ class GapIndex:
         timeout_seconds: float,
         *,
         locks: Locks,
+        shards: int,
         batch: int = 100,
-        shards: int = DEFAULT_INDEX_SHARDS,
         wakes: Wakes | None = None,
     ) -> None:
         self.store = store
@@ -214,9 +214,8 @@ class GapIndex:
                         "turn %s of %s was applied meanwhile; dropping its held copy", held.turn_seq, cid
                     )
             if error is not None:
-                turn = ExpiredTurn(cid, held.turn_seq, error, held.raw)
-                await dead_letter(turn)
-                sent.append(turn)
+                await dead_letter(held.raw, cid, held.turn_seq, error)
+                sent.append(ExpiredTurn(cid, held.turn_seq, error, held.raw))
                 self.expired += 1
             # Only the copy read: one held since (after a gap filled and a turn came again) stays.
             await self._drop([self._key(cid)], seq=str(held.turn_seq), stamp=held.stamp)

@@ -19,7 +19,6 @@ import math
 import time
 from dataclasses import dataclass
 
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import bucket_keys, shard_of
 from compaction_worker.state.scripts import as_text
@@ -66,7 +65,7 @@ class ShardedIndex:
         self,
         redis: RedisClient,
         base: str,
-        shards: int = DEFAULT_INDEX_SHARDS,
+        shards: int,
         *,
         wakes: Wakes | None = None,
         due_after_ms: int = 0,

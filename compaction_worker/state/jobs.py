@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import Trigger
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import Scan, ShardedIndex, now_ms
 from compaction_worker.state.keys import conversation_keys, jobs_index_key
@@ -111,7 +110,7 @@ class JobQueue:
         prefix: str,
         locks: Locks,
         *,
-        shards: int = DEFAULT_INDEX_SHARDS,
+        shards: int,
         wakes: Wakes | None = None,
     ) -> None:
         self.redis = redis

@@ -9,9 +9,8 @@ docs/design.md, "The outbox").
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS
+from compaction_worker.contracts.events import Publish
 from compaction_worker.state.index import ShardedIndex, Sweep, now_ms
 from compaction_worker.state.keys import outbox_index_key
 from compaction_worker.state.lock import Busy, Locks
@@ -20,12 +19,6 @@ from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
 
 log = logging.getLogger(__name__)
-
-
-class Publish(Protocol):
-    """Sends one event to a topic, keyed: the worker's broker, or a test double (every publishing part takes one)."""
-
-    async def __call__(self, topic: str, payload: bytes, key: bytes | None) -> None: ...
 
 
 def pack(topic: str, payload: bytes) -> bytes:
@@ -61,7 +54,7 @@ class Outbox:
         locks: Locks,
         grace_seconds: float,
         *,
-        shards: int = DEFAULT_INDEX_SHARDS,
+        shards: int,
         wakes: Wakes | None = None,
     ) -> None:
         self.store = store

@@ -11,10 +11,10 @@ from typing import Any, cast
 import pytest
 import redis.asyncio
 
-from compaction_worker.contracts.events import DeadLetter, TurnEvent
+from compaction_worker.contracts.events import BadEventError, DeadLetter, TurnEvent
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import Settings
-from compaction_worker.state.gaps import ExpiredTurn, GapIndex, HeldTurn, held_value, parse_held
+from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value, parse_held
 from compaction_worker.state.keys import bucket_key, gaps_index_key
 from compaction_worker.state.lock import Lease
 from compaction_worker.testing import turn_bytes
@@ -74,7 +74,7 @@ class TestExpiry:
         since_ms = await held_ms(parts.gaps, "c", 3)
         assert await index_score(redis_client, "c") == since_ms
 
-        expired = await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
+        expired = await parts.gaps.expire(parts.dead_letters.held, now=since_ms / 1000 + TIMEOUT + 1)
 
         assert [(e.conversation_id, e.turn_seq) for e in expired] == [("c", 3)]
         (letter,) = letters(published)
@@ -96,9 +96,9 @@ class TestExpiry:
         await hold(parts.gaps, "c", 3, third, now=1000.0)
         seen: list[tuple[int, list[int], bool]] = []
 
-        async def dead_letter(turn: ExpiredTurn) -> None:
-            locked = await redis_client.exists(parts.store.keys("c").lock)
-            seen.append((turn.turn_seq, await held_seqs(parts.gaps, "c"), bool(locked)))
+        async def dead_letter(raw: bytes, cid: str, turn_seq: int, error: BadEventError) -> None:
+            locked = await redis_client.exists(parts.store.keys(cid).lock)
+            seen.append((turn_seq, await held_seqs(parts.gaps, cid), bool(locked)))
 
         (turn,) = await parts.gaps.expire(dead_letter, now=1000.0 + TIMEOUT + 1)
 
@@ -117,14 +117,14 @@ class TestExpiry:
         lease = await parts.locks.acquire("c", parts.store.keys("c"))
         assert isinstance(lease, Lease)
 
-        assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + TIMEOUT) == []
+        assert await parts.gaps.expire(parts.dead_letters.held, now=time.time() + TIMEOUT) == []
 
         assert letters(published) == []
         assert await held_seqs(parts.gaps, "c") == [3]
         due = (await index_score(redis_client, "c") or 0) + TIMEOUT * 1000
         assert time.time() * 1000 < due <= time.time() * 1000 + parts.locks.ttl_ms
         await parts.locks.release(lease, parts.store.keys("c"))
-        (expired,) = await parts.dead_letters.expire_held(parts.gaps, now=due / 1000 + 1)
+        (expired,) = await parts.gaps.expire(parts.dead_letters.held, now=due / 1000 + 1)
         assert expired.turn_seq == 3
 
     async def test_turn_not_yet_expired_stays_held(
@@ -136,20 +136,20 @@ class TestExpiry:
         since_ms = await held_ms(parts.gaps, "c", 3)
         await hold(parts.gaps, "c", 4, turn_bytes("c", 4, [assistant("four")]), now=since_ms / 1000 + 200)
 
-        assert await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT - 1) == []
+        assert await parts.gaps.expire(parts.dead_letters.held, now=since_ms / 1000 + TIMEOUT - 1) == []
         assert published.events == []
         assert await held_seqs(parts.gaps, "c") == [3, 4]
 
         assert [
             e.turn_seq
-            for e in await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
+            for e in await parts.gaps.expire(parts.dead_letters.held, now=since_ms / 1000 + TIMEOUT + 1)
         ] == [3]
         assert await held_seqs(parts.gaps, "c") == [4]
         assert await index_score(redis_client, "c") == pytest.approx(since_ms + 200_000, abs=1)
 
         assert [
             e.turn_seq
-            for e in await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + 200 + TIMEOUT + 1)
+            for e in await parts.gaps.expire(parts.dead_letters.held, now=since_ms / 1000 + 200 + TIMEOUT + 1)
         ] == [4]
         assert [letter.turn_seq for letter in letters(published)] == [3, 4]
         assert await index_score(redis_client, "c") is None
@@ -169,7 +169,7 @@ class TestExpiry:
 
         assert [r["seq"] for r in await parts.store.transcript("c")] == [1, 2, 3, 4]
         assert await index_score(redis_client, "c") is None
-        assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + 10 * TIMEOUT) == []
+        assert await parts.gaps.expire(parts.dead_letters.held, now=time.time() + 10 * TIMEOUT) == []
         assert published.events == []
 
     async def test_partly_filled_gap_keeps_the_rest_indexed(
@@ -186,7 +186,7 @@ class TestExpiry:
         assert (await parts.store.meta("c")).last_seq == 3
         assert await held_seqs(parts.gaps, "c") == [5]
         assert await index_score(redis_client, "c") == since_ms
-        (expired,) = await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
+        (expired,) = await parts.gaps.expire(parts.dead_letters.held, now=since_ms / 1000 + TIMEOUT + 1)
         assert expired.detail.endswith("for turn 4")
 
     async def test_expiry_changes_no_stored_state_and_the_gap_still_waits(
@@ -203,7 +203,7 @@ class TestExpiry:
 
         assert [
             e.turn_seq
-            for e in await parts.dead_letters.expire_held(parts.gaps, now=since_ms / 1000 + TIMEOUT + 1)
+            for e in await parts.gaps.expire(parts.dead_letters.held, now=since_ms / 1000 + TIMEOUT + 1)
         ] == [
             4,
             5,
@@ -215,7 +215,7 @@ class TestExpiry:
         assert (
             await parts.turns.handle(turn_bytes("c", 6, [assistant("six")]), b"c")
         ).status is TurnStatus.BUFFERED
-        again = await parts.dead_letters.expire_held(parts.gaps, now=time.time() + TIMEOUT + 1)
+        again = await parts.gaps.expire(parts.dead_letters.held, now=time.time() + TIMEOUT + 1)
         assert [(e.turn_seq, e.detail.endswith("for turn 3")) for e in again] == [(6, True)]
         assert (
             await parts.turns.handle(turn_bytes("c", 3, [user("three")]), b"c")
@@ -277,7 +277,7 @@ class TestConcurrency:
             now = 1000.0 + 12 + TIMEOUT + 1
 
             results = await asyncio.gather(
-                *(p.dead_letters.expire_held(p.gaps, now=now) for p in (first, second, first, second))
+                *(p.gaps.expire(p.dead_letters.held, now=now) for p in (first, second, first, second))
             )
 
             sent = [(letter.conversation_id, letter.turn_seq) for letter in letters(published)]
@@ -299,11 +299,11 @@ class TestConcurrency:
         now = 1000.0 + TIMEOUT + 1
 
         with pytest.raises(ConnectionError):
-            await dead_letters.expire_held(gaps, now=now)
+            await gaps.expire(dead_letters.held, now=now)
         assert await held_seqs(gaps, "c") == [3]
         assert not await redis_client.exists(parts.store.keys("c").lock)
 
-        (expired,) = await dead_letters.expire_held(gaps, now=now + 1)
+        (expired,) = await gaps.expire(dead_letters.held, now=now + 1)
         assert expired.turn_seq == 3
         assert [letter.turn_seq for letter in letters(published)] == [3]
         assert await held_seqs(gaps, "c") == []
@@ -316,7 +316,7 @@ class TestConcurrency:
         await hold(parts.gaps, "c", 3, turn_bytes("c", 3, [user("three")]), now=1000.0)
 
         assert [
-            e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
+            e.turn_seq for e in await parts.gaps.expire(parts.dead_letters.held, now=1000.0 + TIMEOUT + 1)
         ] == [3]
 
         assert await parts.gaps.held_turn("c", 3) == HeldTurn(3, 2_000_000, b'{"other": "bytes"}', OTHER)
@@ -330,7 +330,7 @@ class TestConcurrency:
         await hold(parts.gaps, "c", 4, turn_bytes("c", 4, [user("four")]), now=1000.0)
         assert await index_score(redis_client, "c") == 1_000_000
         assert [
-            e.turn_seq for e in await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
+            e.turn_seq for e in await parts.gaps.expire(parts.dead_letters.held, now=1000.0 + TIMEOUT + 1)
         ] == [4]
 
     async def test_a_held_copy_of_a_stored_turn_is_dropped_without_a_letter(
@@ -341,7 +341,7 @@ class TestConcurrency:
         await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
         await hold(parts.gaps, "c", 2, turn_bytes("c", 2, [assistant("two")]), now=1000.0)
 
-        assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
+        assert await parts.gaps.expire(parts.dead_letters.held, now=1000.0 + TIMEOUT + 1) == []
 
         assert published.events == []
         assert await held_seqs(parts.gaps, "c") == []
@@ -358,11 +358,11 @@ class TestConcurrency:
             turn_bytes("c", 2, [assistant("two, but other")]),
         )
         await hold(parts.gaps, "c", 2, same, now=1000.0, fingerprint=await parts.store.fingerprint("c", 2))
-        assert await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1) == []
+        assert await parts.gaps.expire(parts.dead_letters.held, now=1000.0 + TIMEOUT + 1) == []
         other_fp = TurnEvent.model_validate_json(other).fingerprint()
         await hold(parts.gaps, "c", 2, other, now=1000.0, fingerprint=other_fp)
 
-        (sent,) = await parts.dead_letters.expire_held(parts.gaps, now=1000.0 + TIMEOUT + 1)
+        (sent,) = await parts.gaps.expire(parts.dead_letters.held, now=1000.0 + TIMEOUT + 1)
 
         (letter,) = letters(published)
         assert (letter.reason.value, letter.turn_seq, sent.turn_seq) == ("conflicting_duplicate", 2, 2)
@@ -377,7 +377,7 @@ class TestConcurrency:
     ) -> None:
         """An index entry left by a crash (or by retention) is dropped by the sweep, sending nothing."""
         await redis_client.zadd(gap_key("gone"), {"gone": 1})
-        assert await parts.dead_letters.expire_held(parts.gaps) == []
+        assert await parts.gaps.expire(parts.dead_letters.held) == []
         assert await redis_client.zcard(gap_key("gone")) == 0
         assert published.events == []
 
@@ -427,7 +427,7 @@ class TestHeldTurns:
         ]
         assert await held_seqs(parts.gaps, "c") == []
         assert await index_score(redis_client, "c") is None
-        assert await parts.dead_letters.expire_held(parts.gaps, now=time.time() + 10 * TIMEOUT) == []
+        assert await parts.gaps.expire(parts.dead_letters.held, now=time.time() + 10 * TIMEOUT) == []
         assert len(letters(published)) == 1
 
     def test_held_form_carries_the_fingerprint(self) -> None:

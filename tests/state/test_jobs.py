@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import Trigger
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.index import now_ms
 from compaction_worker.state.jobs import JobQueue, JobRequest
@@ -25,7 +26,13 @@ TTL = 1.0
 
 @pytest.fixture
 def queue(redis_client: redis.asyncio.Redis) -> JobQueue:
-    return JobQueue(redis_client, "t", Locks(redis_client, TTL), wakes=Wakes(redis_client, "t"))
+    return JobQueue(
+        redis_client,
+        "t",
+        Locks(redis_client, TTL),
+        shards=DEFAULT_INDEX_SHARDS,
+        wakes=Wakes(redis_client, "t"),
+    )
 
 
 async def test_schedule_claim_finish(queue: JobQueue, redis_client: redis.asyncio.Redis) -> None:

@@ -10,7 +10,7 @@ import redis.asyncio
 
 from compaction_worker.contracts.events import CompactionCompleted, Outcome
 from compaction_worker.runtime.pool import run_job
-from compaction_worker.settings import Settings
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS, Settings
 from compaction_worker.state.index import now_ms
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.outbox import Outbox, pack, unpack
@@ -74,7 +74,9 @@ async def test_an_event_left_by_a_dead_worker_is_relayed_once(
     assert published.on("compaction.completed") == []
     assert await redis_client.hlen(store.keys("c").outbox) == 1
 
-    sweepers = [Outbox(store, published, Locks(redis_client, 1), 1) for _ in range(3)]
+    sweepers = [
+        Outbox(store, published, Locks(redis_client, 1), 1, shards=DEFAULT_INDEX_SHARDS) for _ in range(3)
+    ]
     assert (
         sum([(await s.relay()).done for s in sweepers]) == 0
     )  # within the grace: the worker may still deliver
@@ -114,7 +116,7 @@ async def test_an_event_written_while_the_entry_goes_keeps_an_entry(
     """A relay that finds an empty outbox removes the entry, then reads the hash again: an event
     written in between (a commit's, whose worker then died) is not left without an entry."""
     store = Store(redis_client, "t", None)
-    outbox = Outbox(store, published, Locks(redis_client, 1), 1)
+    outbox = Outbox(store, published, Locks(redis_client, 1), 1, shards=DEFAULT_INDEX_SHARDS)
     await redis_client.zadd(outbox.index.key_of("c"), {"c": 0})  # due, empty outbox
     remove = outbox.index.remove
 
@@ -134,7 +136,7 @@ async def test_a_relay_skips_a_conversation_whose_lock_is_held(
     again when that lock would expire (not sooner)."""
     store = Store(redis_client, "t", None)
     locks = Locks(redis_client, 30)
-    outbox = Outbox(store, published, locks, 1)
+    outbox = Outbox(store, published, locks, 1, shards=DEFAULT_INDEX_SHARDS)
     await redis_client.hset(store.keys("c").outbox, "000000000001-x", pack("compaction.completed", b"{}"))
     await redis_client.zadd(outbox.index.key_of("c"), {"c": 0})
     assert isinstance(await locks.acquire("c", store.keys("c")), Lease)

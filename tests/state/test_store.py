@@ -17,6 +17,7 @@ import redis.exceptions
 from compaction_worker.contracts.events import ChatMessage, ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS
 from compaction_worker.state import scripts
 from compaction_worker.state.appends import (
     AppendReply,
@@ -160,7 +161,7 @@ class TestAppend:
     async def test_a_held_flag_left_by_a_sweep_is_removed_by_the_next_append(self, store: Store) -> None:
         """A sweep that dead-letters the held turns leaves the flag (it touches only the held turns):
         the next append finds none held and removes it."""
-        gaps = GapIndex(store, timeout_seconds=60, locks=Locks(store.redis, 60))
+        gaps = GapIndex(store, timeout_seconds=60, locks=Locks(store.redis, 60), shards=DEFAULT_INDEX_SHARDS)
         await append(store, "c", 1, msg("a"))
         await hold(gaps, "c", 3, b'{"held": 3}', fingerprint=FP_A)
         assert await store.redis.hget(store.keys("c").meta, "held") == b"1"
@@ -529,7 +530,7 @@ class TestFingerprints:
         self, store: Store
     ) -> None:
         """The turn held behind a gap came first: another turn with its seq is refused, the held one applies."""
-        gaps = GapIndex(store, 300, locks=Locks(store.redis, 60))
+        gaps = GapIndex(store, 300, locks=Locks(store.redis, 60), shards=DEFAULT_INDEX_SHARDS)
         await append(store, "c", 1, msg("a"), fingerprint=FP_B)
         assert await hold(gaps, "c", 2, b'{"held": 1}', fingerprint=FP_A)
         assert await append(store, "c", 2, msg("other"), fingerprint=FP_B) == AppendStatus.CONFLICTING_HELD
