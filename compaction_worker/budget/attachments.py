@@ -11,19 +11,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = [
-    "FILE_FAST_PATH_SIZE",
-    "FILE_PREVIEW_CHARS",
-    "FILE_PREVIEW_MODE_SIZE",
-    "FILE_READ_BUDGET_PERCENT",
-    "MIN_FILE_TOKENS",
-    "Action",
-    "FittedFile",
-    "file_budget",
-    "fit_files",
-    "notices_cost",
-]
-
 FILE_READ_BUDGET_PERCENT: Final = 0.6
 """The share of the remaining context that file attachments may use (reference 004)."""
 FILE_FAST_PATH_SIZE: Final = 100 * 1024
@@ -82,7 +69,6 @@ def fit_files(
     count: Callable[[str], int],
     *,
     max_tokens_per_byte: float | None = None,
-    min_tokens: int = MIN_FILE_TOKENS,
 ) -> list[FittedFile]:
     """The files, in order, fitted to ``budget_tokens`` as ``count`` counts (see the module's rules).
 
@@ -112,7 +98,7 @@ def fit_files(
                 p.measure(count)
     if sum(p.cost for p in parts) <= budget:
         return [p.whole() for p in parts]
-    return _fit_over_budget(parts, budget, count, min_tokens)
+    return _fit_over_budget(parts, budget, count)
 
 
 class _Part:
@@ -167,9 +153,7 @@ class _Part:
         return FittedFile(self.name, notice, self.tokens, count(notice), "dropped")
 
 
-def _fit_over_budget(
-    parts: list[_Part], budget: int, count: Callable[[str], int], min_tokens: int
-) -> list[FittedFile]:
+def _fit_over_budget(parts: list[_Part], budget: int, count: Callable[[str], int]) -> list[FittedFile]:
     """Cut every file to the same fraction of its tokens; drop those whose share is too small."""
     drop = {id(p): p.dropped(count) for p in parts}
     # Files that cost no more than their dropped notice are kept whole: cheaper than dropping.
@@ -182,7 +166,7 @@ def _fit_over_budget(
     body_tokens = sum(p.body_tokens for p in queue)
     first = 0
     ratio = (budget - fixed) / max(1, body_tokens)
-    while first < len(queue) and ratio * queue[first].body_tokens < min_tokens:
+    while first < len(queue) and ratio * queue[first].body_tokens < MIN_FILE_TOKENS:
         fixed += drop[id(queue[first])].tokens - notice[id(queue[first])]
         body_tokens -= queue[first].body_tokens
         first += 1

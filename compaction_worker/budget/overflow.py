@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-__all__ = ["OverflowInfo", "detect_overflow"]
-
 
 @dataclass(frozen=True, slots=True)
 class OverflowInfo:

@@ -249,21 +249,17 @@ def fast_count(encoding_name: str) -> Callable[[str], int] | None:
 def counter_for(model: str, settings: BudgetSettings) -> TokenCounter:
     """The counter for ``model`` with the settings' image and per-message estimates (cached)."""
     encoding, multiplier, exact = tokenizer_for(model)
-    return _counter(encoding, multiplier, exact, settings.image_tokens, settings.message_overhead_tokens)
-
-
-# Keyed by tokenizer, not by model: a handful of entries however many model strings arrive.
-@lru_cache(maxsize=64)
-def _counter(
-    encoding: str, multiplier: float, exact: bool, image_tokens: int, message_overhead: int
-) -> TokenCounter:
-    return TokenCounter(
+    return _counter(
         encoding,
         multiplier=multiplier,
         exact=exact,
-        image_tokens=image_tokens,
-        message_overhead=message_overhead,
+        image_tokens=settings.image_tokens,
+        message_overhead=settings.message_overhead_tokens,
     )
+
+
+# Keyed by tokenizer, not by model: a handful of entries however many model strings arrive.
+_counter = lru_cache(maxsize=64)(TokenCounter)
 
 
 @lru_cache(maxsize=4096)  # every turn asks; a model without an OpenAI encoding costs tiktoken a KeyError

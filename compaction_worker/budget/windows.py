@@ -10,7 +10,6 @@ is looked up as LiteLLM's own provider rules would match it (``_lookup``), and
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections import Counter, defaultdict
@@ -21,8 +20,6 @@ from typing import Any, Literal
 
 from compaction_worker import _litellm
 from compaction_worker.settings import BudgetSettings
-
-log = logging.getLogger(__name__)
 
 DEFAULT_FALLBACK_WINDOW = 32_768
 """The fallback when ``fallback_window`` is unset: small enough to be safe for most models."""

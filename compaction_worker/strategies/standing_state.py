@@ -13,7 +13,7 @@ the restored working state; its private ``standing_state`` field keeps the items
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,11 +53,7 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
         if index in observed:
             continue  # an agent's observation sent as a user message: output, not the user speaking
         if entry.edit == STANDING:
-            data = entry.message.get(FIELD)
-            raw = data.get("items") if isinstance(data, Mapping) else None
-            carried += [
-                i for r in raw or () if isinstance(r, Mapping) and (i := Item.from_data(r)) is not None
-            ]
+            carried += [Item.from_data(r) for r in entry.message[FIELD]["items"]]
         elif not entry.synthetic and entry.role == "user":
             text = text_of(ctx.originals.get(entry.n, entry.message))
             items = extract(text, entry.seq, entry.n)

@@ -86,8 +86,6 @@ class _Span:
     allowance: int
     """What a chunk's ledger may take (``ledger_allowance``); a fold's may take more."""
     fold_allowance: int
-    conversation_id: str
-    conversation_model: str
     writers: list[str] = field(default_factory=list)
     """Who wrote each piece's summary, in order (a chained chunk has several writers)."""
     chain: bool = False
@@ -130,14 +128,14 @@ class _Span:
         if min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
             return f"no room for a summary: {space} tokens left under the target"
         request = SummaryRequest(
-            conversation_id=self.conversation_id,
+            conversation_id=ctx.conversation_id,
             messages=messages,
             previous_summaries=[c.text for c in folded],
             # The chunk is heading, summary and ledger: the summary gets what the other two leave.
             max_summary_tokens=min(ctx.limits.max_summary_tokens, space - ledger_tokens - heading),
             # The whole chunk must be smaller than what it replaces; 0 would mean "unknown".
             replaced_tokens=max(1, replaced - ledger_tokens - heading),
-            conversation_model=self.conversation_model,
+            conversation_model=ctx.conversation_model,
             ledger=ledger,
             instructions=ctx.instructions,
         )
@@ -245,8 +243,9 @@ class _Attempts:
         )
 
 
-async def _write_chunks(span: _Span, summarizers: Sequence[Summarizer]) -> tuple[_Attempts, str | None]:
+async def _write_chunks(span: _Span) -> tuple[_Attempts, str | None]:
     """Summarize the span piece by piece; the attempts, and why it stopped short (None: it did not)."""
+    summarizers = span.ctx.summarizers
     attempts = _Attempts(summarizers)
     costs: list[int] | None = None  # counted once a limit makes them matter
     # The fold's piece covers every entry inside the folded chunks' spans (ones they kept
@@ -316,12 +315,12 @@ def ledger_allowance(ctx: StageContext) -> int:
 def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> int | None:
     """The transcript tokens a piece starting at ``start`` may take with ``summarizer``."""
     probe = SummaryRequest(
-        conversation_id=span.conversation_id,
+        conversation_id=span.ctx.conversation_id,
         messages=(),
         previous_summaries=[c.text for c in span.carried(start)],
         # The largest reply a piece may ask for: the limit found holds for any piece.
         max_summary_tokens=span.ctx.limits.max_summary_tokens,
-        conversation_model=span.conversation_model,
+        conversation_model=span.ctx.conversation_model,
         instructions=span.ctx.instructions,  # they take room in the prompt too
     )
     limit = transcript_limit(summarizer, probe)
@@ -330,18 +329,10 @@ def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> 
     return limit
 
 
-async def summarize(
-    draft: Draft,
-    ctx: StageContext,
-    summarizers: Sequence[Summarizer],
-    *,
-    originals: Mapping[int, Mapping[str, Any]] | None = None,
-    conversation_id: str = "",
-    conversation_model: str = "",
-) -> StageOutcome:
+async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
     """Summarize what lies before the verbatim tail, folding earlier chunks if they are too big.
 
-    ``originals`` are transcript messages by ordinal: the summary and its ledger read an
+    ``ctx.originals`` are transcript messages by ordinal: the summary and its ledger read an
     entry's original when there is one, not what pruning, de-duplication or truncation
     left of it, because the chunk replaces the messages themselves (the cheap stages'
     edits made them cheaper to keep, not less worth summarizing).
@@ -384,11 +375,10 @@ async def summarize(
     tail_tokens = sum(e.tokens for e in pinned) + sum(e.tokens for e in tail)
     replaced = sum(e.tokens for e in head) + sum(c.tokens for c in folded)
     allowance = ledger_allowance(ctx)
-    originals = originals or {}
     span = _Span(
         ctx,
         head,
-        [public_message(originals.get(e.n, e.message)) for e in head],
+        [public_message(ctx.originals.get(e.n, e.message)) for e in head],
         pinned,
         folded,
         space=room - ctx.overhead - tail_tokens - kept_chunk_tokens,
@@ -397,12 +387,10 @@ async def summarize(
         # A fold merges every chunk's ledger: it may keep up to half the chunk budget, so
         # that the folded chunk still leaves half for the additive chunks to come.
         fold_allowance=max(allowance, limits.chunk_budget // 2 - reserve) if allowance else 0,
-        conversation_id=conversation_id,
-        conversation_model=conversation_model,
     )
-    attempts, stopped = await _write_chunks(span, summarizers)
+    attempts, stopped = await _write_chunks(span)
     tried, failures = len(attempts.asked), attempts.current
-    if stopped is not None or attempts.current >= len(summarizers):
+    if stopped is not None or attempts.current >= len(ctx.summarizers):
         errors = (*attempts.errors, stopped) if stopped else tuple(attempts.errors)
         return StageOutcome(
             draft,
@@ -573,7 +561,7 @@ class SummaryStage:
         history would not shrink) or too much to keep (it stays over the target), they are
         summarized with the rest: the summary's own retry, before the last resort.
         """
-        out = await self._summarize(draft, ctx)
+        out = await summarize(draft, ctx)
         kept_words = ctx.limits.user_words_max_tokens > 0
         if kept_words and not (
             out.report is not None
@@ -581,7 +569,7 @@ class SummaryStage:
             and ctx.tokens(out.draft) < ctx.tokens(draft)
         ):
             plain = replace(ctx, limits=replace(ctx.limits, user_words_max_tokens=0))
-            again = await self._summarize(draft, plain)
+            again = await summarize(draft, plain)
             out = replace(
                 again,
                 usage=add_usage(out.usage, again.usage),
@@ -597,17 +585,6 @@ class SummaryStage:
             errors=(*out.errors, f"summary by {out.summarizer} left the history over the target"),
             tried=out.tried,
             failures=out.failures,
-        )
-
-    @staticmethod
-    async def _summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
-        return await summarize(
-            draft,
-            ctx,
-            ctx.summarizers,
-            originals=ctx.originals,
-            conversation_id=ctx.conversation_id,
-            conversation_model=ctx.conversation_model,
         )
 
 

@@ -16,6 +16,7 @@ from compaction_worker.contracts.history import Entry, text_of
 from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.draft import plural
 from compaction_worker.strategies.repair import call_ids, open_call_index
+from compaction_worker.summaries.prompts import piece_boundaries
 
 
 def split_points(entries: Sequence[Entry]) -> list[int]:
@@ -27,17 +28,8 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
     nothing: it cannot be split from a result it does not have, and letting it block
     every later boundary would keep a malformed conversation from ever compacting.
     """
-    crossing = [0] * (len(entries) + 1)
-    for call, result in tool_pairs([e.message for e in entries]):
-        crossing[call + 1] += 1
-        crossing[result + 1] -= 1
-    points: list[int] = []
-    depth = 0
-    for i, entry in enumerate(entries):
-        depth += crossing[i]
-        if depth == 0 and entry.role in ("user", "assistant"):
-            points.append(i)
-    return points
+    points = piece_boundaries([e.message for e in entries])
+    return [i for i in points if i < len(entries) and entries[i].role in ("user", "assistant")]
 
 
 def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> int:

@@ -110,14 +110,11 @@ def _carried(entries: Sequence[Entry]) -> _State:
         data = entry.message.get(FIELD) if _restored(entry) else None
         if not isinstance(data, Mapping):
             continue
-        try:
-            for raw in data.get("files") or ():
-                file = FileState(**{**raw, "base": 0})
-                state.files[file.path] = file
-            if isinstance(plan := data.get("plan"), Mapping):
-                state.plan = PlanState(**{**plan, "n": 0})
-        except TypeError:
-            continue  # a state another release wrote: what this span shows is still restored
+        for raw in data.get("files") or ():
+            file = FileState(**{**raw, "base": 0})
+            state.files[file.path] = file
+        if isinstance(plan := data.get("plan"), Mapping):
+            state.plan = PlanState(**{**plan, "n": 0})
     return state
 
 

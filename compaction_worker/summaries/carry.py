@@ -19,8 +19,6 @@ from typing import Final
 
 from compaction_worker.summaries.instructions import matches
 
-__all__ = ["Carried", "carry", "distinctive_terms", "is_distinctive", "line_terms"]
-
 # A word: what lies between spaces, less the punctuation that only surrounds it.
 _WORD: Final = re.compile(r"\S+")
 _EDGES: Final = "()[]{}<>,;:!?\"'`.*\u201c\u201d\u2018\u2019"

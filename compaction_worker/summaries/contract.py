@@ -13,17 +13,6 @@ from typing import Any, Protocol, runtime_checkable
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.errors import CompactionWorkerError
 
-__all__ = [
-    "CountTokens",
-    "InputLimited",
-    "InputTooLargeError",
-    "Summarizer",
-    "SummarizerError",
-    "SummaryRequest",
-    "SummaryResult",
-    "transcript_limit",
-]
-
 CountTokens = Callable[[str], int]
 
 

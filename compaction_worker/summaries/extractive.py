@@ -19,8 +19,6 @@ from compaction_worker.summaries.instructions import Terms, instruction_terms, m
 from compaction_worker.summaries.prompts import SECTIONS, render_content
 from compaction_worker.summaries.validation import validate_summary
 
-__all__ = ["ExtractiveSummarizer"]
-
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?])\s+")
 _DECISION: Final = re.compile(
     r"\b(?:decided?|decision|chose|choose|chosen|will|plan(?:ned|s)?|because|instead|going to"

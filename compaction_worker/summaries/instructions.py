@@ -13,8 +13,6 @@ import re
 from collections.abc import Collection
 from typing import Final
 
-__all__ = ["Terms", "applied_instructions", "instruction_terms", "matches"]
-
 Terms = frozenset[str]
 
 _WORD: Final = re.compile(r"[0-9A-Za-z_][\w./:@-]*")

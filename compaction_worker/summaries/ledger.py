@@ -19,16 +19,19 @@ from compaction_worker.summaries.artifacts import (
     extract_artifacts,
     item_kind,
     scan_items,
+    select_items,
 )
 from compaction_worker.summaries.contract import CountTokens
 from compaction_worker.summaries.instructions import Terms, matches
-from compaction_worker.summaries.selection import select_items
-
-__all__ = ["finalize_ledger", "merge_ledgers", "plan_ledger"]
 
 
 def merge_ledgers(
-    ledgers: Sequence[Sequence[str]], budget: int, count: CountTokens, *, terms: Terms = frozenset()
+    ledgers: Sequence[Sequence[str]],
+    budget: int,
+    count: CountTokens,
+    *,
+    carried: str = "",
+    terms: Terms = frozenset(),
 ) -> tuple[str, ...]:
     """One ledger from several, given newest first, within ``budget`` tokens (items joined by newlines).
 
@@ -39,19 +42,9 @@ def merge_ledgers(
     one ledger, later items of a kind are the more recent (see ``extract_artifacts``).
     Short of room, items keep their cores (see ``select_items``). The result is listed
     like a fresh ledger: by kind, oldest first. Items sharing the most of ``terms`` (the
-    compaction instructions', ``summaries.instructions``) are kept first.
+    compaction instructions', ``summaries.instructions``) are kept first; items whose core
+    ``carried`` (a summary) holds verbatim take no room.
     """
-    return _merge(ledgers, budget, count, terms=terms)
-
-
-def _merge(
-    ledgers: Sequence[Sequence[str]],
-    budget: int,
-    count: CountTokens,
-    carried: str = "",
-    *,
-    terms: Terms = frozenset(),
-) -> tuple[str, ...]:
     if budget <= 0:
         return ()
     kind_rank = {kind: i for i, kind in enumerate(KINDS)}
@@ -101,13 +94,13 @@ def plan_ledger(
     # All of the span's items compete with the folded ones, not a pre-trimmed few.
     sources = _sources((), messages, folded)
     if not folded:
-        return budget, _merge(sources, budget, cached, terms=terms)
-    everything = _merge(sources, sys.maxsize, cached, terms=terms)
+        return budget, merge_ledgers(sources, budget, cached, terms=terms)
+    everything = merge_ledgers(sources, sys.maxsize, cached, terms=terms)
     need = cached("\n".join(everything))
     if need <= budget:
         return budget, everything
     budget = min(cap, need)
-    return budget, everything if need <= budget else _merge(sources, budget, cached, terms=terms)
+    return budget, everything if need <= budget else merge_ledgers(sources, budget, cached, terms=terms)
 
 
 def finalize_ledger(
@@ -136,7 +129,7 @@ def finalize_ledger(
     sources = _sources(ledger, messages, folded)
 
     def choose(room: int) -> tuple[str, ...]:
-        return _merge(sources, room, cached, carried=summary, terms=terms)
+        return merge_ledgers(sources, room, cached, carried=summary, terms=terms)
 
     kept = choose(budget)
     if fits is None or fits(kept):

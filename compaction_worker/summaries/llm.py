@@ -45,8 +45,6 @@ from compaction_worker.summaries.prompts import (
 )
 from compaction_worker.summaries.validation import summary_problem
 
-__all__ = ["LiteLLMSummarizer", "is_retryable"]
-
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]

@@ -11,8 +11,6 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
-__all__ = ["core", "facts", "holds", "inline_commands", "inline_errors", "is_host_port", "is_name"]
-
 MAX_CLAUSE_CHARS: Final = 160
 """An error phrase found mid-line runs to its clause's end, at most this far."""
 

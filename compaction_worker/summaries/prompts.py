@@ -14,20 +14,6 @@ from typing import Any, Final
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 from compaction_worker.summaries.contract import SummaryRequest
 
-__all__ = [
-    "SECTIONS",
-    "build_prompt",
-    "clamp_tool_output",
-    "compose_prompt",
-    "default_instructions",
-    "piece_boundaries",
-    "piece_end",
-    "render_content",
-    "shorter_note",
-    "transcript_blocks",
-    "transcript_costs",
-]
-
 SECTIONS: Final = (
     "Goals and constraints",
     "Decisions and reasons",

@@ -154,19 +154,9 @@ class Item:
         return asdict(self)
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> Item | None:
-        """An item carried in a stored state, or None for one this code cannot read."""
-        kind, text = data.get("kind"), data.get("text")
-        seq, n = data.get("seq"), data.get("n")
-        later = data.get("superseded_by")
-        if (
-            kind not in KINDS
-            or not isinstance(text, str)
-            or not isinstance(seq, int)
-            or not isinstance(n, int)
-        ):
-            return None
-        return cls(kind, text, seq, n, later if isinstance(later, int) else None)
+    def from_data(cls, data: Mapping[str, Any]) -> Item:
+        """An item carried in a stored state (:meth:`to_data`)."""
+        return cls(**data)
 
 
 def sentences(text: str) -> list[str]:

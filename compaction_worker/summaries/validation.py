@@ -11,8 +11,6 @@ from typing import Final
 
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest
 
-__all__ = ["ERROR_TEXT_PATTERNS", "looks_like_error_text", "summary_problem", "validate_summary"]
-
 ERROR_TEXT_PATTERNS: Final[tuple[re.Pattern[str], ...]] = tuple(
     re.compile(p, re.IGNORECASE)
     for p in (

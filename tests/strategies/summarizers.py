@@ -7,6 +7,7 @@ from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.history import SummaryChunk
+from compaction_worker.strategies import summarize as stage
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.summaries.contract import (
     InputTooLargeError,
@@ -142,3 +143,8 @@ def head_of(draft: Draft, out: Any) -> list[str]:
     """What the outcome's new chunks cover: the contents of the summarized entries."""
     chunks = out.draft.chunks
     return [str(e.message["content"]) for e in draft.entries if any(c.covers(e.n) for c in chunks)]
+
+
+async def summarize(draft: Draft, ctx: StageContext, summarizers: Any, **fields: Any) -> Any:
+    """The summary stage's function with ``summarizers`` (and ``originals``, ``conversation_id``) put in ``ctx``."""
+    return await stage.summarize(draft, replace(ctx, summarizers=tuple(summarizers), **fields))

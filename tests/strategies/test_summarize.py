@@ -13,10 +13,10 @@ from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry
 from compaction_worker.strategies.draft import Draft
 from compaction_worker.strategies.pipeline import compact
-from compaction_worker.strategies.summarize import summarize
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.prompts import transcript_costs
 from compaction_worker.testing import Chat
+from tests.strategies.summarizers import summarize
 
 from .helpers import COUNTER, words
 from .summarizers import FILLER, Limited, Scripted, artifact_chat, chat, ctx_with, head_of, old_chunk, sent

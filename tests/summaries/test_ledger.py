@@ -5,12 +5,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compaction_worker.contracts.history import public_message
-from compaction_worker.strategies.summarize import summarize
 from compaction_worker.summaries.artifacts import KINDS, extract_artifacts
 from compaction_worker.summaries.ledger import merge_ledgers
 from compaction_worker.testing import Chat
 from tests.strategies.helpers import COUNTER
-from tests.strategies.summarizers import FILLER, Fixed, Scripted, artifact_chat, ctx_with, old_chunk
+from tests.strategies.summarizers import (
+    FILLER,
+    Fixed,
+    Scripted,
+    artifact_chat,
+    ctx_with,
+    old_chunk,
+    summarize,
+)
 
 
 class TestLedger:
