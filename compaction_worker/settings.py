@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -358,12 +359,6 @@ class WorkerSettings(_Section):
         description="A turn held behind a missing turn_seq this long goes to the DLQ (sequence_gap).",
     )
 
-    @property
-    def outbox_grace_seconds(self) -> float:
-        """How long a committed event may wait in the outbox before another worker's sweeper
-        publishes it: the lock's TTL, within which the committing worker is still alive."""
-        return self.lock_ttl_seconds
-
 
 class HealthSettings(_Section):
     """The worker's health port: ``/livez``, ``/readyz`` and ``/metrics``; off unless enabled."""
@@ -529,3 +524,19 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Setti
         return Settings(**overrides)  # type: ignore[arg-type]  # overrides are validated by pydantic
     finally:
         _yaml_file.reset(token)
+
+
+def env_name(path: str) -> str:
+    """A setting's environment variable, from its dotted path (``kafka.group_id``: ``COMPACTION_KAFKA__GROUP_ID``)."""
+    prefix, delimiter = (
+        Settings.model_config.get("env_prefix", ""),
+        Settings.model_config.get("env_nested_delimiter"),
+    )
+    return f"{prefix}{str(delimiter).join(path.split('.')).upper()}"
+
+
+def literal_values(annotation: Any) -> list[str]:
+    """The values of the ``Literal`` types in an annotation (also inside ``Optional`` and unions)."""
+    if typing.get_origin(annotation) is Literal:
+        return [str(v) for v in typing.get_args(annotation)]
+    return [v for arg in typing.get_args(annotation) for v in literal_values(arg)]

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from compaction_worker.budget.tokens import TokenCounter
+from compaction_worker.formats import tool_call
 from compaction_worker.runtime.components import Components
 from compaction_worker.state.appends import NewMessage
 
@@ -38,21 +39,12 @@ def agent_turn(i: int, salt: str = "") -> list[dict[str, Any]]:
             "role": "assistant",
             "content": "I'll read the handler and the logs.",
             "tool_calls": [
-                {
-                    "id": "call_0",
-                    "type": "function",
-                    "function": {"name": "read_file", "arguments": json.dumps({"path": path})},
-                },
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {
-                        "name": "bash",
-                        "arguments": json.dumps(
-                            {"command": f"kubectl logs deploy/api-{i % 9} -n prod --tail=30"}
-                        ),
-                    },
-                },
+                tool_call("call_0", "read_file", json.dumps({"path": path})),
+                tool_call(
+                    "call_1",
+                    "bash",
+                    json.dumps({"command": f"kubectl logs deploy/api-{i % 9} -n prod --tail=30"}),
+                ),
             ],
         },
         {"role": "tool", "tool_call_id": "call_0", "content": source},

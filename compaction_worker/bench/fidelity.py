@@ -34,6 +34,7 @@ from compaction_worker.budget.tokens import compute_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
+from compaction_worker.formats import tool_call
 from compaction_worker.retry import RetrySettings
 from compaction_worker.settings import PipelineSettings, Settings, SummarizerSettings
 from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
@@ -118,11 +119,7 @@ class Session:
     def _work(self, tool: str, arguments: Mapping[str, str], output: str, reply: str) -> Turn:
         self.seq += 1
         self.calls += 1
-        call = {
-            "id": f"call_{self.calls}",
-            "type": "function",
-            "function": {"name": tool, "arguments": json.dumps(arguments)},
-        }
+        call = tool_call(f"call_{self.calls}", tool, json.dumps(arguments))
         return self.seq, [
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call["id"], "content": output},

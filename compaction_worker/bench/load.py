@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from compaction_worker.bench.environment import BenchEnv, BenchError
+from compaction_worker.formats import tool_call
 from compaction_worker.runtime.connections import kafka_client_args
 from compaction_worker.runtime.topics import create_topics
 from compaction_worker.state.connection import is_cluster
@@ -54,13 +55,7 @@ def agent_turn(seq: int, cid: str, output_lines: int = 12) -> list[dict[str, Any
         {
             "role": "assistant",
             "content": "Reading the module.",
-            "tool_calls": [
-                {
-                    "id": "call_0",
-                    "type": "function",
-                    "function": {"name": "read_file", "arguments": json.dumps({"path": path})},
-                }
-            ],
+            "tool_calls": [tool_call("call_0", "read_file", json.dumps({"path": path}))],
         },
         {"role": "tool", "tool_call_id": "call_0", "content": output},
         {

@@ -333,10 +333,6 @@ async def run_case(
     return rounds, made.read
 
 
-def _share(kept: int, planted: int) -> str:
-    return f"{100 * kept / planted:.0f}%" if planted else "-"
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="compaction-worker quality standing",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from compaction_worker.cli import operate, tools
-from compaction_worker.cli.common import embedded_infra, settings_of
-from compaction_worker.cli.inspect import inspect, serve_inspector
+from compaction_worker.cli.common import embedded_infra, run_async, settings_of
 from compaction_worker.observability.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -113,13 +113,31 @@ def demo(
             serve_inspector(settings)
 
 
+@main.command()
+@click.option("--host", default=None, help="Address to listen on (default: inspector.host, 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (default: inspector.port).")
+@click.pass_context
+def inspect(ctx: click.Context, host: str | None, port: int | None) -> None:
+    """Serve a read-only web view of the conversations in Redis (budget, sawtooth, history, chunks)."""
+    settings = settings_of(ctx)
+    update = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    serve_inspector(settings.model_copy(update={"inspector": settings.inspector.model_copy(update=update)}))
+
+
+def serve_inspector(settings: Settings) -> None:
+    """Serve until Ctrl-C (the settings already name a Redis)."""
+    from compaction_worker.inspector.app import serve
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run_async(serve(settings, click.echo))
+
+
 for command in (
     operate.history,
     operate.status,
     operate.artifacts,
     operate.compact,
     operate.rewind,
-    inspect,
     tools.schemas,
     tools.docs,
     tools.bench,

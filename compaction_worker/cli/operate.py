@@ -165,15 +165,13 @@ def compact(
     async def go() -> None:
         from compaction_worker.client.client import Client
         from compaction_worker.contracts.events import Trigger
-        from compaction_worker.runtime.components import build_components
 
         async with Client.connect(settings, kafka=False) as client:
             await _stored_meta(client, conversation_id)
             if dry_run:
                 _print_preview(await client.preview_compaction(conversation_id, instructions), as_json)
                 return
-            parts = build_components(settings, client.store.redis, _no_publisher)
-            await parts.jobs.schedule(conversation_id, Trigger.MANUAL)
+            await client.parts.jobs.schedule(conversation_id, Trigger.MANUAL)
             click.echo(f"manual compaction of {conversation_id} scheduled")
 
     run_async(go())
@@ -277,8 +275,3 @@ def _line(message: Mapping[str, Any], width: int) -> str:
     label = f"[{role}{' ' + str(message['tool_call_id']) if role == 'tool' else ''}]"
     flat = " ".join(text.split())
     return f"{label} {flat[:width]}{'…' if len(flat) > width else ''}"
-
-
-async def _no_publisher(topic: str, payload: bytes, key: bytes | None) -> None:
-    """The publisher of commands that connect to Redis only: they must not publish."""
-    raise RuntimeError(f"this command has no Kafka connection to publish to {topic}")

@@ -46,7 +46,6 @@ from compaction_worker.state.jobs import Job
 from compaction_worker.state.meta import Meta, write_field, write_instructions
 from compaction_worker.state.proposals import Proposals
 from compaction_worker.state.restore import Version, versions
-from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Snapshot, Store
 
 
@@ -233,10 +232,9 @@ class Client:
         """The next unused turn seq, atomically: concurrent callers never get the same one.
 
         One past the larger of the last seq handed out and the last one stored
-        (:mod:`compaction_worker.state.sequence`).
+        (``Store.next_turn_seq``).
         """
-        sequence = TurnSequence(self.store.redis, self.store.prefix, self.settings.redis.retention_seconds)
-        return await sequence.next(conversation_id)
+        return await self.store.next_turn_seq(conversation_id)
 
     async def wait_for(
         self,

@@ -20,6 +20,7 @@ from compaction_worker import _litellm
 from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import TurnEvent, Usage
+from compaction_worker.formats import tool_call
 from compaction_worker.recall.tools import OPENAI_TOOL, TOOL_NAME, recall_calls, tool_result
 from compaction_worker.retry import RetryPolicy
 
@@ -119,14 +120,7 @@ def assistant_message(response: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": message.content}
     calls = getattr(message, "tool_calls", None) or []
     if calls:
-        out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments or ""},
-            }
-            for call in calls
-        ]
+        out["tool_calls"] = [tool_call(c.id, c.function.name, c.function.arguments or "") for c in calls]
     return out
 
 

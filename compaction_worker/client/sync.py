@@ -72,10 +72,6 @@ class SyncClient:
     def settings(self) -> Settings:
         return self.client.settings
 
-    def publish_raw(self, payload: bytes, key: bytes | None) -> None:
-        """See :meth:`Client.publish_raw`."""
-        self._call(self.client.publish_raw(payload, key))
-
     @overload
     def messages(
         self, conversation_id: str, format: Literal["openai", "responses"] = "openai", *, cache: bool = False
@@ -97,6 +93,7 @@ class SyncClient:
 
     # Every other method: Client's, blocking (wait_for raises WaitTimeoutError as Client's does).
     publish_turn = _blocking(Client.publish_turn)
+    publish_raw = _blocking(Client.publish_raw)
     request_compaction = _blocking(Client.request_compaction)
     set_instructions = _blocking(Client.set_instructions)
     proposal = _blocking(Client.proposal)

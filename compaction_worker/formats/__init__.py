@@ -8,7 +8,7 @@ runtime's own format with it (``Client.messages(cid, format=...)``).
 """
 
 from compaction_worker.formats import anthropic, gemini, langchain, openai_chat, responses
-from compaction_worker.formats._common import NATIVE, FormatError
+from compaction_worker.formats._common import NATIVE, FormatError, tool_call
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 
@@ -22,4 +22,5 @@ __all__ = [
     "langchain",
     "openai_chat",
     "responses",
+    "tool_call",
 ]

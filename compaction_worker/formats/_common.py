@@ -89,7 +89,7 @@ def text_part(text: str) -> Message:
     return {"type": "text", "text": text}
 
 
-def tool_call(call_id: str | None, name: str, arguments: str) -> Message:
+def tool_call(call_id: str | None, name: str | None, arguments: str | None) -> Message:
     """A chat tool call of function ``name`` with its JSON-encoded ``arguments``."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 

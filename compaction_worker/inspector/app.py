@@ -16,14 +16,12 @@ import hmac
 import ipaddress
 import json
 import logging
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import jinja2
-import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -38,6 +36,7 @@ from compaction_worker.contracts.history import text_with_calls
 from compaction_worker.errors import ConfigError
 from compaction_worker.inspector import sawtooth, views
 from compaction_worker.inspector.counts import TranscriptCounts
+from compaction_worker.observability import health
 from compaction_worker.settings import InspectorSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -179,42 +178,14 @@ def build_app(settings: Settings, client: Client) -> Starlette:
     )
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its signal handlers: the command (or the test) that serves owns them."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @contextlib.asynccontextmanager
 async def serving(settings: Settings, client: Client) -> AsyncIterator[str]:
     """Serve the inspector while the block runs; yields its base URL (the OS's port for port 0)."""
     config = settings.inspector
     check_exposure(config)
-    addresses = await asyncio.get_running_loop().getaddrinfo(
-        config.host, config.port, type=socket.SOCK_STREAM
-    )
-    sock = socket.create_server((config.host, config.port), family=addresses[0][0])
-    server = _Uvicorn(
-        uvicorn.Config(
-            build_app(settings, client),
-            lifespan="off",
-            log_config=None,
-            log_level=logging.WARNING,
-            access_log=False,
-        )
-    )
-    # The socket listens already: connections queue until uvicorn accepts them.
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
+    async with health.serving(build_app(settings, client), config.host, config.port) as sock:
         host = f"[{config.host}]" if ":" in config.host else config.host
         yield f"http://{host}:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            await task
-        sock.close()
 
 
 async def serve(settings: Settings, say: Callable[[str], None] = print) -> None:

@@ -6,8 +6,7 @@ those; each record of the compaction log says after which turn it committed (``l
 and what the history's total was right after (``history_tokens``), both written by the commit
 script itself (state/lua/replace.lua), so the drop lands exactly where and as far as it did.
 A commit's record also holds its ``compaction.completed`` event (``completed``), which the
-marker's tooltip quotes. Records written before those fields were kept are placed by time
-and dropped to their ``tokens_after``.
+marker's tooltip quotes.
 
 matplotlib draws (the ``inspect`` extra); each marker is its own SVG group whose id names the
 version (``compaction-v3``, ``rewind-v5``) and whose ``<title>`` is the browser's tooltip.
@@ -15,9 +14,7 @@ version (``compaction-v3``, ``rewind-v5``) and whose ``<title>`` is the browser'
 
 from __future__ import annotations
 
-import bisect
 import io
-import json
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -75,24 +72,11 @@ def series(
     threshold.
     """
     per_turn: dict[int, int] = {}
-    last_at: dict[int, float] = {}
     for r in records:
-        seq = int(r["seq"])
-        counted = int(r["t"]) if "t" in r else len(json.dumps(r["m"])) // 4  # before counts were stored
-        per_turn[seq] = per_turn.get(seq, 0) + counted
-        last_at[seq] = float(r.get("at", 0.0))
-    ordered = sorted(last_at)
-    times = [last_at[s] for s in ordered]
+        per_turn[int(r["seq"])] = per_turn.get(int(r["seq"]), 0) + int(r["t"])
     commits: dict[int, list[Mapping[str, Any]]] = {}
     for rec in log:
-        if "version" not in rec:
-            continue
-        if "last_seq" in rec:
-            seq = int(rec["last_seq"])
-        else:  # an older record: the last turn stored before it
-            i = bisect.bisect_right(times, float(rec.get("at", 0.0)))
-            seq = ordered[i - 1] if i else 0
-        commits.setdefault(seq, []).append(rec)
+        commits.setdefault(int(rec["last_seq"]), []).append(rec)
 
     def shown(history: int) -> int:
         return int((history + fixed) * scale)
@@ -107,10 +91,7 @@ def series(
         tokens.append(shown(running))
         for rec in commits.get(seq, []):
             before = running
-            if "history_tokens" in rec:
-                running = int(rec["history_tokens"])
-            else:
-                running = max(0, int(rec.get("tokens_after", 0)) - fixed)
+            running = int(rec["history_tokens"])
             seqs.append(seq)
             tokens.append(shown(running))
             rewind = rec.get("trigger") == "rewind"

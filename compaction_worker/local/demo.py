@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import ChatMessage, CompactionCompleted, TurnEvent
+from compaction_worker.formats import tool_call
 from compaction_worker.runtime.connections import kafka_client_args
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
@@ -107,13 +108,7 @@ def synthetic_turns(
                 {
                     "role": "assistant",
                     "content": None,
-                    "tool_calls": [
-                        {
-                            "id": call_id,
-                            "type": "function",
-                            "function": {"name": tool, "arguments": json.dumps(args)},
-                        }
-                    ],
+                    "tool_calls": [tool_call(call_id, tool, json.dumps(args))],
                 },
                 {"role": "tool", "tool_call_id": call_id, "content": output},
                 {"role": "assistant", "content": f"I checked {path}. {_prose(rng, rng.randint(20, 60))}"},

@@ -17,7 +17,8 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import uvicorn
 from faststream.asgi import AsgiResponse, get
@@ -69,15 +70,35 @@ class Liveness:
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn without its signal handlers: the worker's FastStream app owns SIGINT and SIGTERM.
-
-    Left in place, uvicorn would take both signals for as long as the port is open and raise
-    them again when it closes, so one SIGTERM would reach the app twice.
-    """
+    """uvicorn without its signal handlers: whoever serves (the worker's FastStream app, the CLI) owns
+    SIGINT and SIGTERM; left in place, uvicorn would take both while the port is open and raise them
+    again when it closes, so one SIGTERM would reach the app twice."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: ASGIApp, host: str, port: int, *, stop_within: float | None = None, **options: Any
+) -> AsyncIterator[socket.socket]:
+    """Serve the ASGI ``app`` with uvicorn (no lifespan, no logs) on a socket bound here, so that a port
+    in use fails at once with the ``OSError``; yields the socket. ``options`` go to ``uvicorn.Config``."""
+    addresses = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    sock = socket.create_server((host, port), family=addresses[0][0])  # IPv4 or IPv6, as host is written
+    config = uvicorn.Config(
+        app, lifespan="off", log_config=None, log_level=logging.WARNING, access_log=False, **options
+    )
+    server = _Uvicorn(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))  # connections queue until uvicorn accepts them
+    try:
+        yield sock
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=stop_within)
+        sock.close()
 
 
 class HealthServer:
@@ -104,8 +125,7 @@ class HealthServer:
             METRICS: get(self.metrics, include_in_schema=False),
         }
         self._socket: socket.socket | None = None
-        self._server: _Uvicorn | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._stack = contextlib.AsyncExitStack()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app: one route per path (the query string ignored), 404 elsewhere."""
@@ -121,31 +141,15 @@ class HealthServer:
 
     async def start(self) -> None:
         """Listen on the configured host and port (connections queue until uvicorn accepts them)."""
-        host, port = self.settings.host, self.settings.port
-        addresses = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family = addresses[0][0]  # IPv4 or IPv6, as the host is written
-        self._socket = socket.create_server((host, port), family=family)
-        config = uvicorn.Config(
-            self,
-            lifespan="off",  # the worker's app runs the lifespan; this port only answers
-            log_config=None,
-            log_level=logging.WARNING,
-            access_log=False,
-            timeout_keep_alive=0,  # one request per connection, as the probes make them
-        )
-        self._server = _Uvicorn(config)
-        self._serving = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        # One request per connection (timeout_keep_alive=0), as the probes make them.
+        listening = serving(self, self.settings.host, self.settings.port, stop_within=2, timeout_keep_alive=0)
+        self._socket = await self._stack.enter_async_context(listening)
         log.info("health endpoints on http://%s:%d", self.settings.host, self.port)
 
     async def stop(self) -> None:
         """Stop listening and close the open connections."""
-        if self._server is None or self._serving is None or self._socket is None:
-            return
-        self._server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._serving, timeout=2)
-        self._socket.close()
-        self._server = self._serving = self._socket = None
+        await self._stack.aclose()
+        self._socket = None
 
     async def livez(self, scope: Scope) -> AsgiResponse:
         """200 while every watched loop beat recently; 503 naming the stale ones."""

@@ -277,10 +277,10 @@ def record_round_trip(seconds: float, calls: int) -> None:
     _histograms[ROUND_TRIP_CALLS.name].record(calls)
 
 
-def record_lock_wait(seconds: float, *, acquired: bool, contended: bool) -> None:
-    """Record one lock acquisition attempt: its wait, whether it was won, whether another run held it."""
+def record_lock_wait(seconds: float, *, acquired: bool) -> None:
+    """Record one lock acquisition attempt: its wait and whether it was won (lost: another run held it)."""
     _histograms[LOCK_WAIT.name].record(seconds, {"acquired": str(acquired).lower()})
-    if contended:
+    if not acquired:
         _counters[LOCK_CONTENDED.name].add(1)
 
 

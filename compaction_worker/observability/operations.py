@@ -10,12 +10,11 @@ from __future__ import annotations
 import enum
 import json
 import re
-import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import annotated_types
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -27,7 +26,7 @@ from pydantic.fields import FieldInfo
 
 from compaction_worker.observability.metrics import METRICS, Instrument
 from compaction_worker.observability.tracing import SPANS, SpanInfo
-from compaction_worker.settings import Settings
+from compaction_worker.settings import Settings, env_name, literal_values
 
 OPERATIONS_PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "operations.md"
 
@@ -87,22 +86,13 @@ def _constraints(field: FieldInfo) -> str:
         for kind, attribute, symbol in _BOUNDS
         if isinstance(item, kind)
     ]
-    literals = [a for a in _flatten(field.annotation) if typing.get_origin(a) is Literal]
-    for literal in literals:
-        parts.append("one of " + ", ".join(f"`{v}`" for v in typing.get_args(literal)))
+    if values := literal_values(field.annotation):
+        parts.append("one of " + ", ".join(f"`{v}`" for v in values))
     return "; ".join(parts)
-
-
-def _flatten(annotation: Any) -> list[Any]:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _flatten(arg)]
-    return [annotation]
 
 
 def settings_docs(model: type[BaseModel] = Settings) -> list[SettingDoc]:
     """Every leaf setting of the model, section by section, with its environment variable."""
-    prefix = str(Settings.model_config.get("env_prefix", ""))
-    delimiter = str(Settings.model_config.get("env_nested_delimiter", "__"))
     docs: list[SettingDoc] = []
     for name, field in model.model_fields.items():
         if field.exclude:
@@ -111,16 +101,14 @@ def settings_docs(model: type[BaseModel] = Settings) -> list[SettingDoc]:
         fields = section.model_fields.items() if section else [(None, field)]
         for leaf_name, leaf in fields:
             path = f"{name}.{leaf_name}" if leaf_name else name
-            variable = prefix + delimiter.join(path.split(".")).upper()
             text, bounds = leaf.description or "", _constraints(leaf)
             description = f"{text} ({bounds})" if text and bounds else text or bounds
-            docs.append(SettingDoc(path, variable, _default(leaf), description))
+            docs.append(SettingDoc(path, env_name(path), _default(leaf), description))
     return docs
 
 
 def _aliases(model: type[BaseModel] = Settings) -> list[str]:
-    prefix = str(Settings.model_config.get("env_prefix", ""))
-    return [prefix + name.upper() for name, field in model.model_fields.items() if field.exclude]
+    return [env_name(name) for name, field in model.model_fields.items() if field.exclude]
 
 
 def _cell(text: str) -> str:

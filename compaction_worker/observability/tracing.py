@@ -61,7 +61,6 @@ BUDGET_SPAN = "compaction.budget_check"
 LOCK_SPAN = "compaction.lock_wait"
 RUN_SPAN = "compaction.run"
 STAGE_SPAN = "compaction.stage"
-PUBLISH_SPAN = "publish"
 
 _MESSAGING = ("messaging.system", "messaging.destination.name", "messaging.destination.partition.id")
 SPANS: tuple[SpanInfo, ...] = (

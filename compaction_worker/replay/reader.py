@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from compaction_worker.contracts.events import ChatMessage
 from compaction_worker.errors import CompactionWorkerError
-from compaction_worker.formats import anthropic, gemini, langchain, responses
+from compaction_worker.formats import anthropic, gemini, langchain, responses, tool_call
 
 try:
     from langchain_core.messages import messages_from_dict as _messages_from_dict
@@ -181,14 +181,7 @@ def agent_message(raw: Mapping[str, Any]) -> dict[str, Any]:
         message["tool_call_id"] = ids[0]
     if isinstance(message.get("tool_calls"), list):
         message["tool_calls"] = [
-            {
-                "id": call.get("id"),
-                "type": "function",
-                "function": {
-                    "name": (call.get("function") or {}).get("name"),
-                    "arguments": (call.get("function") or {}).get("arguments"),
-                },
-            }
+            tool_call(call.get("id"), (f := call.get("function") or {}).get("name"), f.get("arguments"))
             for call in message["tool_calls"]
             if isinstance(call, dict)
         ]

@@ -11,7 +11,6 @@ committed ``schemas/asyncapi.yaml`` is this document for the default settings.
 from __future__ import annotations
 
 import logging
-import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +39,7 @@ from compaction_worker.contracts.events import (
     TurnEvent,
 )
 from compaction_worker.runtime.connections import kafka_security
-from compaction_worker.settings import KafkaSettings, Settings, TopicSettings
+from compaction_worker.settings import KafkaSettings, TopicSettings, env_name, literal_values
 
 DOCUMENTED_BOOTSTRAP = "localhost:9092"
 """The server the document names when no bootstrap servers are configured (the committed one)."""
@@ -155,35 +154,16 @@ def _addresses(topics: TopicSettings) -> dict[str, str]:
 
 
 def _renamed_by() -> dict[str, str]:
-    return {default: _env_name("topics", field) for default, field in _FIELDS.items()}
-
-
-def _env_name(*path: str) -> str:
-    prefix = str(Settings.model_config.get("env_prefix", ""))
-    delimiter = str(Settings.model_config.get("env_nested_delimiter", "__"))
-    return prefix + delimiter.join(part.upper() for part in path)
+    return {default: env_name(f"topics.{field}") for default, field in _FIELDS.items()}
 
 
 def _server_description() -> str:
     kafka = KafkaSettings.model_fields
-    protocols = ", ".join(_literal_values(kafka["security_protocol"].annotation))
-    mechanisms = ", ".join(_literal_values(kafka["sasl_mechanism"].annotation))
+    protocols = ", ".join(literal_values(kafka["security_protocol"].annotation))
+    mechanisms = ", ".join(literal_values(kafka["sasl_mechanism"].annotation))
     return prose(
         f"The Kafka cluster the worker pool consumes from and publishes to; "
-        f"`{_env_name('kafka', 'bootstrap_servers')}` names its bootstrap servers (`host:port`, "
+        f"`{env_name('kafka.bootstrap_servers')}` names its bootstrap servers (`host:port`, "
         f"comma-separated). Security protocols: {protocols}; SASL mechanisms: {mechanisms} "
-        f"(`{_env_name('kafka', 'security_protocol')}` and the other `{_env_name('kafka', '')}*` settings)."
+        f"(`{env_name('kafka.security_protocol')}` and the other `{env_name('kafka.')}*` settings)."
     )
-
-
-def _literal_values(annotation: Any) -> list[str]:
-    """The values of a ``Literal`` annotation, also inside ``Optional``."""
-    pending: list[Any] = [annotation]
-    values: list[str] = []
-    while pending:
-        current = pending.pop(0)
-        if typing.get_origin(current) is typing.Literal:
-            values.extend(str(arg) for arg in typing.get_args(current))
-        else:
-            pending.extend(typing.get_args(current))
-    return values

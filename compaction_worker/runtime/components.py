@@ -71,7 +71,7 @@ def build_components(
     wakes = Wakes(redis, store.prefix)
     locks = Locks(redis, worker.lock_ttl_seconds)
     jobs = JobQueue(redis, store.prefix, locks, shards=shards, wakes=wakes)
-    outbox = Outbox(store, publish, locks, worker.outbox_grace_seconds, shards=shards, wakes=wakes)
+    outbox = Outbox(store, publish, locks, worker.lock_ttl_seconds, shards=shards, wakes=wakes)
     archive = Archive(redis, store.prefix)
     breaker = Breaker(redis, store.prefix, settings.summarizer)
     dead_letters = DeadLetters(settings.topics, publish)

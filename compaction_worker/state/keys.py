@@ -45,7 +45,7 @@ class ConversationKeys:
     fingerprints: str
     """Hash: each stored turn's content fingerprint, by seq (store.py; tells a redelivery from a conflict)."""
     seq: str
-    """String: the last turn seq handed out to a runtime that does not track its own (sequence.py)."""
+    """String: the last turn seq handed out to a runtime that does not track its own (store.py: ``next_turn_seq``)."""
     proposal: str
     """String: a compaction proposed and not yet applied or discarded, as JSON (proposals.py)."""
 

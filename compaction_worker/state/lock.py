@@ -68,7 +68,7 @@ class Locks:
             span.set_attribute("compaction.lock.acquired", bool(won))
         # Busy is never waited for here (the caller looks again when it would expire): the
         # wait is the acquisition's round trip.
-        metrics.record_lock_wait(time.perf_counter() - started, acquired=bool(won), contended=not won)
+        metrics.record_lock_wait(time.perf_counter() - started, acquired=bool(won))
         if not won:
             return Busy(conversation_id, int(time.time() * 1000) + max(0, int(value)))
         return Lease(conversation_id=conversation_id, token=token, fence=int(value))

@@ -74,10 +74,6 @@ async def rewind(
     meta = Meta.from_hash(raw_meta)  # the entries appended since the last replace follow in the transcript
     before = snapshot_of(meta, raw_chunks, raw_entries, raw_transcript[meta.tail :])
     target = rewind_target([json.loads(r) for r in raw_log], version)
-    if "chunks_before" not in target:
-        raise RewindError(
-            f"the log record of version {target['version']} cannot be rewound (no chunks_before)"
-        )
     chunks = tuple(SummaryChunk.from_json(c) for c in target["chunks_before"])
     entries = restore_entries(chunks, [json.loads(r) for r in raw_transcript])
     if repair is not None:
@@ -160,7 +156,6 @@ def versions(log: Sequence[Mapping[str, Any]]) -> list[Version]:
             in_effect=int(r["version"]) in effective,
         )
         for r in log
-        if "version" in r
     ]
 
 
@@ -170,8 +165,6 @@ def _in_effect(log: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     in_effect: list[Mapping[str, Any]] = []
     before: dict[int, list[Mapping[str, Any]]] = {}
     for record in log:
-        if "version" not in record:
-            continue  # not a record this module wrote
         if record.get("trigger") == Trigger.REWIND.value:
             in_effect = list(before.get(int(record["rewound_version"]), []))
         else:
@@ -201,9 +194,7 @@ def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapp
                     f"it undid (version {record['rewound_version']}) or one before it"
                 )
             return record
-    versions = ", ".join(
-        str(r["version"]) for r in log if "version" in r and r.get("trigger") != Trigger.REWIND.value
-    )
+    versions = ", ".join(str(r["version"]) for r in log if r.get("trigger") != Trigger.REWIND.value)
     raise RewindError(
         f"no compaction version {version}" + (f" (compactions: {versions})" if versions else " (none yet)")
     )

@@ -102,6 +102,7 @@ class Store:
         self._turn = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
         self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
         self._pin = Script(redis, "push.lua", "expiry.lua", "pin.lua")
+        self._next_seq = Script(redis, "expiry.lua", "sequence_next.lua")
 
     def keys(self, conversation_id: str) -> ConversationKeys:
         return conversation_keys(conversation_id, self.prefix)
@@ -179,6 +180,18 @@ class Store:
             first=meta.last_seq == 0,
         )
         return await self.write_turn(conversation_id, write)
+
+    async def next_turn_seq(self, conversation_id: str) -> int:
+        """The next unused turn seq (1 for a new conversation), for runtimes that do not track their own:
+        one past the larger of the last seq handed out (the ``seq`` key) and the last one stored, so
+        concurrent callers never get the same seq, and a counter that expired starts after the stored turns."""
+        keys = self.keys(conversation_id)
+        now = str(int(time.time() * 1000))
+        return int(
+            await self._next_seq(
+                keys.lasting(keys.meta, keys.seq), now_ms=now, retention_ms=str(self.retention_ms)
+            )
+        )
 
     async def fingerprint(self, conversation_id: str, turn_seq: int) -> str | None:
         """The stored turn's content fingerprint; None when no turn ``turn_seq`` is stored."""

@@ -27,7 +27,8 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from compaction_worker.testing.replies import default_summary, provider_overflow_error, text_of
+from compaction_worker.contracts.history import text_of
+from compaction_worker.testing.replies import default_summary, provider_overflow_error
 
 __all__ = ["FakeLLMServer", "Responder"]
 
@@ -45,7 +46,7 @@ _Failure = tuple[int, dict[str, Any] | str]
 
 
 def _prompt_chars(body: dict[str, Any]) -> int:
-    return sum(len(text_of(m.get("content"))) for m in body.get("messages") or [] if isinstance(m, dict))
+    return sum(len(text_of(m)) for m in body.get("messages") or [] if isinstance(m, dict))
 
 
 class FakeLLMServer:

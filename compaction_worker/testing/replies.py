@@ -14,9 +14,10 @@ from functools import cache
 from typing import Any
 
 from compaction_worker.budget.tokens import TokenCounter, counter_for
+from compaction_worker.contracts.history import text_of
 from compaction_worker.settings import BudgetSettings
 
-__all__ = ["OVERFLOW_PROVIDERS", "default_summary", "provider_overflow_error", "text_of"]
+__all__ = ["OVERFLOW_PROVIDERS", "default_summary", "provider_overflow_error"]
 
 # --- provider errors -----------------------------------------------------------------
 
@@ -95,28 +96,11 @@ _FENCED_TICKS = re.compile(r"```[^\n]*\n(?P<body>.*?)```", re.DOTALL)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
 
-def text_of(content: Any) -> str:
-    """The text of a message content: a string or the text parts of a list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
-        )
-    return ""
-
-
 def _transcript_of(body: dict[str, Any]) -> str:
     """The transcript a summarizer sent: the last user message, inside its fence if it has one."""
     messages = body.get("messages") or []
     text = next(
-        (
-            text_of(m.get("content"))
-            for m in reversed(messages)
-            if isinstance(m, dict) and m.get("role") == "user"
-        ),
+        (text_of(m) for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"),
         "",
     )
     # Summarizers fence the transcript as untrusted data; the instructions around it are
@@ -135,7 +119,7 @@ def _entries(transcript: str) -> list[tuple[str | None, str]]:
         except ValueError:
             data = None
         if isinstance(data, list) and all(isinstance(m, dict) for m in data):
-            return [(m.get("role"), text_of(m.get("content"))) for m in data]
+            return [(m.get("role"), text_of(m)) for m in data]
     entries: list[tuple[str | None, str]] = []
     role: str | None = None
     lines: list[str] = []

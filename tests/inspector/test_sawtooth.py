@@ -46,13 +46,6 @@ def test_the_line_grows_by_each_turn_and_drops_where_each_commit_says() -> None:
     assert "undid compaction v1" in second.tooltip
 
 
-def test_a_record_from_before_the_commit_kept_its_turn_is_placed_by_time() -> None:
-    log = [{"version": 1, "trigger": "manual", "at": 3.5, "tokens_after": 250, "stages": []}]
-    drawn = series(records(4), log, fixed=50, scale=1.0)
-    (marker,) = drawn.markers
-    assert (marker.seq, marker.before, marker.after) == (3, 650, 250)
-
-
 def test_the_tooltip_quotes_the_completion_event() -> None:
     event = {
         "tokens_before": 5000,

@@ -4,28 +4,25 @@ from __future__ import annotations
 
 import asyncio
 
-from compaction_worker.state.sequence import TurnSequence
 from compaction_worker.state.store import Store
 
 
 class TestTurnSequence:
     async def test_concurrent_callers_get_distinct_consecutive_seqs(self, store: Store) -> None:
         """50 gathered calls get 1..50, each once."""
-        sequence = TurnSequence(store.redis, store.prefix, 3600)
-        seqs = await asyncio.gather(*(sequence.next("c") for _ in range(50)))
+        seqs = await asyncio.gather(*(store.next_turn_seq("c") for _ in range(50)))
         assert sorted(seqs) == list(range(1, 51))
 
     async def test_starts_after_the_stored_turns(self, store: Store) -> None:
         """A conversation whose turns carried their own seqs continues after the last stored one."""
         await store.redis.hset(store.keys("c").meta, "last_seq", "7")
-        sequence = TurnSequence(store.redis, store.prefix, 3600)
-        assert [await sequence.next("c"), await sequence.next("c")] == [8, 9]
+        assert [await store.next_turn_seq("c"), await store.next_turn_seq("c")] == [8, 9]
         await store.redis.hset(store.keys("c").meta, "last_seq", "20")
-        assert await sequence.next("c") == 21
+        assert await store.next_turn_seq("c") == 21
 
     async def test_the_counter_is_a_conversation_key_with_the_retention(self, store: Store) -> None:
         """It expires with the conversation and is deleted with it."""
-        await TurnSequence(store.redis, store.prefix, 3600).next("c")
+        await store.next_turn_seq("c")
         key = store.keys("c").seq
         assert key in store.keys("c").all()
         assert key.startswith("t:{c}:")

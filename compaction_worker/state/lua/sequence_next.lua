@@ -1,4 +1,4 @@
--- Hands out the next turn seq (sequence.py, TurnSequence.next).
+-- Hands out the next turn seq (store.py, Store.next_turn_seq).
 -- KEYS: meta, seq, then the conversation's other lasting keys (their expiry moves with the
 -- rest: expiry.lua). Header: {now_ms, retention_ms}. Returns one past the larger of the last
 -- seq handed out and the last seq stored, so turns published with seqs of their own are
