@@ -30,6 +30,7 @@ LIST_FIELDS = (
     "last_seq",
     "msg_count",
     "model",
+    "profile",
     "history_tokens",
     "system_tokens",
     "tools_tokens",
@@ -44,7 +45,8 @@ LIST_FIELDS = (
     "observed_window",
     "updated_at",
 )
-"""The meta fields a list row needs (not the system prompt or the tool schemas)."""
+"""The meta fields a list row needs (not the system prompt or the tool schemas): its figures
+(client.context_stats) are computed under the conversation's settings profile."""
 ARTIFACTS_SHOWN = 500
 """Archived artifacts a conversation page lists, newest first seen (the archive is unbounded)."""
 
