@@ -72,7 +72,3 @@ def label(tokens: int) -> str:
     if tokens >= 1_000_000:
         return f"{tokens / 1_000_000:.3g}M"
     return f"{tokens / 1000:.3g}K" if tokens >= 1000 else str(tokens)
-
-
-def compact_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

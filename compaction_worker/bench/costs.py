@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 from compaction_worker import _litellm
-from compaction_worker.bench.agent_data import agent_turn, compact_json, fill, label
+from compaction_worker.bench.agent_data import agent_turn, fill, label
 from compaction_worker.bench.environment import BenchEnv
 from compaction_worker.bench.report import Progress, Row, quantile
 from compaction_worker.budget.tokens import TokenCounter, counter_for
@@ -29,6 +29,7 @@ from compaction_worker.runtime.worker import tune_gc
 from compaction_worker.settings import Settings
 from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.scripts import encode
 from compaction_worker.testing import FakeLLMServer, turn_payload
 
 TURN_MODEL = "openrouter/openai/gpt-4.1"
@@ -87,9 +88,9 @@ async def per_turn_rows(env: BenchEnv, progress: Progress) -> list[Row]:
         progress(f"per-turn: turn {turn + 1}/{turns}")
         for size in sizes:  # interleaved, so that noise hits every size alike
             cid, seq = cids[size], next_seq[size]
-            payload = compact_json(
+            payload = encode(
                 turn_payload(cid, seq, agent_turn(seq)[:1], model=TURN_MODEL, context_window=LARGE_WINDOW)
-            )
+            ).encode()
             start = time.perf_counter()
             outcome = await parts.turns.handle(payload, cid.encode())
             worker[size].append(time.perf_counter() - start)
@@ -276,12 +277,14 @@ async def long_conversation_rows(env: BenchEnv, progress: Progress) -> list[Row]
     while appended < goal:
         seq += 1
         messages = agent_turn(seq, cid)
-        payload = compact_json(turn_payload(cid, seq, messages, model=COMPACT_MODEL, context_window=window))
+        payload = encode(
+            turn_payload(cid, seq, messages, model=COMPACT_MODEL, context_window=window)
+        ).encode()
         outcome = await parts.turns.handle(payload, cid.encode())
         if outcome.status.value != "appended":
             raise RuntimeError(f"bench turn not appended: {outcome}")
         appended += counter.messages(messages)
-        raw += sum(len(compact_json(m)) for m in messages)
+        raw += sum(len(encode(m).encode()) for m in messages)
         if outcome.scheduled is not None:
             if before is None:
                 before = (await redis_bytes(env.redis, keys), raw)

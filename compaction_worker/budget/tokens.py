@@ -37,8 +37,9 @@ _FAST_ENCODINGS = frozenset({"cl100k_base", "o200k_base"})
 _CHUNK = 16_384
 # Tokens for the JSON structure around one tool call (id, type, function wrapper).
 _TOOL_CALL_STRUCTURE = 3
-_IMAGE_TYPES = frozenset({"image_url", "image", "input_image"})
-_TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
+# Content part types: an image (a fixed count) and a text, in every format the worker reads.
+IMAGE_TYPES = frozenset({"image_url", "image", "input_image"})
+TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 # Message fields that are not prompt text: the role is in the per-message overhead, and
 # cache_control is a provider directive.
 _NOT_COUNTED = frozenset({"role", "cache_control", *PRIVATE_FIELDS})
@@ -163,9 +164,9 @@ class TokenCounter:
             kind = kind if isinstance(kind, str) else None  # a list would not hash
             if isinstance(part, str):
                 raw += self._raw(part)
-            elif kind in _IMAGE_TYPES:
+            elif kind in IMAGE_TYPES:
                 fixed += self.image_tokens
-            elif kind in _TEXT_TYPES:
+            elif kind in TEXT_TYPES:
                 raw += self._raw(_as_text(part.get("text")))
             else:
                 raw += self._raw(_json(part))

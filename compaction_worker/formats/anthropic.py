@@ -230,6 +230,8 @@ def from_openai(messages: Iterable[Mapping[str, Any]]) -> AnthropicMessages:
 
 
 _THINKING = ("thinking", "redacted_thinking")
+"""Thinking blocks: an edited assistant message keeps them, and no ``cache_control`` goes on one
+(the Messages API refuses it)."""
 
 
 def _assistant_restored(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -268,9 +270,6 @@ def _joined(systems: list[System]) -> System | None:
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 """The ``cache_control`` of a breakpoint (Anthropic's default five-minute cache)."""
-
-_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
-"""Blocks the Messages API refuses a ``cache_control`` on."""
 
 
 def with_cache_breakpoints(
@@ -335,7 +334,7 @@ def _marked(message: Mapping[str, Any]) -> dict[str, Any]:
         return dict(message)
     blocks = list(content)
     for i in range(len(blocks) - 1, -1, -1):
-        if isinstance(blocks[i], dict) and blocks[i].get("type") not in _UNMARKABLE:
+        if isinstance(blocks[i], dict) and blocks[i].get("type") not in _THINKING:
             blocks[i] = {**blocks[i], "cache_control": EPHEMERAL}
             break
     return {**message, "content": blocks}

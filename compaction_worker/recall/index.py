@@ -26,7 +26,6 @@ __all__ = [
     "Passage",
     "RecallHit",
     "RecallIndex",
-    "message_text",
     "passages",
     "snippet",
     "tokens",
@@ -53,7 +52,7 @@ class Passage:
     role: str
     text: str
     offset: int = 0
-    """Where ``text`` starts in the message's text (:func:`message_text`)."""
+    """Where ``text`` starts in the message's text (:func:`text_with_calls`)."""
     artifact_id: str | None = None
     """For an archive passage: the archived item, ``"<kind>: <text>"`` (the archive's key for it)."""
 
@@ -69,7 +68,7 @@ class RecallHit:
     text: str
     """Verbatim from the message's text (or the artifact), cut to the snippet length around the match."""
     offset: int
-    """Where ``text`` starts in the message's text (:func:`message_text`): 0 for an artifact."""
+    """Where ``text`` starts in the message's text (:func:`text_with_calls`): 0 for an artifact."""
     score: float
     artifact_id: str | None = None
 
@@ -87,11 +86,6 @@ def tokens(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def message_text(message: Mapping[str, Any]) -> str:
-    """What recall searches in a message: its text, then each tool call as ``name(arguments)``."""
-    return text_with_calls(message)
-
-
 def _pieces(text: str, size: int) -> Iterator[tuple[int, str]]:
     """``text`` as (offset, piece) of at most ``size`` chars, cut after a newline where one is near."""
     start = 0
@@ -107,9 +101,9 @@ def _pieces(text: str, size: int) -> Iterator[tuple[int, str]]:
 
 
 def passages(n: int, seq: int, message: Mapping[str, Any], size: int = PASSAGE_CHARS) -> Iterator[Passage]:
-    """A transcript message's passages, in order."""
+    """A transcript message's passages, in order: its text, then each tool call as ``name(arguments)``."""
     role = str(message.get("role", ""))
-    for offset, piece in _pieces(message_text(message), size):
+    for offset, piece in _pieces(text_with_calls(message), size):
         yield Passage("transcript", seq, n, role, piece, offset)
 
 

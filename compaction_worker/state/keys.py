@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, fields
 
-from compaction_worker.settings import DEFAULT_INDEX_SHARDS, DEFAULT_PREFIX
+from compaction_worker.settings import DEFAULT_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +112,6 @@ def shard_of(conversation_id: str, shards: int) -> int:
 def bucket_keys(base: str, shards: int) -> tuple[str, ...]:
     """The bucket keys of the index named ``base``; each is its own hash tag (its own slot; index.py)."""
     return tuple(f"{{{base}:{n}}}" for n in range(shards))
-
-
-def bucket_key(base: str, conversation_id: str, shards: int = DEFAULT_INDEX_SHARDS) -> str:
-    """The bucket key of the index named ``base`` that holds this conversation's entry."""
-    return f"{{{base}:{shard_of(conversation_id, shards)}}}"
 
 
 def wake_key(prefix: str = DEFAULT_PREFIX) -> str:

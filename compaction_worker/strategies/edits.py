@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from compaction_worker.budget.tokens import IMAGE_TYPES
 from compaction_worker.contracts.history import Entry
 from compaction_worker.contracts.toolpairs import ToolCall, pair_results
 from compaction_worker.offload import off_loop
@@ -23,9 +24,6 @@ MIN_ENTRY_SAVING = 0.3
 Below it a placeholder costs nearly as much as what it replaces, so the model would lose
 the content for a handful of tokens.
 """
-
-IMAGE_TYPES = frozenset({"image_url", "image", "input_image"})
-TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 
 
 def tool_calls(entries: Sequence[Entry]) -> dict[int, ToolCall]:

@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from compaction_worker.budget.tokens import TEXT_TYPES
 from compaction_worker.contracts.history import Entry
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, plural
-from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, TEXT_TYPES, EditStage, outcome, rewrite
+from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, EditStage, outcome, rewrite
 from compaction_worker.strategies.tail import task_index
 from compaction_worker.summaries.carry import carry, distinctive_terms
 

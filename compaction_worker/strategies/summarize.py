@@ -16,7 +16,6 @@ from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.history import Entry, SummaryChunk, public_message, text_of
 from compaction_worker.offload import off_loop
 from compaction_worker.strategies.allocation import Keeps, allocate, summary_floor
-from compaction_worker.strategies.chunks import chunk_frame, make_chunk
 from compaction_worker.strategies.draft import (
     Draft,
     StageContext,
@@ -24,6 +23,8 @@ from compaction_worker.strategies.draft import (
     StageOutcome,
     StageReport,
     add_usage,
+    chunk_frame,
+    make_chunk,
     plural,
 )
 from compaction_worker.strategies.oversized import cut_kept, cut_to

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from compaction_worker.contracts.history import Entry, SummaryChunk
-from compaction_worker.strategies.chunks import make_chunk
 from compaction_worker.strategies.draft import (
     CountText,
     Draft,
@@ -18,6 +17,7 @@ from compaction_worker.strategies.draft import (
     StageKind,
     StageOutcome,
     StageReport,
+    make_chunk,
     plural,
 )
 from compaction_worker.strategies.repair import reaches_target

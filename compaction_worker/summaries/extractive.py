@@ -14,10 +14,15 @@ from typing import Any, Final
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.toolpairs import pair_results
 from compaction_worker.summaries.artifacts import extract_artifacts
-from compaction_worker.summaries.contract import CountTokens, SummarizerError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import (
+    CountTokens,
+    SummarizerError,
+    SummaryRequest,
+    SummaryResult,
+    validate_summary,
+)
 from compaction_worker.summaries.instructions import Terms, instruction_terms, matches
 from compaction_worker.summaries.prompts import SECTIONS, render_content
-from compaction_worker.summaries.validation import validate_summary
 
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?])\s+")
 _DECISION: Final = re.compile(

@@ -3,7 +3,7 @@
 It asks any LiteLLM model for a structured summary (prompt from
 :mod:`compaction_worker.summaries.prompts`), with retries (the one failure policy,
 :class:`~compaction_worker.retry.RetryPolicy`) and fallback models, and returns only
-summaries that pass :func:`~compaction_worker.summaries.validation.validate_summary`.
+summaries that pass :func:`~compaction_worker.summaries.contract.validate_summary`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from compaction_worker.summaries.contract import (
     SummarizerError,
     SummaryRequest,
     SummaryResult,
+    summary_problem,
 )
 from compaction_worker.summaries.prompts import (
     clamp_tool_output,
@@ -43,7 +44,6 @@ from compaction_worker.summaries.prompts import (
     shorter_note,
     transcript_blocks,
 )
-from compaction_worker.summaries.validation import summary_problem
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from compaction_worker.recall.index import Passage, RecallIndex, message_text, passages, snippet
+from compaction_worker.contracts.history import text_with_calls
+from compaction_worker.recall.index import Passage, RecallIndex, passages, snippet
 from compaction_worker.recall.search import RecallResult
 from compaction_worker.recall.tools import ANTHROPIC_TOOL, OPENAI_TOOL, recall_calls, tool_result
 
@@ -31,12 +32,12 @@ def _index() -> tuple[RecallIndex, str]:
         *passages(5, 2, tool),
         Passage("archive", 2, 5, "artifact", "kestrel-42", artifact_id="host: kestrel-42"),
     ]
-    return RecallIndex(items), message_text(tool)
+    return RecallIndex(items), text_with_calls(tool)
 
 
 def test_a_long_tool_output_is_cut_into_passages_that_map_back_verbatim() -> None:
     message = {"role": "tool", "tool_call_id": "x", "content": f"{LOG}\n{NEEDLE}"}
-    text = message_text(message)
+    text = text_with_calls(message)
     found = list(passages(7, 3, message, size=500))
     assert len(found) > len(text) // 500
     assert all(len(p.text) <= 500 and text[p.offset : p.offset + len(p.text)] == p.text for p in found)

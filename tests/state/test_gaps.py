@@ -13,9 +13,9 @@ import redis.asyncio
 
 from compaction_worker.contracts.events import BadEventError, DeadLetter, TurnEvent
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus
-from compaction_worker.settings import Settings
+from compaction_worker.settings import DEFAULT_INDEX_SHARDS, Settings
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value, parse_held
-from compaction_worker.state.keys import bucket_key, gaps_index_key
+from compaction_worker.state.keys import bucket_keys, gaps_index_key, shard_of
 from compaction_worker.state.lock import Lease
 from compaction_worker.testing import turn_bytes
 from tests import orchestration
@@ -52,7 +52,7 @@ async def index_score(redis_client: redis.asyncio.Redis, cid: str) -> float | No
 
 def gap_key(cid: str) -> str:
     """The held-turn index bucket of a conversation (prefix ``t``, default shards)."""
-    return bucket_key(gaps_index_key("t"), cid)
+    return bucket_keys(gaps_index_key("t"), DEFAULT_INDEX_SHARDS)[shard_of(cid, DEFAULT_INDEX_SHARDS)]
 
 
 async def stored_state(redis_client: redis.asyncio.Redis, cid: str) -> dict[bytes, bytes | None]:

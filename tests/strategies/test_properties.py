@@ -31,9 +31,15 @@ from compaction_worker.strategies.repair import SYNTHETIC_GAP, repair
 from compaction_worker.strategies.standing_state import CHANGED
 from compaction_worker.strategies.tail import task_index
 from compaction_worker.strategies.truncate import MARKER_RESERVE, QUOTE_TOKENS, TRUNCATION_MODEL
-from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import (
+    Summarizer,
+    SummarizerError,
+    SummaryRequest,
+    SummaryResult,
+    looks_like_error_text,
+    validate_summary,
+)
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
-from compaction_worker.summaries.validation import looks_like_error_text, validate_summary
 
 from .conversations import (
     CALL_IDS,

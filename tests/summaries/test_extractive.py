@@ -10,10 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction_worker.contracts.events import LlmUsage
-from compaction_worker.summaries.contract import SummarizerError
+from compaction_worker.summaries.contract import SummarizerError, validate_summary
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.prompts import SECTIONS
-from compaction_worker.summaries.validation import validate_summary
 from tests.summaries.helpers import count, request
 
 

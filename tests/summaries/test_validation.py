@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compaction_worker.summaries.contract import SummarizerError
-from compaction_worker.summaries.validation import ERROR_TEXT_PATTERNS, validate_summary
+from compaction_worker.summaries.contract import ERROR_TEXT_PATTERNS, SummarizerError, validate_summary
 from tests.summaries.helpers import GOOD_SUMMARY, count, request
 
 ERROR_TEXTS = [
