@@ -49,11 +49,7 @@ class TranscriptRecord(_Output):
     turn_seq: int = Field(ge=1, description="The turn that added it.")
     message: Message = Field(description="The message as the turn carried it (OpenAI chat shape).")
     appended_at: float = Field(description="When the worker stored it, Unix time in seconds.")
-    tokens: int | None = Field(
-        default=None,
-        ge=0,
-        description="The token count it was stored with; null for records that predate it.",
-    )
+    tokens: int = Field(ge=0, description="The token count it was stored with.")
 
     @classmethod
     def from_stored(cls, record: Mapping[str, Any]) -> TranscriptRecord:
@@ -63,7 +59,7 @@ class TranscriptRecord(_Output):
             turn_seq=record["seq"],
             message=record["m"],
             appended_at=record["at"],
-            tokens=record.get("t"),
+            tokens=record["t"],
         )
 
 
