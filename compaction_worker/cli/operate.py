@@ -51,7 +51,8 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
                 return
             snapshot = await client.snapshot(conversation_id)
             # Rendered from the same snapshot as the chunks, the way Client.messages renders.
-            messages = render(snapshot.history, settings.pipeline.summary_placement)
+            placement = settings.for_profile(snapshot.meta.profile).pipeline.summary_placement
+            messages = render(snapshot.history, placement)
             if as_json:
                 output = cli_output.History(
                     conversation_id=conversation_id,
@@ -93,7 +94,7 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             meta = await _stored_meta(client, conversation_id)
             job = await client.job(conversation_id)
             stats = context_stats(conversation_id, meta, settings)
-            health = await _breaker(client, settings.summarizer, meta.model)
+            health = await _breaker(client, settings.for_profile(meta.profile).summarizer, meta.model)
             output = cli_output.Status.of(
                 stats,
                 last_seq=meta.last_seq,

@@ -324,7 +324,8 @@ class Client:
     async def messages(
         self, conversation_id: str, format: HistoryFormat = "openai", *, cache: bool = False
     ) -> Rendered:
-        """The provider-ready messages to send to the model next (with the configured summary placement).
+        """The provider-ready messages to send to the model next (with the summary placement of the
+        conversation's settings profile).
 
         ``format`` is the runtime's own: ``openai`` chat messages, ``anthropic`` (``system``
         and ``messages``), ``responses`` input items or ``gemini`` contents. The verbatim
@@ -335,8 +336,9 @@ class Client:
         prefix unasked, and for OpenAI ``prompt_cache_key=conversation_id`` keeps a
         conversation's calls on one cache).
         """
-        history = (await self.store.snapshot(conversation_id)).history
-        return rendered(history, format, self.settings.pipeline.summary_placement, cache=cache)
+        snapshot = await self.store.snapshot(conversation_id)
+        placement = self.settings.for_profile(snapshot.meta.profile).pipeline.summary_placement
+        return rendered(snapshot.history, format, placement, cache=cache)
 
     async def set_instructions(self, conversation_id: str, text: str | None) -> None:
         """Set the conversation's standing compaction instructions (None or "" clears them).

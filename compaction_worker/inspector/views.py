@@ -213,7 +213,7 @@ async def conversation(
         meta=meta,
         stats=context_stats(conversation_id, meta, settings),
         snapshot=snapshot,
-        messages=render(snapshot.history, settings.pipeline.summary_placement),
+        messages=render(snapshot.history, settings.for_profile(meta.profile).pipeline.summary_placement),
         page=page,
         counts=await counts.read(conversation_id),
         transcript=transcript_items(records, chunks, history_marks(snapshot.history.entries)),

@@ -59,6 +59,21 @@ async def test_merge_placement() -> None:
     assert messages[0]["content"].endswith("\n\nand now?")
 
 
+async def test_a_profile_s_placement() -> None:
+    """A conversation of a profile that merges is rendered merged, whatever the deployment's placement."""
+    settings = Settings.model_validate(
+        {"profiles": {"merging": {"pipeline": {"summary_placement": "merge"}}}}
+    )
+
+    class Profiled:
+        async def snapshot(self, conversation_id: str) -> Snapshot:
+            return Snapshot(Meta(last_seq=3, profile="merging"), HISTORY)
+
+    messages = await Client(settings, cast(Store, Profiled()), None).messages("c1")
+    assert settings.pipeline.summary_placement == "separate"
+    assert [m["role"] for m in messages] == ["user"]
+
+
 def test_placement_is_validated() -> None:
     """Only the two placements exist."""
     with pytest.raises(ValueError, match="summary_placement"):
