@@ -298,9 +298,10 @@ class EmbeddedKafka(_EmbeddedServer):
     """A Kafka-protocol broker (tansu, in-memory storage) as a child process.
 
     Tansu supports consumer groups, commits and rebalances, but not the idempotent
-    producer: producers must set ``enable_idempotence=False``. Topics are not created
-    automatically (``runtime.topics.create_topics`` does). Memory storage means a restart
-    loses data.
+    producer: producers must set ``enable_idempotence=False``. A produce request to a missing
+    topic creates it, with the broker's default partition count: create topics first
+    (``runtime.topics.create_topics``) to choose theirs. Memory storage means a restart loses
+    data, topics included.
     """
 
     name = "kafka"
