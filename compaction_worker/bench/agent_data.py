@@ -7,10 +7,12 @@ import json
 import uuid
 from typing import Any
 
+from compaction_worker.bench.environment import BenchError
 from compaction_worker.budget.tokens import TokenCounter
 from compaction_worker.formats import tool_call
 from compaction_worker.runtime.components import Components
-from compaction_worker.state.appends import NewMessage
+from compaction_worker.state.scripts import encode
+from compaction_worker.testing import turn_payload
 
 
 def agent_turn(i: int, salt: str = "") -> list[dict[str, Any]]:
@@ -57,14 +59,25 @@ def agent_turn(i: int, salt: str = "") -> list[dict[str, Any]]:
     ]
 
 
+async def store_turn(
+    parts: Components, cid: str, seq: int, messages: list[dict[str, Any]], model: str
+) -> None:
+    """Store a turn as the worker does (its turn handler), outside what a row times."""
+    outcome = await parts.turns.handle(
+        encode(turn_payload(cid, seq, messages, model=model)).encode(), cid.encode()
+    )
+    if outcome.status.value != "appended":
+        raise BenchError(f"bench turn {seq} of {cid} not appended: {outcome}")
+
+
 async def fill(parts: Components, cid: str, tokens: int, model: str, counter: TokenCounter) -> None:
-    """Store a conversation of at least ``tokens`` tokens directly (not timed)."""
+    """Store a conversation of at least ``tokens`` tokens (not timed)."""
     stored, seq = 0, 0
     while stored < tokens:
         seq += 1
-        new = [NewMessage(m, counter.message(m)) for m in agent_turn(seq, cid)]
-        await parts.store.append_turn(cid, seq, new, {"model": model})
-        stored += sum(n.tokens for n in new)
+        messages = agent_turn(seq, cid)
+        await store_turn(parts, cid, seq, messages, model)
+        stored += sum(counter.message(m) for m in messages)
 
 
 def label(tokens: int) -> str:

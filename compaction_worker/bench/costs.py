@@ -18,7 +18,7 @@ from typing import Any
 from unittest import mock
 
 from compaction_worker import _litellm
-from compaction_worker.bench.agent_data import agent_turn, fill, label
+from compaction_worker.bench.agent_data import agent_turn, fill, label, store_turn
 from compaction_worker.bench.environment import BenchEnv
 from compaction_worker.bench.report import Progress, Row, quantile
 from compaction_worker.budget.tokens import TokenCounter, counter_for
@@ -27,7 +27,6 @@ from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.worker import tune_gc
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.scripts import encode
 from compaction_worker.testing import FakeLLMServer, turn_payload
@@ -123,18 +122,14 @@ async def per_turn_rows(env: BenchEnv, progress: Progress) -> list[Row]:
 
 async def _naive_turn(parts: Components, cid: str, counter: TokenCounter) -> float:
     """One turn of the naive baseline: read and decode the whole history (never compacted: the
-    transcript), recount it, append."""
+    transcript) and recount it, as a worker that keeps no counts does to decide; then append as
+    the worker does."""
     start = time.perf_counter()
     meta = await parts.store.meta(cid)
     message = agent_turn(meta.last_seq + 1)[0]
     raw = await parts.store.redis.lrange(parts.store.keys(cid).transcript, 0, -1)
-    total = sum(counter.message(json.loads(r)["m"]) for r in raw) + counter.message(message)
-    await parts.store.append_turn(
-        cid,
-        meta.last_seq + 1,
-        [NewMessage(message, counter.message(message))],
-        {"model": TURN_MODEL, "total": total},
-    )
+    sum(counter.message(json.loads(r)["m"]) for r in raw) + counter.message(message)
+    await store_turn(parts, cid, meta.last_seq + 1, [message], TURN_MODEL)
     return time.perf_counter() - start
 
 

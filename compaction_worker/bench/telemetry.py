@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from compaction_worker.bench.agent_data import store_turn
 from compaction_worker.bench.environment import BenchEnv, BenchError, worker_environment
 from compaction_worker.bench.load import delete_prefix
 from compaction_worker.bench.report import Progress, Row
@@ -41,7 +42,6 @@ from compaction_worker.observability import tracing
 from compaction_worker.runtime.components import build_components
 from compaction_worker.runtime.connections import connect_redis
 from compaction_worker.settings import load_settings
-from compaction_worker.state.appends import NewMessage
 from compaction_worker.testing import turn_payload
 
 MODES = ("off", "on")
@@ -156,8 +156,8 @@ async def timed_turns(mode: str, turns: int) -> dict[str, float]:
     try:
         parts = build_components(settings, redis, discard)
         cid = "t"
-        filler = [NewMessage({"role": "user", "content": f"message {i} " * 5}, 15) for i in range(HISTORY)]
-        await parts.store.append_turn(cid, 1, filler, {"model": MODEL})
+        filler = [{"role": "user", "content": f"message {i} " * 5} for i in range(HISTORY)]
+        await store_turn(parts, cid, 1, filler, MODEL)
         for turn in range(turns):
             config = "on" if mode == "on" else ("off", "bare")[turn % 2]
             message = {"role": "assistant", "content": f"reply {turn} " * 20}

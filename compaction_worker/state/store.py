@@ -9,7 +9,6 @@ commits a compaction (or a rewind, restore.py) keeps every entry appended while 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -22,19 +21,16 @@ from compaction_worker.errors import StaleFenceError
 from compaction_worker.state.appends import (
     TURN_LUA,
     AppendReply,
-    NewMessage,
     PlainAppend,
     TurnWrite,
-    first_fields,
     records_of,
     reply_of,
     run_args,
 )
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.jobs import JobRequest
 from compaction_worker.state.keys import ConversationKeys, conversation_keys
 from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import Pipeline, PositionalScript, Script, as_text, encode
+from compaction_worker.state.scripts import Pipeline, PositionalScript, Script, as_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,48 +134,6 @@ class Store:
         return list(
             keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)
         )
-
-    async def append_turn(
-        self,
-        conversation_id: str,
-        turn_seq: int,
-        messages: Sequence[NewMessage],
-        meta_fields: Mapping[str, str | int | float] | None = None,
-        *,
-        request: JobRequest | None = None,
-        fingerprint: str | None = None,
-    ) -> AppendReply:
-        """Append a turn outside the turn handler (seeding a conversation: tests, benchmarks, tools).
-
-        It reads the meta first, so it costs two round trips; the turn handler's path is
-        :meth:`write_turn`. ``fingerprint`` defaults to a digest of the messages.
-        """
-        meta = await self.meta(conversation_id)
-        if fingerprint is None:
-            digest = hashlib.blake2b(digest_size=16)
-            for message in messages:
-                digest.update(b"\x1e" + (message.text or encode(message.message)).encode())
-            fingerprint = digest.hexdigest()
-        now = time.time()
-        fields = {k: str(v) for k, v in (meta_fields or {}).items()}
-        fields |= {
-            "last_seq": str(turn_seq),
-            "msg_count": str(meta.msg_count + len(messages)),
-            "history_tokens": str(meta.history_tokens + sum(m.tokens for m in messages)),
-            "updated_at": repr(now),
-        }
-        write = TurnWrite(
-            seq=turn_seq,
-            messages=messages,
-            first_n=meta.msg_count + 1,
-            fields=fields | (first_fields(now) if meta.last_seq == 0 else {}),
-            rev=meta.rev,
-            now=now,
-            fingerprint=fingerprint,
-            job=request,
-            first=meta.last_seq == 0,
-        )
-        return await self.write_turn(conversation_id, write)
 
     async def next_turn_seq(self, conversation_id: str) -> int:
         """The next unused turn seq (1 for a new conversation), for runtimes that do not track their own:

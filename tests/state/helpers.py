@@ -1,13 +1,17 @@
-"""What the state tests share: messages to append, an append that returns its status, a chunk."""
+"""What the state tests share: messages to append, an append as given, a chunk, a hold."""
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections.abc import Mapping, Sequence
 
 from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.contracts.history import Entry, SummaryChunk
-from compaction_worker.state.appends import AppendStatus, NewMessage
+from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, first_fields
 from compaction_worker.state.gaps import GapIndex, held_value
+from compaction_worker.state.jobs import JobRequest
+from compaction_worker.state.scripts import encode
 from compaction_worker.state.store import Store
 
 FP_A, FP_B = "a" * 32, "0123456789abcdef" * 2
@@ -18,11 +22,52 @@ def msg(text: str, role: str = "user", tokens: int = 10) -> NewMessage:
     return NewMessage({"role": role, "content": text}, tokens)
 
 
+async def append_turn(
+    store: Store,
+    cid: str,
+    seq: int,
+    messages: Sequence[NewMessage],
+    meta_fields: Mapping[str, str | int | float] | None = None,
+    *,
+    request: JobRequest | None = None,
+    fingerprint: str | None = None,
+) -> AppendReply:
+    """Store a turn as given (its messages' counts, the meta fields, the job) through the store's
+    write, on the meta as stored: the store's own contract, without the worker's decision
+    (runtime/plan.py). ``fingerprint`` defaults to a digest of the messages."""
+    meta = await store.meta(cid)
+    if fingerprint is None:
+        digest = hashlib.blake2b(digest_size=16)
+        for message in messages:
+            digest.update(b"\x1e" + (message.text or encode(message.message)).encode())
+        fingerprint = digest.hexdigest()
+    now = time.time()
+    fields = {k: str(v) for k, v in (meta_fields or {}).items()}
+    fields |= {
+        "last_seq": str(seq),
+        "msg_count": str(meta.msg_count + len(messages)),
+        "history_tokens": str(meta.history_tokens + sum(m.tokens for m in messages)),
+        "updated_at": repr(now),
+    }
+    write = TurnWrite(
+        seq=seq,
+        messages=messages,
+        first_n=meta.msg_count + 1,
+        fields=fields | (first_fields(now) if meta.last_seq == 0 else {}),
+        rev=meta.rev,
+        now=now,
+        fingerprint=fingerprint,
+        job=request,
+        first=meta.last_seq == 0,
+    )
+    return await store.write_turn(cid, write)
+
+
 async def append(
     store: Store, cid: str, seq: int, *messages: NewMessage, fingerprint: str | None = None
 ) -> AppendStatus:
     """Append a turn to the conversation as stored; returns what the script did."""
-    result = await store.append_turn(cid, seq, list(messages), {"model": "gpt-4o"}, fingerprint=fingerprint)
+    result = await append_turn(store, cid, seq, list(messages), {"model": "gpt-4o"}, fingerprint=fingerprint)
     return result.status
 
 

@@ -17,6 +17,7 @@ from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes
+from tests.state.helpers import append_turn
 
 pytestmark = pytest.mark.integration
 
@@ -199,7 +200,7 @@ async def test_a_pending_job_keeps_every_requests_instructions(queue: JobQueue) 
         asked = JobRequest(
             trigger, "too long" if trigger is Trigger.REACTIVE else None, instructions=instructions
         )
-        await store.append_turn("c", seq, turn, {}, request=asked)
+        await append_turn(store, "c", seq, turn, {}, request=asked)
 
     async def pending() -> str | None:
         job = await queue.job("c")
@@ -229,12 +230,12 @@ async def test_request_is_recorded_with_the_turn(queue: JobQueue) -> None:
     store = Store(queue.redis, "t", None)
     request = JobRequest(Trigger.REACTIVE, "too long", estimate=1234)
     turn = [NewMessage({"role": "user", "content": "a"}, 1)]
-    assert (await store.append_turn("c", 1, turn, {}, request=request)).job
+    assert (await append_turn(store, "c", 1, turn, {}, request=request)).job
     job = await queue.job("c")
     assert job is not None
     assert (job.trigger, job.error, job.estimate) == (Trigger.REACTIVE, "too long", 1234)
     assert await queue.due(10) == []  # the worker died before indexing it
     # Its redelivery is a duplicate whose reply says a job is pending: the handler indexes it.
-    assert (await store.append_turn("c", 1, turn, {}, request=request)).job
+    assert (await append_turn(store, "c", 1, turn, {}, request=request)).job
     await queue.mark_due("c")
     assert await queue.due(10) == ["c"]

@@ -34,7 +34,7 @@ from compaction_worker.state.meta import Meta
 from compaction_worker.state.scripts import Pipeline, as_text
 from compaction_worker.state.store import Store
 from tests.conftest import cluster_tests
-from tests.state.helpers import FP_A, FP_B, append, chunk, hold, msg
+from tests.state.helpers import FP_A, FP_B, append, append_turn, chunk, hold, msg
 
 pytestmark = pytest.mark.integration
 
@@ -106,24 +106,24 @@ class TestAppend:
 
     async def test_reply_carries_what_the_caller_acts_on(self, store: Store) -> None:
         """An append returns its seq, the new revision and whether the next turn is held; a duplicate too."""
-        first = await store.append_turn("c", 1, [msg("a", tokens=7)])
+        first = await append_turn(store, "c", 1, [msg("a", tokens=7)])
         assert (first.status, first.last_seq, first.next_held) == (AppendStatus.APPENDED, 1, False)
         assert first.rev == (await store.meta("c")).rev == 1
         await store.redis.hset(store.keys("c").pending, "3", b"0:{}")
         await store.redis.hset(store.keys("c").meta, "held", "1")  # as every writer of a held turn does
-        second = await store.append_turn("c", 2, [msg("b", tokens=1)])
+        second = await append_turn(store, "c", 2, [msg("b", tokens=1)])
         assert (second.next_held, second.rev) == (True, 2)
         assert (await store.meta("c")).history_tokens == 8
-        again = await store.append_turn("c", 1, [msg("a", tokens=7)])
+        again = await append_turn(store, "c", 1, [msg("a", tokens=7)])
         assert again == AppendReply(AppendStatus.DUPLICATE, last_seq=2, next_held=True, job=False)
 
     async def test_the_reply_says_when_the_job_is_due(self, store: Store) -> None:
         """Issue 34: the script's verdict is the one Python acts on. A recorded request is due; a
         threshold's, with a stronger job pending, is not; an asked-for one is, stronger job or not."""
         reactive = JobRequest(Trigger.REACTIVE, "prompt is too long")
-        assert (await store.append_turn("c", 1, [msg("a")], request=reactive)).job is True
-        threshold = await store.append_turn("c", 2, [msg("b")], request=JobRequest(Trigger.THRESHOLD))
-        manual = await store.append_turn("c", 3, [msg("c")], request=JobRequest(Trigger.MANUAL))
+        assert (await append_turn(store, "c", 1, [msg("a")], request=reactive)).job is True
+        threshold = await append_turn(store, "c", 2, [msg("b")], request=JobRequest(Trigger.THRESHOLD))
+        manual = await append_turn(store, "c", 3, [msg("c")], request=JobRequest(Trigger.MANUAL))
         assert (threshold.job, manual.job) == (False, True)
         assert await store.redis.hget(store.keys("c").job, "trigger") == b"reactive"  # the stronger stays
 
@@ -151,7 +151,7 @@ class TestAppend:
         # The append before the held turn reads it (and says it is next); the held one then fills
         # the gap, finds no other, and removes the flag.
         await store.redis.config_resetstat()
-        reply = await store.append_turn("c", 3, [msg("c")])
+        reply = await append_turn(store, "c", 3, [msg("c")])
         assert (reply.status, reply.next_held) == (AppendStatus.APPENDED, True)
         assert await append(store, "c", 4, msg("d"), fingerprint=FP_A) == AppendStatus.APPENDED
         assert await store.redis.hlen(store.keys("c").pending) == 0
