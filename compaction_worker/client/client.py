@@ -285,11 +285,10 @@ class Client:
         """The current version if the wait is over, else None."""
         keys = self.store.keys(conversation_id)
         async with self.store.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.meta, "version", "last_seq", "retry_after")
-            pipe.exists(keys.job)
+            pipe.hmget(keys.meta, "version", "last_seq", "retry_after", "job_id")
             pipe.exists(keys.lock)
             pipe.zscore(self.parts.jobs.index.key_of(conversation_id), conversation_id)
-            (current, last_seq, retry_after), job, locked, due_ms = await pipe.execute()
+            (current, last_seq, retry_after, job), locked, due_ms = await pipe.execute()
         reached = int(float(current or 0))
         if int(float(last_seq or 0)) < seq:
             return None

@@ -3,8 +3,9 @@
 :func:`plan_turn` is the one decision about a turn, for a lone turn, each turn of a run (runs.py)
 and each turn of a replay (replay/simulate.py) alike: its messages counted, its fingerprint, every
 meta field its append changes, whether it records a compaction job and which, and the write the
-per-turn script is sent. The script stores the write only if the meta's revision is still the
-one it was planned on (state/appends.py), so the plan is exact or it is not used.
+per-turn script is sent. The job is decided against the one pending, which the meta holds
+(state/jobs.py: ``recorded``). The script stores the write only if the meta's revision is still
+the one it was planned on (state/appends.py), so the plan is exact or it is not used.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from compaction_worker.observability import tracing
 from compaction_worker.settings import BudgetSettings, Settings
 from compaction_worker.state.appends import UNKNOWN_REV, NewMessage, TurnWrite, first_fields
 from compaction_worker.state.gaps import held_value
-from compaction_worker.state.jobs import JobRequest
+from compaction_worker.state.jobs import JobRequest, recorded
 from compaction_worker.state.meta import Meta, stored_text
 
 _EVERY_APPEND = frozenset({"last_seq", "updated_at"})
+_META_JOB = frozenset({"job_id", "job_priority", "job_instructions"})
+"""The job's fields a meta keeps (the others are read only by the claim: jobs.py)."""
 
 
 @dataclass(slots=True)
@@ -39,7 +42,11 @@ class AppendPlan:
     after: Meta
     """The meta once the append is stored (its revision included)."""
     job: JobRequest | None
-    """The request the append records: the one the turn carries, else a threshold's."""
+    """The request the turn makes: the one it carries, else a threshold's (recorded unless a job
+    of equal or higher priority is pending)."""
+    due: bool = False
+    """Whether the job is to be indexed now: the request is the job now, or it was asked for (a
+    manual or reactive request) and a stronger job is pending: someone asked, so it is due at once."""
     notes: tuple[str, ...] = ()
     """Warnings for the log, once the append is stored."""
     first: bool = False
@@ -88,8 +95,6 @@ def plan_turn(
         counts[profile] = counted(event, budget)
     counter, new = counts[profile]
     plan = plan_append(event, meta, new, request_of(event), counter=counter, settings=budget, now=now)
-    if plan.job is not None:  # its compaction continues this turn's trace (jobs.py keeps the context)
-        plan.job = replace(plan.job, traceparent=tracing.current_traceparent())
     fingerprint = event.fingerprint([m.text or "" for m in new])
     write = TurnWrite(
         seq=event.turn_seq,
@@ -99,7 +104,6 @@ def plan_turn(
         rev=meta.rev if known is not None or event.turn_seq == 1 else UNKNOWN_REV,
         now=plan.after.updated_at,
         fingerprint=fingerprint,
-        job=plan.job,
         held=held_value(hold[0], hold[1], fingerprint) if hold is not None else None,
         first=plan.first,
     )
@@ -206,7 +210,22 @@ def plan_append(
     threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
     request = _with_instructions(request, event)
     job = request if request is not None else (JobRequest(threshold) if threshold is not None else None)
-    return AppendPlan(fields, after, job, tuple(notes), first=meta.last_seq == 0)
+    job, written, due = _job(job, meta, now)
+    fields |= written
+    after = after.changed(
+        {k: int(v) if k == "job_priority" else v for k, v in written.items() if k in _META_JOB}
+    )
+    return AppendPlan(fields, after, job, due, tuple(notes), first=meta.last_seq == 0)
+
+
+def _job(job: JobRequest | None, meta: Meta, now: float) -> tuple[JobRequest | None, dict[str, str], bool]:
+    """The turn's request with its trace context (its compaction continues this turn's trace), the
+    job fields its append writes onto the pending one, and whether the job is due now."""
+    if job is None:
+        return None, {}, False
+    job = replace(job, traceparent=tracing.current_traceparent())
+    written, new = recorded(job, meta, now)
+    return job, written, new or job.asked
 
 
 def asked_pins(pending: str, event: TurnEvent) -> str:
@@ -232,7 +251,7 @@ def _standing(event: TurnEvent, meta: Meta) -> dict[str, Any]:
 
 
 def _with_instructions(request: JobRequest | None, event: TurnEvent) -> JobRequest | None:
-    """The turn's request with the instructions it carries (the job hash keeps them)."""
+    """The turn's request with the instructions it carries (the job keeps them)."""
     asked = event.compaction.instructions if event.compaction is not None else None
     if request is None or not asked or not asked.strip():
         return request

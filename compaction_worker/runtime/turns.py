@@ -311,8 +311,8 @@ class TurnHandler:
                 # The job's compaction continues this span's trace (jobs.py keeps its context).
                 hold = (raw, held_ms) if send_held else None
                 turn = plan_turn(event, known, self.settings, hold=hold, counts=counts)
-                if turn.write.job is not None:
-                    span.set_attribute("compaction.trigger", turn.write.job.trigger.value)
+                if turn.plan.job is not None:
+                    span.set_attribute("compaction.trigger", turn.plan.job.trigger.value)
             with tracing.span(tracing.APPEND_SPAN) as span:
                 reply = await self.store.write_turn(cid, turn.write)  # a run of one
                 span.set_attribute("compaction.append.status", reply.status.value)
@@ -368,9 +368,9 @@ class TurnHandler:
         trigger = plan.job.trigger if plan.job is not None else None
         if plan.after.pins and await apply_asked(self.store, self.jobs.locks, cid, plan.after.pins):
             self._known.pop(cid, None)  # the pins' write bumped the revision: read the meta again
-        # The job hash first (in the script), then the index: a crash between the two is
+        # The job first (with the append), then the index: a crash between the two is
         # repaired by the turn's redelivery (a duplicate whose job is pending is indexed).
-        if reply.job:  # the script's verdict: due now
+        if plan.due:
             await self.jobs.mark_due(cid)
             log.info("compaction of %s requested (%s)", cid, trigger.value if trigger else "")
         if trigger is not None:

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from compaction_worker.state.jobs import SET_JOB_LUA, JobRequest
 from compaction_worker.state.scripts import as_text, encode
 
-TURN_LUA = ("push.lua", "expiry.lua", SET_JOB_LUA, "held.lua", "turn.lua", "turn_run.lua")
+TURN_LUA = ("push.lua", "expiry.lua", "held.lua", "turn.lua", "turn_run.lua")
 """The per-turn script: its libraries, then its loop over a call's turns (called by position:
 scripts.PositionalScript)."""
 
@@ -70,14 +69,13 @@ class TurnWrite:
     first_n: int
     """The ordinal of the first message: the message count the caller knew, plus one."""
     fields: Mapping[str, str]
-    """The meta fields the append changes, as stored text (last_seq, msg_count and totals among them)."""
+    """The meta fields the append changes, as stored text (last_seq, msg_count and totals among
+    them, and the job it records: jobs.recorded)."""
     rev: int
     """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
     now: float
     fingerprint: str
     """The turn's content fingerprint (``TurnEvent.fingerprint``): a redelivery with another conflicts."""
-    job: JobRequest | None = None
-    """A compaction request to record with the append (kept unless a stronger one is pending)."""
     held: bytes | None = None
     """The turn's held form (gaps.held_value), sent when the caller expects a gap."""
     first: bool = False
@@ -96,8 +94,7 @@ class AppendReply:
     next_held: bool = False
     """After an append: turn ``seq + 1`` is held; after a duplicate: turn ``last_seq + 1`` is."""
     job: bool = False
-    """After an append: the job is due now (the request was recorded, or it was asked for and a
-    stronger one is pending); after a duplicate: a job is pending. Either way: index it."""
+    """After a duplicate: a job is pending (index it: the crash may have come before its writer did)."""
     kept: str | None = None
     """For a conflict: the fingerprint of the turn stored or held first."""
     meta: Mapping[str, str] | None = None
@@ -142,9 +139,6 @@ def turn_args(write: TurnWrite, retention_ms: int, records: Sequence[str]) -> li
         str(retention_ms),
         write.fingerprint,
         "1" if write.first else "0",
-        encode(write.job.fields() | {"asked": "1"} if write.job.asked else write.job.fields())
-        if write.job is not None
-        else "",
         str(len(fields)),
         *fields,
         str(len(records)),
@@ -171,7 +165,7 @@ class PlainAppend:
     """Turns whose append is a plain one, made as a transaction instead of the script when a read says so.
 
     Most stored turns are plain appends: the next seq, computed from the stored revision, no
-    job requested, no turn held. The script's work for those is a few writes, and on a single
+    turn held. The script's work for those is a few writes, and on a single
     Redis running them through Lua costs two to four times what the same writes cost as
     commands (docs/performance.md, "Redis at agent pace"). So the turn path reads the meta
     under ``WATCH`` (:attr:`read`) and, if it shows a plain append, makes exactly the writes
@@ -196,13 +190,13 @@ class PlainAppend:
         records: Sequence[Sequence[str]],
         retention_ms: int,
     ) -> PlainAppend | None:
-        """The plain append of these consecutive writes, or None if one asks for a job or the
-        caller knows no meta. Nothing is built until a read confirms it (:meth:`writes_for`)."""
+        """The plain append of these consecutive writes, or None if the caller knows no meta. Nothing
+        is built until a read confirms it (:meth:`writes_for`)."""
         first = writes[0]
         if first.rev == UNKNOWN_REV:  # the script answers with the meta
             return None
         for i, write in enumerate(writes):
-            if write.job is not None or write.seq != first.seq + i or write.rev != first.rev + i:
+            if write.seq != first.seq + i or write.rev != first.rev + i:
                 return None
         return cls(keys, writes, records, retention_ms)
 
@@ -249,7 +243,7 @@ class PlainAppend:
 
     def reply(self) -> Any:
         """What the script would have answered: each turn's reply."""
-        return [["appended", write.seq, write.rev + 1, 0, 0] for write in self.writes]
+        return [["appended", write.seq, write.rev + 1, 0] for write in self.writes]
 
 
 def reply_of(raw: Sequence[Any]) -> AppendReply:
@@ -257,8 +251,7 @@ def reply_of(raw: Sequence[Any]) -> AppendReply:
     status, last_seq = AppendStatus(as_text(raw[0])), int(raw[1])
     match status:
         case AppendStatus.APPENDED:
-            rev, next_held, due = int(raw[2]), bool(int(raw[3])), bool(int(raw[4]))
-            return AppendReply(status, last_seq, rev=rev, next_held=next_held, job=due)
+            return AppendReply(status, last_seq, rev=int(raw[2]), next_held=bool(int(raw[3])))
         case AppendStatus.DUPLICATE:
             return AppendReply(status, last_seq, next_held=bool(int(raw[3])), job=bool(int(raw[2])))
         case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:

@@ -1,6 +1,7 @@
-"""Pending compactions: each conversation's job hash, the index of when to look, and the claim.
+"""Pending compactions: each conversation's job, the index of when to look, and the claim.
 
-A job lives in two places: the conversation's ``job`` hash (what to do) and a global index
+A job lives in two places: the ``job_*`` fields of the conversation's meta hash (what to do;
+a turn planned on the meta knows the job it may replace: runtime/plan.py) and a global index
 (when to look at it next). A worker claims a job by taking the conversation's lock, so that
 another worker finishes the job of one that dies once its lock expires (docs/design.md, "Jobs").
 """
@@ -20,6 +21,7 @@ from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import Scan, ShardedIndex, now_ms
 from compaction_worker.state.keys import conversation_keys, jobs_index_key
 from compaction_worker.state.lock import Busy, Lease, Locks
+from compaction_worker.state.meta import Meta
 from compaction_worker.state.scripts import Script, as_text
 from compaction_worker.state.wake import Wakes
 
@@ -32,9 +34,6 @@ JOB_PRIORITY = {
     Trigger.REACTIVE: 3,
 }
 """A pending job is replaced only by a request of higher priority."""
-
-SET_JOB_LUA = "job.lua"
-"""The library that defines ``set_job``, for scripts that record a job with other writes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,18 +71,59 @@ class JobRequest:
         """Whether someone asked for it (a turn's request: manual or reactive), not a threshold."""
         return self.trigger in (Trigger.MANUAL, Trigger.REACTIVE)
 
-    def fields(self) -> dict[str, str]:
-        """The job hash a new job gets (strings only, as the scripts store them)."""
+    @property
+    def priority(self) -> int:
+        return JOB_PRIORITY[self.trigger]
+
+    def fields(self, now: float | None = None) -> dict[str, str]:
+        """The meta fields a new job writes (strings, as stored), at ``now`` (else the clock's)."""
         return {
-            "id": secrets.token_hex(8),
-            "priority": str(JOB_PRIORITY[self.trigger]),
-            "trigger": self.trigger.value,
-            "requested_at": repr(time.time()),
-            "error": self.error or "",
-            "estimate": str(self.estimate),
-            "traceparent": self.traceparent or "",
-            "instructions": self.instructions or "",
+            "job_id": secrets.token_hex(8),
+            "job_priority": str(self.priority),
+            "job_trigger": self.trigger.value,
+            "job_requested_at": repr(time.time() if now is None else now),
+            "job_error": self.error or "",
+            "job_estimate": str(self.estimate),
+            "job_traceparent": self.traceparent or "",
+            "job_instructions": self.instructions or "",
         }
+
+
+JOB_FIELDS = tuple(JobRequest(Trigger.MANUAL).fields())
+"""The meta fields a job is (every one written when it is recorded, and deleted when it ends)."""
+
+
+MAX_MERGED_INSTRUCTIONS = 8_000
+"""The most a pending job's instructions grow to when a turn's request adds its own (twice a
+request's limit)."""
+
+
+def merged_instructions(own: str, other: str, newest: str) -> str:
+    """A job's instructions once another request's are added: a request's instructions are never
+    dropped while a job is pending. Whichever request's job stays carries the other's after its
+    own; past :data:`MAX_MERGED_INSTRUCTIONS`, the newest request's alone."""
+    if not other or other in own:
+        return own
+    if not own or own in other:
+        return other
+    if len(own) + len(other) + 2 > MAX_MERGED_INSTRUCTIONS:
+        return newest
+    return f"{own}\n\n{other}"
+
+
+def recorded(request: JobRequest, pending: Meta, now: float) -> tuple[dict[str, str], bool]:
+    """What a turn's request writes onto the job pending in ``pending`` (a meta), and whether it is
+    the job now: a new job when none of equal or higher priority is pending, else at most the
+    pending job's instructions with the request's added."""
+    asked = request.instructions or ""
+    if pending.job_id and pending.job_priority >= request.priority:
+        kept = merged_instructions(pending.job_instructions, asked, asked)
+        return ({"job_instructions": kept} if kept != pending.job_instructions else {}), False
+    fields = request.fields(now)
+    fields["job_instructions"] = merged_instructions(
+        asked, pending.job_instructions if pending.job_id else "", asked
+    )
+    return fields, True
 
 
 @dataclass(slots=True)
@@ -117,11 +157,11 @@ class JobQueue:
         self.prefix = prefix
         self.locks = locks
         self.index = ShardedIndex(redis, jobs_index_key(prefix), shards, wakes=wakes)
-        self._set = Script(redis, SET_JOB_LUA, "job_set.lua")
+        self._set = Script(redis, "job_set.lua")
         self._finish = Script(redis, "job_finish.lua")
 
     def _key(self, conversation_id: str) -> str:
-        return conversation_keys(conversation_id, self.prefix).job
+        return conversation_keys(conversation_id, self.prefix).meta
 
     async def schedule(
         self,
@@ -139,37 +179,37 @@ class JobQueue:
         heals a writer that died between its two writes, and keeps a pending job's delay.
         """
         request = JobRequest(trigger, error, traceparent=traceparent)
-        recorded = bool(await self._set([self._key(conversation_id)], **request.fields()))
-        if recorded:
+        new = bool(await self._set([self._key(conversation_id)], job=request.fields()))
+        if new:
             await self.mark_due(conversation_id, delay_seconds)
         else:
             await self.index.add(conversation_id, now_ms() + int(delay_seconds * 1000), missing_only=True)
-        return recorded
+        return new
 
     async def mark_due(self, conversation_id: str, delay_seconds: float = 0.0) -> None:
-        """Make a conversation's job due (now, or after a delay); after its job hash is written."""
+        """Make a conversation's job due (now, or after a delay); after the job is written."""
         await self.index.add(conversation_id, now_ms() + int(delay_seconds * 1000))
 
     async def job(self, conversation_id: str) -> Job | None:
         """The pending compaction request of a conversation, if any."""
-        raw = await self.redis.hgetall(self._key(conversation_id))
-        if not raw:
+        raw = await self.redis.hmget(self._key(conversation_id), JOB_FIELDS)
+        data = dict(zip(JOB_FIELDS, (as_text(v) if v is not None else "" for v in raw), strict=True))
+        if not data["job_id"]:
             return None
-        data = {as_text(k): as_text(v) for k, v in raw.items()}
         return Job(
             conversation_id=conversation_id,
-            id=data["id"],
-            trigger=Trigger(data["trigger"]),
-            requested_at=float(data.get("requested_at") or 0),
-            error=data.get("error") or None,
-            estimate=int(data.get("estimate") or 0),
-            traceparent=data.get("traceparent") or None,
-            instructions=data.get("instructions") or None,
+            id=data["job_id"],
+            trigger=Trigger(data["job_trigger"]),
+            requested_at=float(data["job_requested_at"] or 0),
+            error=data["job_error"] or None,
+            estimate=int(data["job_estimate"] or 0),
+            traceparent=data["job_traceparent"] or None,
+            instructions=data["job_instructions"] or None,
         )
 
     async def traceparent(self, conversation_id: str) -> str | None:
         """The trace context the pending job keeps (the turn's that asked for it), if any."""
-        value = await self.redis.hget(self._key(conversation_id), "traceparent")
+        value = await self.redis.hget(self._key(conversation_id), "job_traceparent")
         return as_text(value) if value else None
 
     async def due(self, limit: int) -> list[str]:
@@ -225,15 +265,17 @@ class JobQueue:
         """Drop the job that ran (unless a newer request replaced it, or another run took the
         lock over), then the index entry, unless a job is pending by then."""
         keys = conversation_keys(claim.conversation_id, self.prefix)
-        await self._finish([keys.job, keys.lock], id=claim.job.id, token=claim.lease.token)
+        await self._finish(
+            [keys.meta, keys.lock], id=claim.job.id, token=claim.lease.token, fields=JOB_FIELDS
+        )
         claim.finished = True
         await self._unindex(claim.conversation_id)
 
     async def _unindex(self, conversation_id: str) -> None:
-        """Remove the entry, then read the job hash again: a request recorded meanwhile, whose
+        """Remove the entry, then read the job again: a request recorded meanwhile, whose
         writer may not have indexed it yet, is indexed here and never left without an entry."""
         await self.index.remove(conversation_id)
-        if await self.redis.exists(self._key(conversation_id)):
+        if await self.redis.hexists(self._key(conversation_id), "job_id"):
             await self.mark_due(conversation_id)
 
     async def pending_count(self) -> int:

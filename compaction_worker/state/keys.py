@@ -20,7 +20,8 @@ class ConversationKeys:
     """The Redis keys of one conversation."""
 
     meta: str
-    """Hash: last seq, message count, running token totals, model, version, status (meta.py)."""
+    """Hash: last seq, message count, running token totals, model, version, status (meta.py), and
+    the pending compaction request, if any: its ``job_*`` fields (jobs.py)."""
     transcript: str
     """List: every message ever appended, as JSON records; never rewritten (store.py)."""
     chunks: str
@@ -34,8 +35,6 @@ class ConversationKeys:
     """String: the lock holder's token, with a TTL (lock.py)."""
     fence: str
     """String: the fencing counter, incremented on every lock acquisition (lock.py)."""
-    job: str
-    """Hash: the pending compaction request, if any (jobs.py)."""
     compactions: str
     """List: a record of every committed compaction, for audit and rewind (store.py, restore.py)."""
     outbox: str

@@ -55,6 +55,13 @@ class Meta:
     """The settings profile the conversation compacts under ("": the deployment's settings)."""
     pins: str = ""
     """Pins and unpins turns asked for and not applied yet (runtime/pins.py), as JSON ("": none)."""
+    job_id: str = ""
+    """The pending compaction's id ("": none). A job is the hash's ``job_*`` fields (jobs.py): a
+    turn planned on this meta knows the job it may replace or add its instructions to."""
+    job_priority: int = 0
+    """The pending job's priority (jobs.JOB_PRIORITY), when there is one."""
+    job_instructions: str = ""
+    """What the pending job asks the summary to keep first ("": nothing)."""
     updated_at: float = 0.0
     tail: int = 0
     """Where the effective history's verbatim tail starts in the transcript (a list index): the
@@ -124,6 +131,9 @@ class Meta:
             instructions=data.get("instructions", ""),
             profile=data.get("profile", ""),
             pins=data.get("pins", ""),
+            job_id=data.get("job_id", ""),
+            job_priority=i("job_priority"),
+            job_instructions=data.get("job_instructions", ""),
             updated_at=f("updated_at"),
             tail=i("tail"),
             rev=i("rev"),

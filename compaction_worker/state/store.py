@@ -131,9 +131,7 @@ class Store:
     def turn_keys(self, conversation_id: str) -> list[str]:
         """The per-turn script's keys (lua/turn.lua names them)."""
         keys = self.keys(conversation_id)
-        return list(
-            keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints, keys.job)
-        )
+        return list(keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints))
 
     async def next_turn_seq(self, conversation_id: str) -> int:
         """The next unused turn seq (1 for a new conversation), for runtimes that do not track their own:

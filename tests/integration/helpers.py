@@ -156,9 +156,9 @@ async def settle_store(
             cid, score = entry[0], float(entry[1])
             name = cid.decode() if isinstance(cid, bytes) else str(cid)
             meta = await redis.hmget(client.store.keys(name).meta, "failures", "retry_after")
-            job = await redis.hgetall(client.store.keys(name).job)
+            job = await redis.hget(client.store.keys(name).meta, "job_trigger")
             left.append(
-                f"{name}: due in {(score - now_ms) / 1000:.1f}s, failures/retry_after {meta}, job {job}"
+                f"{name}: due in {(score - now_ms) / 1000:.1f}s, failures/retry_after {meta}, job {job!r}"
             )
         raise AssertionError(f"not settled after {within}s: {problems[:10]}; job index: {left}")
 

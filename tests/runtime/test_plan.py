@@ -11,7 +11,7 @@ from compaction_worker.runtime.plan import plan_append, plan_turn
 from compaction_worker.settings import BudgetSettings, Settings
 from compaction_worker.state.appends import UNKNOWN_REV, NewMessage
 from compaction_worker.state.gaps import parse_held
-from compaction_worker.state.jobs import JobRequest
+from compaction_worker.state.jobs import JOB_PRIORITY, JobRequest
 from compaction_worker.state.meta import Meta
 from compaction_worker.testing import turn_event
 
@@ -42,17 +42,42 @@ class TestStanding:
 
 
 class TestRequest:
-    """A request's instructions travel with its job (the job hash keeps them)."""
+    """A request's instructions travel with its job (the meta's job fields keep them)."""
 
     def test_the_job_carries_them(self) -> None:
         """The manual request's job has the instructions; without any it has none."""
         asked = CompactionRequest(mode=CompactionMode.FORCE, instructions=" keep test names ")
         plan = _plan(Meta(), JobRequest(Trigger.MANUAL), compaction=asked.model_dump())
         assert plan.job.instructions == "keep test names"
-        assert plan.job.fields()["instructions"] == "keep test names"
+        assert plan.fields["job_instructions"] == plan.after.job_instructions == "keep test names"
+        assert plan.due
         bare = _plan(Meta(), JobRequest(Trigger.MANUAL), compaction={"mode": "force"})
         assert bare.job.instructions is None
-        assert bare.job.fields()["instructions"] == ""
+        assert bare.fields["job_instructions"] == ""
+
+    def test_a_pending_job_is_kept_replaced_or_given_the_instructions(self) -> None:
+        """Decided on the meta: a weaker request writes nothing and is not due; an asked-for one of
+        equal priority adds its instructions and is due at once; a stronger one replaces the job,
+        carrying the pending job's instructions after its own."""
+        pending = _plan(
+            Meta(), JobRequest(Trigger.MANUAL), compaction={"mode": "force", "instructions": "a"}
+        ).after
+        weaker = _plan(pending, JobRequest(Trigger.THRESHOLD))
+        assert (weaker.due, {k for k in weaker.fields if k.startswith("job_")}) == (False, set())
+        same = _plan(pending, JobRequest(Trigger.MANUAL), compaction={"mode": "force", "instructions": "b"})
+        assert same.due
+        assert {k: v for k, v in same.fields.items() if k.startswith("job_")} == {
+            "job_instructions": "a\n\nb"
+        }
+        assert same.after.job_id == pending.job_id
+        stronger = _plan(
+            pending,
+            JobRequest(Trigger.REACTIVE, "too long"),
+            compaction={"mode": "force", "instructions": "c"},
+        )
+        assert (stronger.due, stronger.after.job_priority) == (True, JOB_PRIORITY[Trigger.REACTIVE])
+        assert stronger.after.job_id != pending.job_id
+        assert stronger.fields["job_instructions"] == "c\n\na"
 
 
 class TestPlanTurn:

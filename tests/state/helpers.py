@@ -10,7 +10,7 @@ from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, first_fields
 from compaction_worker.state.gaps import GapIndex, held_value
-from compaction_worker.state.jobs import JobRequest
+from compaction_worker.state.jobs import JobRequest, recorded
 from compaction_worker.state.scripts import encode
 from compaction_worker.state.store import Store
 
@@ -32,9 +32,9 @@ async def append_turn(
     request: JobRequest | None = None,
     fingerprint: str | None = None,
 ) -> AppendReply:
-    """Store a turn as given (its messages' counts, the meta fields, the job) through the store's
-    write, on the meta as stored: the store's own contract, without the worker's decision
-    (runtime/plan.py). ``fingerprint`` defaults to a digest of the messages."""
+    """Store a turn as given (its messages' counts, the meta fields, a job request) through the
+    store's write, on the meta as stored: the store's own contract, without the rest of the
+    worker's decision (runtime/plan.py). ``fingerprint`` defaults to a digest of the messages."""
     meta = await store.meta(cid)
     if fingerprint is None:
         digest = hashlib.blake2b(digest_size=16)
@@ -49,6 +49,8 @@ async def append_turn(
         "history_tokens": str(meta.history_tokens + sum(m.tokens for m in messages)),
         "updated_at": repr(now),
     }
+    if request is not None:  # as the worker decides it (runtime/plan.py)
+        fields |= recorded(request, meta, now)[0]
     write = TurnWrite(
         seq=seq,
         messages=messages,
@@ -57,7 +59,6 @@ async def append_turn(
         rev=meta.rev,
         now=now,
         fingerprint=fingerprint,
-        job=request,
         first=meta.last_seq == 0,
     )
     return await store.write_turn(cid, write)

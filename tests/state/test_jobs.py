@@ -1,4 +1,4 @@
-"""Pending compactions: the job hash's priorities, due jobs, the lock as the claim, take-over, finishing."""
+"""Pending compactions: the job's priorities, due jobs, the lock as the claim, take-over, finishing."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ async def test_schedule_claim_finish(queue: JobQueue, redis_client: redis.asynci
     assert await queue.pending_count() == 0
     assert await queue.job("c") is None
     assert await redis_client.get(conversation_keys("c", "t").lock) is None
+    assert not await redis_client.exists(conversation_keys("c", "t").meta)  # it held the job alone
 
 
 async def test_a_dead_claimers_job_is_taken_over_when_its_lock_expires(queue: JobQueue) -> None:
@@ -94,7 +95,7 @@ async def test_newer_request_survives_finish(queue: JobQueue) -> None:
 async def test_a_request_recorded_while_the_entry_goes_is_indexed_again(
     queue: JobQueue, redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Finish removes the entry, then reads the job hash again: a job written in between (its writer
+    """Finish removes the entry, then reads the job again: a job written in between (its writer
     indexes it only after writing it, and may die first) keeps an entry."""
     await queue.schedule("c", Trigger.THRESHOLD)
     remove = queue.index.remove
@@ -102,7 +103,7 @@ async def test_a_request_recorded_while_the_entry_goes_is_indexed_again(
     async def remove_then_record(cid: str) -> None:
         await remove(cid)
         fields = JobRequest(Trigger.MANUAL).fields()
-        await redis_client.hset(conversation_keys(cid, "t").job, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
+        await redis_client.hset(conversation_keys(cid, "t").meta, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
 
     async with queue.claim("c") as claim:
         assert claim is not None
@@ -226,11 +227,11 @@ async def test_a_pending_job_keeps_every_requests_instructions(queue: JobQueue) 
 
 
 async def test_request_is_recorded_with_the_turn(queue: JobQueue) -> None:
-    """A compaction request rides in the append script, so it cannot be lost alone; the caller indexes it."""
+    """A compaction request is written with the append, so it cannot be lost alone; the caller indexes it."""
     store = Store(queue.redis, "t", None)
     request = JobRequest(Trigger.REACTIVE, "too long", estimate=1234)
     turn = [NewMessage({"role": "user", "content": "a"}, 1)]
-    assert (await append_turn(store, "c", 1, turn, {}, request=request)).job
+    await append_turn(store, "c", 1, turn, {}, request=request)
     job = await queue.job("c")
     assert job is not None
     assert (job.trigger, job.error, job.estimate) == (Trigger.REACTIVE, "too long", 1234)

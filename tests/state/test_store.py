@@ -28,7 +28,7 @@ from compaction_worker.state.appends import (
     encode_records,
 )
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value
-from compaction_worker.state.jobs import JobRequest
+from compaction_worker.state.jobs import JOB_PRIORITY, JobRequest, recorded
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.scripts import Pipeline, as_text
@@ -117,15 +117,21 @@ class TestAppend:
         again = await append_turn(store, "c", 1, [msg("a", tokens=7)])
         assert again == AppendReply(AppendStatus.DUPLICATE, last_seq=2, next_held=True, job=False)
 
-    async def test_the_reply_says_when_the_job_is_due(self, store: Store) -> None:
-        """Issue 34: the script's verdict is the one Python acts on. A recorded request is due; a
-        threshold's, with a stronger job pending, is not; an asked-for one is, stronger job or not."""
+    async def test_a_turns_job_is_decided_on_the_meta_and_stored_with_the_append(self, store: Store) -> None:
+        """Issue 34: a turn's job is decided in Python on the meta it is planned on (jobs.recorded) and
+        written with the append, as meta fields; the script decides nothing of it. A recorded request
+        is the job; a weaker one, with a stronger job pending, writes nothing."""
         reactive = JobRequest(Trigger.REACTIVE, "prompt is too long")
-        assert (await append_turn(store, "c", 1, [msg("a")], request=reactive)).job is True
-        threshold = await append_turn(store, "c", 2, [msg("b")], request=JobRequest(Trigger.THRESHOLD))
-        manual = await append_turn(store, "c", 3, [msg("c")], request=JobRequest(Trigger.MANUAL))
-        assert (threshold.job, manual.job) == (False, True)
-        assert await store.redis.hget(store.keys("c").job, "trigger") == b"reactive"  # the stronger stays
+        assert recorded(reactive, await store.meta("c"), 0.0)[1] is True
+        await append_turn(store, "c", 1, [msg("a")], request=reactive)
+        meta = await store.meta("c")
+        assert (bool(meta.job_id), meta.job_priority) == (True, JOB_PRIORITY[Trigger.REACTIVE])
+        assert recorded(JobRequest(Trigger.THRESHOLD), meta, 0.0) == ({}, False)
+        assert recorded(JobRequest(Trigger.MANUAL), meta, 0.0) == ({}, False)
+        await append_turn(store, "c", 2, [msg("b")], request=JobRequest(Trigger.THRESHOLD))
+        assert (
+            await store.redis.hget(store.keys("c").meta, "job_trigger") == b"reactive"
+        )  # the stronger stays
 
     async def test_the_held_turns_are_read_only_while_the_meta_says_some_may_be(self, store: Store) -> None:
         """Issue 35: a plain append reads the meta alone (four calls in all: the transcript is the only
@@ -292,7 +298,7 @@ class TestAppend:
                 assert await store.redis.pexpiretime(key) == moved, key
 
 
-JOB_OWN = {("job", b"id"), ("job", b"requested_at")}
+JOB_OWN = {("meta", b"job_id")}
 
 
 class TestPlainAppend:
@@ -314,7 +320,7 @@ class TestPlainAppend:
             name = key.rsplit(":", 1)[1]
             if kind == "hash":
                 stored = await store.redis.hgetall(key)
-                # The job's id and time are the job's own, made by the script for each.
+                # The job's id is its own, made for each.
                 dump[name] = {k: v for k, v in stored.items() if (name, k) not in JOB_OWN}
             elif kind == "list":
                 dump[name] = await store.redis.lrange(key, 0, -1)
@@ -356,10 +362,9 @@ class TestPlainAppend:
 
         def turn(seq: int, job: JobRequest | None = None) -> TurnWrite:
             counts = {"last_seq": str(seq), "msg_count": str(2 * seq - 1), "history_tokens": str(20 * seq)}
+            counts |= job.fields(at) if job is not None else {}
             two = [msg(f"u{seq}"), msg(f"a{seq}", "assistant")]
-            return TurnWrite(
-                seq, two, 2 * seq - 2, counts, rev=seq - 1, now=at, fingerprint=f"{seq:032d}", job=job
-            )
+            return TurnWrite(seq, two, 2 * seq - 2, counts, rev=seq - 1, now=at, fingerprint=f"{seq:032d}")
 
         for seq in (2, 3):
             replies.append(await store.write_turn(cid, turn(seq)))
@@ -398,8 +403,8 @@ class TestPlainAppend:
         job, at = JobRequest(Trigger.MANUAL), int(time.time()) + 0.25  # one time for both conversations
         await store.redis.config_resetstat()
         plain = await self._turns(store, "p", job, at, before)
-        # The turn asking for a job is the script's; the others, the run among them, are transactions.
-        assert await self._ran(store, "evalsha", "exec") == (1, 4)
+        # Every call is a transaction, the turn that records a job (its fields are the meta's) and the run among them.
+        assert await self._ran(store, "evalsha", "exec") == (0, 5)
         monkeypatch.setattr("compaction_worker.state.store.PlainAppend.of", lambda *_, **__: None)
         await store.redis.config_resetstat()
         scripted = await self._turns(store, "s", job, at, before)

@@ -1,24 +1,22 @@
 -- Library (appends.py): decides and stores one turn; turn_run.lua calls it for each turn of a call
 -- (one, or several consecutive turns of one conversation: a single turn is a run of one).
--- KEYS: meta, transcript, entries, pending, fingerprints, job, then the conversation's other
---   keys that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq):
+-- KEYS: meta, transcript, entries, pending, fingerprints, then the conversation's other keys
+--   that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq, proposal):
 --   their expiry moves with the rest (expiry.lua).
 -- A turn's arguments follow their count, ARGV[at], by position from ARGV[at + 1] (it runs for
 --   every turn: a JSON header to decode was a fifth of its time):
 --   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none;
 --   it must still be the stored one: every writer of the meta bumps it),
 --   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
---   append), job (the request to record, as JSON, see set_job; '' for none), then a count and
---   that many meta field/value texts (what the append changes), then the message count n and
+--   append), then a count and that many meta field/value texts (what the append changes, the
+--   job it records among them: runtime/plan.py decides it), then the message count n and
 --   n transcript records (the history's verbatim tail is read from them: store.py), then the
 --   turn's held form if the caller expects a gap.
 -- Replies, by what the stored sequence says of the turn:
 --   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
 --   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
 --   {'stale', last_seq, meta hash}: the caller's revision is not the stored one; nothing written
---   {'appended', seq, rev, next_held, job_due}: job_due is 1 when the job is to be indexed now: the
---   request was recorded, or it was asked for (a manual or reactive request, `asked`) and a
---   stronger job is pending: someone asked, so that one is made due at once.
+--   {'appended', seq, rev, next_held}
 -- An append's writes to the conversation's lists and hashes are gathered in `w` (writes())
 -- and made once per call by flush(): a run's turns cost one RPUSH of the transcript and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
@@ -90,9 +88,9 @@ local function flush(w)
 end
 
 local function turn(at, w)
-  local meta, pending, fingerprints, job = KEYS[1], KEYS[4], KEYS[5], KEYS[6]
+  local meta, pending, fingerprints = KEYS[1], KEYS[4], KEYS[5]
   local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
-  local fields_at, fields_n = at + 10, tonumber(ARGV[at + 9])
+  local fields_at, fields_n = at + 9, tonumber(ARGV[at + 8])
   local n = tonumber(ARGV[fields_at + fields_n])
   local records_at = fields_at + fields_n + 1
   local held_form = nil
@@ -108,7 +106,7 @@ local function turn(at, w)
     end
     local following = 0
     if holds then following = redis.call('HEXISTS', pending, string.format('%d', last + 1)) end
-    return {'duplicate', last, redis.call('EXISTS', job), following}
+    return {'duplicate', last, redis.call('HEXISTS', meta, 'job_id'), following}
   end
   if seq > last + 1 then
     local held = holds and redis.call('HGET', pending, seq_text)
@@ -144,13 +142,6 @@ local function turn(at, w)
     records = records_at, n = n, fields = fields_at, fields_n = fields_n, seq = at + 1, fingerprint = at + 6,
   }
   rev = rev + 1
-  local due = 0
-  if ARGV[at + 8] ~= '' then
-    local request = cjson.decode(ARGV[at + 8])
-    due = set_job(job, request)
-    if due == 1 then expire_with(job, deadline) end
-    if request.asked == '1' then due = 1 end
-  end
   if ARGV[at + 7] == '1' then w.first = deadline end
   local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
   if kept ~= deadline then
@@ -158,5 +149,5 @@ local function turn(at, w)
     w.renewed, deadline = kept, kept
   end
   w.state = {rev, seq, deadline, holds}
-  return {'appended', seq, rev, next_held, due}
+  return {'appended', seq, rev, next_held}
 end
