@@ -210,22 +210,26 @@ def plan_append(
     threshold = threshold_trigger(after, settings, now, budget=budget) if request is None else None
     request = _with_instructions(request, event)
     job = request if request is not None else (JobRequest(threshold) if threshold is not None else None)
-    job, written, due = _job(job, meta, now)
+    job, written, after, due = _job(job, meta, after, now)
     fields |= written
-    after = after.changed(
-        {k: int(v) if k == "job_priority" else v for k, v in written.items() if k in _META_JOB}
-    )
     return AppendPlan(fields, after, job, due, tuple(notes), first=meta.last_seq == 0)
 
 
-def _job(job: JobRequest | None, meta: Meta, now: float) -> tuple[JobRequest | None, dict[str, str], bool]:
+def _job(
+    job: JobRequest | None, meta: Meta, after: Meta, now: float
+) -> tuple[JobRequest | None, dict[str, str], Meta, bool]:
     """The turn's request with its trace context (its compaction continues this turn's trace), the
-    job fields its append writes onto the pending one, and whether the job is due now."""
+    job fields its append writes onto the job pending in ``meta``, the meta ``after`` the append
+    with them, and whether the job is due now."""
     if job is None:
-        return None, {}, False
+        return None, {}, after, False
     job = replace(job, traceparent=tracing.current_traceparent())
     written, new = recorded(job, meta, now)
-    return job, written, new or job.asked
+    if written:
+        after = after.changed(
+            {k: int(v) if k == "job_priority" else v for k, v in written.items() if k in _META_JOB}
+        )
+    return job, written, after, new or job.asked
 
 
 def asked_pins(pending: str, event: TurnEvent) -> str:
