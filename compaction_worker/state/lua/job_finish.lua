@@ -6,9 +6,8 @@ local h = arguments()
 local holder = redis.call('GET', KEYS[2])
 if (not holder or holder == h.token) and redis.call('HGET', KEYS[1], 'job_id') == h.id then
   redis.call('HDEL', KEYS[1], unpack(h.fields))
-  if redis.call('HINCRBY', KEYS[1], 'rev', 1) and redis.call('HLEN', KEYS[1]) == 1 then
-    redis.call('DEL', KEYS[1])
-  end
+  redis.call('HINCRBY', KEYS[1], 'rev', 1)
+  if redis.call('HLEN', KEYS[1]) == 1 then redis.call('DEL', KEYS[1]) end
   return 1
 end
 return 0
