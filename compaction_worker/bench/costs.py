@@ -128,7 +128,8 @@ async def _naive_turn(parts: Components, cid: str, counter: TokenCounter) -> flo
     meta = await parts.store.meta(cid)
     message = agent_turn(meta.last_seq + 1)[0]
     raw = await parts.store.redis.lrange(parts.store.keys(cid).transcript, 0, -1)
-    sum(counter.message(json.loads(r)["m"]) for r in raw) + counter.message(message)
+    # The recount is the baseline's cost; its total is what such a worker would decide by.
+    _total = sum(counter.message(json.loads(r)["m"]) for r in raw) + counter.message(message)
     await store_turn(parts, cid, meta.last_seq + 1, [message], TURN_MODEL)
     return time.perf_counter() - start
 
