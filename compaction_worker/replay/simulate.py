@@ -41,8 +41,6 @@ MAX_RUNS_PER_TURN = 8
 
 _NOW = 0.0
 """Replay time for the threshold rule: failed runs set no backoff here, so it never matters."""
-_NO_JOB = {"job_id": "", "job_priority": 0, "job_instructions": ""}
-"""A meta's fields once its job is done."""
 REPLAY_ID = "replay"
 """The conversation id of the turns the replay decides (a recorded conversation's name may be no valid id)."""
 
@@ -294,7 +292,7 @@ class Replay:
             # As Compactor._reschedule_if_still_over: another run while still over the threshold.
             trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
         # The turn's job ran (or failed: the next turn asks again), as a worker's would before the next turn.
-        self.meta = self.meta.changed(_NO_JOB)
+        self.meta = self.meta.without_job()
         self.report.points.append(TurnPoint(seq, tokens, self.total()))
         self.meter.call(self._prompt())
 

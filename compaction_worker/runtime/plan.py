@@ -30,8 +30,6 @@ from compaction_worker.state.jobs import JobRequest, recorded
 from compaction_worker.state.meta import Meta, stored_text
 
 _EVERY_APPEND = frozenset({"last_seq", "updated_at"})
-_META_JOB = frozenset({"job_id", "job_priority", "job_instructions"})
-"""The job's fields a meta keeps (the others are read only by the claim: jobs.py)."""
 
 
 @dataclass(slots=True)
@@ -225,11 +223,7 @@ def _job(
         return None, {}, after, False
     job = replace(job, traceparent=tracing.current_traceparent())
     written, new = recorded(job, meta, now)
-    if written:
-        after = after.changed(
-            {k: int(v) if k == "job_priority" else v for k, v in written.items() if k in _META_JOB}
-        )
-    return job, written, after, new or job.asked
+    return job, written, after.with_job(written), new or job.asked
 
 
 def asked_pins(pending: str, event: TurnEvent) -> str:

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from compaction_worker.contracts.events import Trigger
+from compaction_worker.contracts.events import MAX_INSTRUCTIONS_CHARS, Trigger
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import Scan, ShardedIndex, now_ms
 from compaction_worker.state.keys import conversation_keys, jobs_index_key
@@ -93,9 +93,8 @@ JOB_FIELDS = tuple(JobRequest(Trigger.MANUAL).fields())
 """The meta fields a job is (every one written when it is recorded, and deleted when it ends)."""
 
 
-MAX_MERGED_INSTRUCTIONS = 8_000
-"""The most a pending job's instructions grow to when a turn's request adds its own (twice a
-request's limit)."""
+MAX_MERGED_INSTRUCTIONS = 2 * MAX_INSTRUCTIONS_CHARS
+"""The most a pending job's instructions grow to when a turn's request adds its own."""
 
 
 def merged_instructions(own: str, other: str, newest: str) -> str:
@@ -120,9 +119,7 @@ def recorded(request: JobRequest, pending: Meta, now: float) -> tuple[dict[str, 
         kept = merged_instructions(pending.job_instructions, asked, asked)
         return ({"job_instructions": kept} if kept != pending.job_instructions else {}), False
     fields = request.fields(now)
-    fields["job_instructions"] = merged_instructions(
-        asked, pending.job_instructions if pending.job_id else "", asked
-    )
+    fields["job_instructions"] = merged_instructions(asked, pending.job_instructions, asked)
     return fields, True
 
 

@@ -90,6 +90,15 @@ class Meta:
             values[_INDEX[name]] = value  # a name that is no field: KeyError
         return Meta(*values)
 
+    def with_job(self, fields: Mapping[str, str]) -> Meta:
+        """This meta with the job fields a write sets (``jobs.recorded``): those the meta keeps."""
+        kept = {k: int(v) if k == "job_priority" else v for k, v in fields.items() if k in _JOB_KEPT}
+        return self.changed(kept) if kept else self
+
+    def without_job(self) -> Meta:
+        """This meta once its job is done."""
+        return self.changed(_NO_JOB)
+
     @classmethod
     def from_hash(
         cls, raw: Mapping[bytes, bytes] | Mapping[str, str] | Mapping[bytes | str, bytes | str]
@@ -140,6 +149,9 @@ class Meta:
         )
 
 
+_NO_JOB = {"job_id": "", "job_priority": 0, "job_instructions": ""}
+_JOB_KEPT = frozenset(_NO_JOB)
+"""The job's fields a meta keeps (the others are read only by the claim: jobs.py)."""
 _FIELDS = tuple(f.name for f in fields(Meta))
 _INDEX = {name: i for i, name in enumerate(_FIELDS)}
 _VALUES = attrgetter(*_FIELDS)
