@@ -2,6 +2,8 @@
 
 Run: compaction-worker quality standing [--seeds 7 8 9] [--windows 4096 ...] [--budgets 0.3 ...] [--json]
      compaction-worker quality standing --model openai/local --api-base http://127.0.0.1:8765/v1  (a real model)
+     compaction-worker quality standing --short [--help]  (short sessions at absolute budgets, beside simple
+     methods: bench/short_standing.py)
 
 A generated conversation (seeded; each item drawn from several templates with random subjects
 and values, so that nothing is tuned to one list) plants items of every kind in user turns —
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -334,6 +337,13 @@ async def run_case(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--short" in args:
+        from compaction_worker.bench import short_standing  # noqa: PLC0415  # it imports this module's Lossy
+
+        args.remove("--short")
+        short_standing.main(args)
+        return
     parser = argparse.ArgumentParser(
         prog="compaction-worker quality standing",
         description=__doc__,
@@ -349,7 +359,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--only", choices=["extractive", "lossy", "llm"], help="one summarizer (llm needs --model)"
     )
-    asyncio.run(_report(parser.parse_args(argv)))
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="short sessions (~2,200 tokens) at absolute budgets, beside simple methods; --short --help: its options",
+    )
+    asyncio.run(_report(parser.parse_args(args)))
 
 
 async def _report(args: argparse.Namespace) -> None:
