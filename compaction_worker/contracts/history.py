@@ -16,11 +16,9 @@ SummaryPlacement = Literal["separate", "merge"]
 merged into the first kept user message (see :func:`render`)."""
 
 SUMMARY_HEADER = "[Conversation summary]"
-SUMMARY_INTRO = (
-    "Earlier parts of this conversation were compacted. The summary below replaces them; "
-    "the messages after it are verbatim."
-)
-SUMMARY_ACK = "Understood. I have the summary of our earlier conversation and will continue from it."
+# Sent with every later request of the conversation: every token of them is paid again on each call.
+SUMMARY_INTRO = "Earlier turns, compacted; the messages after this are verbatim."
+SUMMARY_ACK = "Understood."
 
 # Fields that are ours, not the provider's; stripped when rendering and not counted.
 # ``native`` holds what a format adapter (compaction_worker.formats) could not map;

@@ -1,34 +1,87 @@
-"""How the room under the target is divided when a summary is written, and what gives way first.
+"""What stays when not everything fits: one order of value, and one packing of the room by it.
 
-The room (the target less the system prompt and tools, and less the standing state's
-reservation, which the pipeline takes first) holds, in this order of precedence:
+Invariant 13. When a compaction cannot keep everything under its target, what stays is decided
+by value, in this order (:class:`Tier`):
 
-1. the system messages and the runtime's pinned messages: never cut here;
-2. the earlier summary chunks that stay (a fold rewrites them when they outgrow their budget);
-3. the new summary, with its ledger: its floor (:func:`summary_floor`), so that no summary is
-   asked to fit in a handful of tokens;
-4. the task, the user's recent words and the verbatim tail (at least the newest step, cut if
-   it must be, never summarized). When they and the summary's floor do not fit, what gives
-   way, first to last: the user's older words and the tail's older steps, in proportion; the
-   newest step's bulk (cut to a head and a tail); the summary, down to :data:`MIN_FLOOR`; the
-   task (cut to a head and a tail that carry its distinctive terms). :func:`allocate`.
+1. what a commit cannot do without: system messages, the runtime's pinned messages, the task's
+   statement (its head, :data:`TASK_HEAD_TOKENS`, when it must be cut), the summary turn and the
+   least summary worth writing (:data:`MIN_FLOOR`);
+2. the rules and constraints the user set (the standing state);
+3. the current goals and decisions (the standing state);
+4. the agent's newest step (its last action and result, cut if it must be, never summarized);
+5. the preferences and facts the user stated (the standing state), and the identifiers the
+   summary's ledger keeps;
+6. the task's bulk and the user's recent words;
+7. the summary's narrative and the older tail;
+8. filler: acknowledgments and remarks that state nothing needed, which give way first (they are
+   never offered: ``summaries.standing.is_filler``).
 
-A run that still cannot reach its target aims at the ceilings (``strategies.pipeline.compact``)
-and says so.
+:func:`pack` grants the room tier by tier; within a tier, whole parts cheapest first (value per
+token), then the parts that can be cut share what is left in proportion to their size. The
+pipeline packs the standing state's items by it before any stage runs
+(``strategies.standing_state``); the summary stage packs the rest of the room by it
+(:func:`allocate`); the commit puts the state back in the same order (``summaries.standing.render``).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
-SUMMARY_FLOOR_SHARE = 0.15
-"""The summary's floor, as a share of the free room (at least ``MIN_FLOOR`` tokens, at most its reserve)."""
-MIN_FLOOR = 64
-KEEP_FLOORS = (0.1, 0.25)
-"""The shares of what they hold that the user's words and the tail keep while the summary's floor
-allows it: the tail a quarter (the newest step, cut), the words a tenth (the standing state keeps
-what they set, word for word)."""
+
+class Tier(IntEnum):
+    """The order of value: the lower, the earlier a part is given room (docs/design.md)."""
+
+    REQUIRED = 0
+    RULES = 1
+    GOALS = 2
+    STEP = 3
+    FACTS = 4
+    BULK = 5
+    NARRATIVE = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Something that asks for room: its name, its tier and what it costs whole."""
+
+    name: str
+    tier: Tier
+    cost: int
+    divisible: bool = False
+    """It can be cut to fit (a message to a head and a tail, a tail to its newer steps): it takes
+    what is left when its whole cost does not fit. Otherwise all or nothing."""
+
+
+def pack(parts: Sequence[Part], room: int) -> dict[str, int]:
+    """The tokens each part keeps of ``room``: tier by tier; within a tier the whole parts cheapest
+    first (a part that does not fit is passed over for cheaper ones), then the divisible parts, which
+    share what is left in proportion to their costs."""
+    grants = dict.fromkeys((p.name for p in parts), 0)
+    left = max(0, room)
+    for tier in sorted({p.tier for p in parts}):
+        members = [p for p in parts if p.tier == tier]
+        for part in sorted((p for p in members if not p.divisible), key=lambda p: p.cost):
+            if part.cost <= left:
+                grants[part.name] = part.cost
+                left -= part.cost
+        shared = [p for p in members if p.divisible and p.cost > 0]
+        wanted = sum(p.cost for p in shared)
+        for part in shared:
+            grants[part.name] = part.cost if wanted <= left else part.cost * left // wanted
+        left -= sum(grants[p.name] for p in shared)
+    return grants
+
+
+MIN_SUMMARY_TOKENS = 32
+"""Below this much room a summary's text is not worth an LLM call."""
+MIN_FLOOR = 48
+"""The least a new summary (heading and text) is given: below it no summary says anything
+(:data:`MIN_SUMMARY_TOKENS` of text, and its heading)."""
+TASK_HEAD_TOKENS = 64
+"""The task's statement when it must be cut: its head (with its distinctive terms) is kept whatever
+else gives way (invariant 10); the rest of it ranks with the user's recent words."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,40 +97,59 @@ class Keeps:
         return self.task + self.user_words + self.tail
 
 
-def summary_floor(free: int, reserve: int) -> int:
-    """The least a new summary (with its ledger) is given: a share of what is ``free`` for it and the
-    verbatim parts (the room less the system messages, pinned messages and the chunks that stay),
-    within its reserve."""
-    return min(reserve, max(MIN_FLOOR, int(SUMMARY_FLOOR_SHARE * free)))
+@dataclass(frozen=True, slots=True)
+class Wants:
+    """What the verbatim parts beside a new summary hold whole, and what the summary asks for."""
+
+    keeps: Keeps
+    step: int
+    """Tokens of the newest step, the end of the tail (0: none worth keeping)."""
+    summary: int
+    """What the new chunk may take (its reserve: narrative and ledger)."""
+    ledger: int = 0
+    """Of ``summary``, what its ledger of identifiers may take."""
+    filler: int = 0
+    """Tokens at the end of the tail that say nothing (acknowledgments): they give way first."""
 
 
-def allocate(free: int, wants: Keeps, floor: int, *, last_aim: bool = True) -> Keeps:
+def summary_floor(reserve: int) -> int:
+    """The least a new summary is given, within its reserve."""
+    return min(reserve, MIN_FLOOR)
+
+
+def allocate(free: int, wants: Wants, *, last_aim: bool = True) -> Keeps:
     """What the task, the user's words and the tail may keep of ``free`` (the room less what is never
-    cut here) so that the summary gets ``floor``; what gives way, first to last:
-
-    1. the user's words and the tail, in proportion to what each holds above its floor
-       (:data:`KEEP_FLOORS`);
-    2. those floors, in proportion (the newest step is then cut as far as cutting goes);
-    3. the summary's floor, down to :data:`MIN_FLOOR`;
-    4. the task, only on the ``last_aim`` (a run with a higher ceiling left aims there first,
-       ``strategies.pipeline``, rather than cut the statement of the work).
+    cut here), by :func:`pack` in the order of value: the summary's floor and the task (whole until the
+    ``last_aim``: a run with a higher ceiling left aims there first rather than cut the statement of
+    the work; on it, its head, and its bulk ranks with the user's words), the newest step, the ledger,
+    the user's words, then the summary's narrative and the tail's older steps.
     """
-    if wants.total + floor <= free:
-        return wants
-    words, tail = wants.user_words, wants.tail
-    low_words, low_tail = int(KEEP_FLOORS[0] * words), int(KEEP_FLOORS[1] * tail)
-    others = free - floor - wants.task  # what the words and the tail may take together
-    if others >= low_words + low_tail:
-        share = (words + tail - others) / max(1, words - low_words + tail - low_tail)
-        return Keeps(
-            wants.task,
-            words - math.ceil(share * (words - low_words)),
-            tail - math.ceil(share * (tail - low_tail)),
-        )
-    if others > 0:
-        share = others / (low_words + low_tail)
-        return Keeps(wants.task, int(share * low_words), int(share * low_tail))
-    if not last_aim:
-        return Keeps(wants.task, 0, 0)
-    least = min(floor, MIN_FLOOR)
-    return Keeps(max(0, min(wants.task, free - least)), 0, 0)
+    keeps = wants.keeps
+    floor = summary_floor(wants.summary)
+    if keeps.total + wants.summary <= free:
+        return keeps
+    if free < floor:
+        return Keeps(keeps.task, 0, 0)  # no room for a summary at all: the stage says so
+    head = min(keeps.task, TASK_HEAD_TOKENS)
+    step = min(wants.step, keeps.tail)
+    ledger = min(wants.ledger, max(0, wants.summary - floor))
+    parts = [
+        Part("summary", Tier.REQUIRED, floor),
+        Part("task", Tier.REQUIRED, keeps.task, divisible=False)
+        if not last_aim
+        else Part("task", Tier.REQUIRED, head, divisible=True),
+        Part("step", Tier.STEP, step, divisible=True),
+        Part("ledger", Tier.FACTS, ledger, divisible=True),
+        Part("task bulk", Tier.BULK, keeps.task - head if last_aim else 0, divisible=True),
+        Part("words", Tier.BULK, keeps.user_words, divisible=True),
+        Part("narrative", Tier.NARRATIVE, max(0, wants.summary - floor - ledger), divisible=True),
+        Part("older tail", Tier.NARRATIVE, max(0, keeps.tail - step - wants.filler), divisible=True),
+    ]
+    grants = pack(parts, free)
+    if not last_aim and grants["task"] < keeps.task:
+        return Keeps(keeps.task, 0, 0)  # no room beside the whole task: the run aims higher
+    return Keeps(
+        grants["task"] + grants["task bulk"],
+        grants["words"],
+        grants["step"] + grants["older tail"],
+    )

@@ -272,7 +272,11 @@ class _Run:
             final = unsay_changed(self.standing, final, self.ctx)
             after = self.ctx.tokens(final)
             most = min(self.standing.cap, max(0, self.tokens_before - after - 1), max(0, self.target - after))
-            final = restore_state(self.standing, final, self.ctx, most)
+            # A summary this run wrote gives way to the state's items (not the sliding window's marker,
+            # which carries the earlier summaries).
+            before = {c.id for c in self.start.chunks}
+            written = {c.id for c in final.chunks if c.id not in before and "summarize" in c.stages}
+            final = restore_state(self.standing, final, self.ctx, most, narrative=written)
         return self.result(Outcome.COMPACTED, final, self.errors if errors is None else errors)
 
     def result(self, outcome: Outcome, draft: Draft, errors: Sequence[str]) -> CompactionResult:

@@ -13,15 +13,29 @@ the restored working state; its private ``standing_state`` field keeps the items
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from compaction_worker.contracts.events import StandingStateReport
-from compaction_worker.contracts.history import STANDING, Entry, text_of
+from compaction_worker.contracts.history import STANDING, Entry, SummaryChunk, text_of
+from compaction_worker.strategies.allocation import MIN_FLOOR, MIN_SUMMARY_TOKENS, TASK_HEAD_TOKENS, Tier
 from compaction_worker.strategies.draft import Draft, StageContext
-from compaction_worker.strategies.tail import observations, task_index
-from compaction_worker.summaries.standing import KINDS, Item, accepted, extract, is_prose, merge, render
+from compaction_worker.strategies.summarize import ledger_allowance
+from compaction_worker.strategies.tail import is_filler_message, newest_step, observations, task_index
+from compaction_worker.summaries.artifacts import extract_artifacts
+from compaction_worker.summaries.standing import (
+    KINDS,
+    TIERS,
+    Item,
+    accepted,
+    extract,
+    is_prose,
+    merge,
+    render,
+    values,
+)
 
 FIELD = "standing_state"
 CARRY_MAX = 500
@@ -66,29 +80,63 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
             found += items
     merged = tuple(merge(carried, found))
     settings, limits = ctx.settings, ctx.limits
-    # The most it may take: ``standing_state_max_tokens`` or its share of the room the system prompt,
-    # the tools and the system messages leave, the smaller.
-    instructions = limits.fixed_tokens + sum(e.tokens for e in entries if e.role == "system")
-    budget = min(
-        settings.standing_state_max_tokens,
-        int(settings.standing_state_max_fraction * max(0, limits.target - instructions)),
-    )
-    # What the state may show after any stage: all of it when it fits; else the current items first,
-    # and a changed one whose message may stay verbatim ranks with them (its mark beside the old words).
-    # Not the items of messages kept whole whatever the stages do (the task within its budget, pinned
-    # messages): those messages say them already.
+    # What ranks above the state (strategies/allocation.py): the instructions, the runtime's pinned
+    # messages, the task's statement, the summary turn and the least summary.
+    task = task_index(entries) if limits.task_max_tokens > 0 else None
+    required = sum(e.tokens for e in entries if e.pinned) + limits.fixed_tokens + ctx.overhead + MIN_FLOOR
+    if task is not None and not entries[task].pinned:
+        required += min(entries[task].tokens, TASK_HEAD_TOKENS)
+    room = max(0, limits.target - required)
+    cap = min(settings.standing_state_max_tokens, room)
+    # What the state may show after any stage: the current items, and a changed one whose message may
+    # stay verbatim (its mark beside the old words); a changed one whose message is gone is history,
+    # shown only in room no stage wanted. Not the items of messages kept whole whatever the stages do
+    # (the task within its budget, pinned messages): those say them already.
     verbatim = {e.n for e in entries if e.edit is None and not e.synthetic and e.role == "user"}
     whole = _kept_whole(entries, ctx)
-    widest = (merged, [i for i in merged if i.current or i.n in verbatim])
-    reserve = max(
-        (
-            e.tokens
-            for items in widest
-            if (e := _entry(items, budget, 0, ctx, {i for i in items if i.n in whole})) is not None
-        ),
-        default=0,
-    )
-    return Standing(merged, reserve, budget)
+    widest = ([i for i in merged if i.current or i.n in verbatim],)
+    # By value (strategies/allocation.py): the rules, constraints, goals and decisions take what they
+    # need; the newest step comes next; the preferences and facts, which share their tier with the
+    # summary's identifiers, take what is left, at most their share of the room.
+    step = _newest_step_tokens(entries)
+    reserve = 0
+    for items in widest:
+        shown = {i for i in items if i.n in whole}
+        high = [i for i in items if TIERS[i.kind] < Tier.STEP]
+        first = _entry(high, cap, 0, ctx, shown)
+        taken = first.tokens if first is not None else 0
+        # The preferences and facts share their tier with the ledger's identifiers: what the ledger
+        # would take is left to it, and they take the rest (at least their share of the room).
+        left = max(0, room - taken - step)
+        want = _entry(items, cap, 0, ctx, shown)
+        if want is not None and want.tokens - taken > left:
+            left = max(
+                min(left, int(settings.standing_state_max_fraction * room)), left - _ledger_need(entries, ctx)
+            )
+        both = _entry(items, taken + min(max(0, cap - taken), left), 0, ctx, shown)
+        reserve = max(reserve, taken, both.tokens if both is not None else 0)
+    # Put back after the stages, the state takes what they left, within its settings' budget.
+    return Standing(merged, reserve, settings.standing_state_max_tokens)
+
+
+def _ledger_need(entries: Sequence[Entry], ctx: StageContext) -> int:
+    """About what a summary's ledger would take of this history: its identifiers, within the allowance."""
+    allowance = ledger_allowance(ctx)
+    messages = [
+        ctx.originals.get(e.n, e.message)
+        for e in entries
+        if not e.synthetic and not e.pinned and e.edit != STANDING
+    ]
+    items = extract_artifacts(messages, allowance, ctx.count) if allowance else []
+    return ctx.count("\n".join(items)) if items else 0
+
+
+def _newest_step_tokens(entries: Sequence[Entry]) -> int:
+    """Tokens of the newest step (``tail.newest_step``), 0 when there is none or it says nothing."""
+    start = newest_step(entries)
+    if start is None or all(is_filler_message(e) for e in entries[start:]):
+        return 0
+    return sum(e.tokens for e in entries[start:])
 
 
 def _kept_whole(entries: Sequence[Entry], ctx: StageContext) -> set[int]:
@@ -105,17 +153,70 @@ def without_state(draft: Draft) -> Draft:
     return Draft(draft.chunks, tuple(e for e in draft.entries if e.edit != STANDING))
 
 
-def restore_state(standing: Standing, draft: Draft, ctx: StageContext, most: int) -> Draft:
+def restore_state(
+    standing: Standing, draft: Draft, ctx: StageContext, most: int, *, narrative: Collection[str] = ()
+) -> Draft:
     """``draft`` with the state first among its entries, within ``most`` tokens (only a draft with summary
     chunks: the state renders inside the summary turn; without them every user message is still there).
 
-    Items of messages still verbatim in ``draft`` are not repeated (a changed one keeps its mark)."""
+    Items of messages still verbatim in ``draft`` are not repeated (a changed one keeps its mark). When
+    current items do not fit, the narrative of the chunks named in ``narrative`` (the ones this run
+    wrote) gives them room, down to its least: the narrative ranks last (strategies/allocation.py)."""
     draft = without_state(draft)
     if not draft.chunks:
         return draft
     seq = draft.chunks[-1].last_seq
-    entry = _entry(standing.items, most, seq, ctx, said(standing.items, draft.entries))
+    shown = said(standing.items, draft.entries)
+    entry = _entry(standing.items, most, seq, ctx, shown)
+    placed = entry.tokens if entry is not None else 0
+    wanted = _entry([i for i in standing.items if i.current or i in shown], standing.cap, seq, ctx, shown)
+    short = (wanted.tokens if wanted is not None else 0) - placed
+    if short > 0 and narrative:
+        chunks, freed = _give_way(draft.chunks, set(narrative), short, ctx)
+        if freed > 0:
+            draft = Draft(chunks, draft.entries)
+            entry = _entry(standing.items, most + freed, seq, ctx, shown)
     return draft if entry is None else Draft(draft.chunks, (entry, *draft.entries))
+
+
+def _give_way(
+    chunks: Sequence[SummaryChunk], ids: set[str], need: int, ctx: StageContext
+) -> tuple[tuple[SummaryChunk, ...], int]:
+    """``chunks`` with the narrative of those in ``ids`` cut by about ``need`` tokens, the longest lines
+    first (the least value per token), each keeping its first point and ``MIN_SUMMARY_TOKENS`` of text;
+    and the tokens freed."""
+    out, freed = list(chunks), 0
+    for index in range(len(out) - 1, -1, -1):
+        chunk = out[index]
+        if chunk.id not in ids or freed >= need:
+            continue
+        lines = chunk.text.strip().splitlines()
+        room = ctx.count(chunk.text) - MIN_SUMMARY_TOKENS
+        points = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+        cut: set[int] = set()
+        for at in sorted(points[1:], key=lambda i: -len(lines[i])):  # the first point always stays
+            if freed >= need or room <= 0:
+                continue
+            cost = ctx.count(lines[at]) + 1
+            if cost > room:
+                continue
+            cut.add(at)
+            room -= cost
+            freed += cost
+        if cut:
+            kept = [line for at, line in enumerate(lines) if at not in cut]
+            # A heading left with nothing under it says nothing.
+            kept = [ln for at, ln in enumerate(kept) if not _empty_heading(kept, at)]
+            trimmed = replace(chunk, text="\n".join(kept))
+            out[index] = replace(trimmed, tokens=ctx.count(trimmed.render_text()))
+    return tuple(out), sum(c.tokens for c in chunks) - sum(c.tokens for c in out)
+
+
+def _empty_heading(lines: Sequence[str], at: int) -> bool:
+    if not lines[at].lstrip().startswith("#"):
+        return False
+    following = lines[at + 1] if at + 1 < len(lines) else "#"
+    return following.lstrip().startswith("#")
 
 
 CHANGED = "(changed later)"
@@ -125,26 +226,49 @@ CHANGED = "(changed later)"
 def unsay_changed(standing: Standing, draft: Draft, ctx: StageContext) -> Draft:
     """``draft`` with every sentence the user later changed taken out of its summary chunks (their
     text and ledger), so that no summary states an old value as current: the state lists it, marked
-    no longer current, beside the value that holds (docs/design.md, "The standing state")."""
+    no longer current, beside the value that holds (docs/design.md, "The standing state"). A ledger
+    item that is only an old value (an identifier no current item names) goes too, and a summary's
+    own words for an old identifier are replaced by the mark."""
     # Longest first (one sentence may hold another); none shorter than the mark (it must save room).
     old = sorted({i.text for i in standing.items if not i.current and len(i.text) > len(CHANGED)}, key=len)[
         ::-1
     ]
     if not old:
         return draft
+    current = {v for i in standing.items if i.current for v in values(i.text)}
+    stale = sorted(
+        {v for i in standing.items if not i.current for v in values(i.text) if _identifier(v)} - current,
+        key=len,
+        reverse=True,
+    )
+    named = (
+        re.compile("|".join(rf"(?<![\w-]){re.escape(v)}(?![\w-])" for v in stale), re.IGNORECASE)
+        if stale
+        else None
+    )
 
     def clean(text: str) -> str:
         for sentence in old:
             text = text.replace(sentence, CHANGED)
-        return text
+        return named.sub(CHANGED, text) if named is not None else text
 
     chunks = []
     for chunk in draft.chunks:
-        text, artifacts = clean(chunk.text), tuple(clean(a) for a in chunk.artifacts)
+        text = clean(chunk.text)
+        artifacts = tuple(
+            a for a in chunk.artifacts if named is None or not named.fullmatch(a.partition(": ")[2])
+        )
+        artifacts = tuple(clean(a) for a in artifacts)
         cleaned = replace(chunk, text=text, artifacts=artifacts)
         changed = text != chunk.text or artifacts != chunk.artifacts
         chunks.append(replace(cleaned, tokens=ctx.count(cleaned.render_text())) if changed else chunk)
     return Draft(tuple(chunks), draft.entries)
+
+
+def _identifier(value: str) -> bool:
+    """Whether a value names something (a region, a host, a ticket) rather than counts: replacing every
+    "3" in a summary would say nothing true."""
+    return len(value) >= 4 and any(c.isalpha() for c in value) and any(c.isdigit() for c in value)
 
 
 def said(items: Sequence[Item], entries: Sequence[Entry]) -> set[Item]:

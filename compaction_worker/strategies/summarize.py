@@ -15,7 +15,7 @@ from typing import Any
 from compaction_worker.contracts.events import LlmUsage
 from compaction_worker.contracts.history import Entry, SummaryChunk, public_message, text_of
 from compaction_worker.offload import off_loop
-from compaction_worker.strategies.allocation import Keeps, allocate, summary_floor
+from compaction_worker.strategies.allocation import MIN_SUMMARY_TOKENS, Keeps, Wants, allocate
 from compaction_worker.strategies.draft import (
     Draft,
     StageContext,
@@ -29,7 +29,14 @@ from compaction_worker.strategies.draft import (
 )
 from compaction_worker.strategies.oversized import cut_kept, cut_to
 from compaction_worker.strategies.repair import reaches_target
-from compaction_worker.strategies.tail import Partition, newest_step, partition, split_points, task_index
+from compaction_worker.strategies.tail import (
+    Partition,
+    is_filler_message,
+    newest_step,
+    partition,
+    split_points,
+    task_index,
+)
 from compaction_worker.summaries.contract import (
     InputTooLargeError,
     Summarizer,
@@ -45,8 +52,6 @@ from compaction_worker.summaries.standing import Item, quoted
 log = logging.getLogger(__name__)
 
 STAGE = "summarize"
-MIN_SUMMARY_TOKENS = 32
-"""Below this much room a summary is not worth an LLM call."""
 PIECE_SUMMARY_TOKENS = 256
 """The least room a piece's own chunk is given when a span is read in pieces; below it (its share
 of the room), the pieces are chained instead: each request carries the summary so far, and writes the
@@ -126,6 +131,11 @@ class _Span:
             messages, folded, allowance=allowance, cap=cap, count=count, terms=ctx.terms
         )
         heading, ledger_tokens = chunk_frame(entries, folded, ledger, count)
+        if ledger and min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
+            # The least summary ranks above the ledger: the ledger takes what the summary leaves
+            # (``finalize_ledger``) instead.
+            ledger_budget, ledger = 0, ()
+            heading, ledger_tokens = chunk_frame(entries, folded, ledger, count)
         if min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
             return f"no room for a summary: {space} tokens left under the target"
         request = SummaryRequest(
@@ -354,7 +364,12 @@ async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
         kept_chunk_tokens = sum(c.tokens for c in kept_chunks)
         tail_budget = min(limits.tail_max_tokens, max(0, room - ctx.overhead - kept_chunk_tokens - reserve))
         head, pinned, tail, notes = _arrange(
-            draft, ctx, tail_budget, free=room - ctx.overhead - kept_chunk_tokens, reserve=chunk_reserve
+            draft,
+            ctx,
+            tail_budget,
+            free=room - ctx.overhead - kept_chunk_tokens,
+            reserve=chunk_reserve,
+            ledger=chunk_reserve - reserve,
         )
         left = room - ctx.overhead - kept_chunk_tokens - sum(e.tokens for e in (*pinned, *tail))
         if fold or not draft.chunks or left >= chunk_reserve // 2:
@@ -427,12 +442,12 @@ async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
 
 
 def _arrange(
-    draft: Draft, ctx: StageContext, tail_budget: int, *, free: int, reserve: int
+    draft: Draft, ctx: StageContext, tail_budget: int, *, free: int, reserve: int, ledger: int
 ) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...], tuple[str, ...]]:
     """What is summarized, what stays before the tail and the tail, within ``free`` tokens (the room
     less the chunks that stay), and notes on what was cut: the partition, the newest step kept,
-    then one allocation (strategies/allocation.py) so that the summary (``reserve`` at most) keeps
-    its floor."""
+    then one allocation by value (strategies/allocation.py) beside the summary (``reserve`` at most,
+    ``ledger`` of it its identifiers)."""
     limits = ctx.limits
     parts = partition(
         draft.entries,
@@ -440,9 +455,12 @@ def _arrange(
         tail_budget,
         task=limits.task_max_tokens > 0,
         user_words=limits.user_words_max_tokens,
+        carried=ctx.settings.standing_state_max_tokens > 0,
     )
     notes: tuple[str, ...] = (parts.note,) if parts.note else ()
     start = newest_step(draft.entries)
+    if start is not None and all(is_filler_message(e) for e in draft.entries[start:]):
+        start = None  # an acknowledgment says nothing the next call continues from: no step to keep
     if start is not None and len(draft.entries) - len(parts.tail) > start:
         # The tail holds less than the newest step (it alone exceeds the tail's bound, or the tail
         # starts at the observation after it): the step stays whole (the agent's last action and its
@@ -474,12 +492,20 @@ def _arrange(
         tail=sum(e.tokens for e in parts.tail),
     )
     free -= never
-    floor = summary_floor(free, reserve)
+    step_at = newest_step(parts.tail) or 0
+    newest = sum(e.tokens for e in parts.tail[step_at:])
+    asked = Wants(
+        wants,
+        step=newest if start is not None else 0,
+        summary=reserve,
+        ledger=ledger,
+        filler=0 if start is not None else newest,
+    )
     keeps, aim = wants, free
     for _ in range(ALLOCATION_TRIES):
         # A cut lands near its share, not on it (a head and a tail, whole lines, a notice): what it
         # overshoots comes off the next try's room.
-        keeps = allocate(aim, wants, floor, last_aim=not limits.ceilings)
+        keeps = allocate(aim, asked, last_aim=not limits.ceilings)
         head, pinned, tail = _fit(
             parts, wants=wants, keeps=keeps, task=task, whole=whole, entries=draft.entries, ctx=ctx
         )
@@ -490,7 +516,7 @@ def _arrange(
     if keeps != wants:
         notes += (
             f"the task, the user's recent words and the verbatim tail ({wants.total} tokens) were cut to "
-            f"{sum(e.tokens for e in (*pinned, *tail)) - never} to leave the summary its floor",
+            f"{sum(e.tokens for e in (*pinned, *tail)) - never} by value, beside the summary",
         )
     return head, pinned, tail, notes
 
@@ -535,7 +561,9 @@ def _fit(
         head.append(entry)
         over -= entry.tokens
     newest = newest_step(tail) or 0
-    points = [p for p in split_points(tail) if 0 < p <= newest]
+    if keeps.tail == 0 and tail and all(is_filler_message(e) for e in tail[newest:]):
+        newest = len(tail)  # the newest step says nothing: with no room for the tail, it goes too
+    points = [p for p in [*split_points(tail), len(tail)] if 0 < p <= newest]
     suffix = [sum(e.tokens for e in tail[p:]) for p in points]
     start = next(
         (p for p, size in zip(points, suffix, strict=True) if size <= keeps.tail), points[-1] if points else 0

@@ -17,6 +17,7 @@ from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.draft import plural
 from compaction_worker.strategies.repair import call_ids, open_call_index
 from compaction_worker.summaries.prompts import piece_boundaries
+from compaction_worker.summaries.standing import says_nothing_new
 
 
 def split_points(entries: Sequence[Entry]) -> list[int]:
@@ -62,9 +63,19 @@ def observations(entries: Sequence[Entry]) -> set[int]:
     return out
 
 
+def is_filler_message(entry: Entry) -> bool:
+    """Whether a message says nothing a later call needs: no tool call or result, and every sentence
+    filler (an acknowledgment, a remark with nothing named: ``summaries.standing.is_filler``)."""
+    if entry.role not in ("user", "assistant") or entry.pinned or entry.message.get("tool_calls"):
+        return False
+    return says_nothing_new(text_of(entry.message))
+
+
 def task_index(entries: Sequence[Entry]) -> int | None:
-    """Where the task is: the message the runtime marked ``task``; else the earliest user message
-    that is no synthetic one and no demonstration (:func:`is_demonstration`), if any.
+    """Where the task is: the message the runtime marked ``task``; else the earliest user message that
+    says something (a request, a report, a spec: not a remark with nothing named, such as "The webhook
+    retries three times before dead-lettering.", ``summaries.standing.says_nothing_new``) and is no
+    synthetic message and no demonstration (:func:`is_demonstration`); None if there is none.
 
     Kept from the first compaction on, it is the conversation's statement of what the agent is
     to do. In a history compacted before the task was kept, it is the earliest such user message
@@ -79,7 +90,10 @@ def task_index(entries: Sequence[Entry]) -> int | None:
         (
             i
             for i, e in enumerate(entries)
-            if e.role == "user" and not e.synthetic and not is_demonstration(e)
+            if e.role == "user"
+            and not e.synthetic
+            and not is_demonstration(e)
+            and not says_nothing_new(text_of(e.message))
         ),
         None,
     )
@@ -101,13 +115,17 @@ def is_demonstration(entry: Entry) -> bool:
     return _DEMONSTRATION.search(text_of(entry.message)[:600]) is not None
 
 
-def user_words_indexes(entries: Sequence[Entry], budget: int, *, skip: int | None = None) -> set[int]:
+def user_words_indexes(
+    entries: Sequence[Entry], budget: int, *, skip: int | None = None, carried: bool = False
+) -> set[int]:
     """The user's own messages that stay verbatim: the most recent first, while ``budget`` tokens last
     (an agent's observations sent as user messages are not the user's words, :func:`observations`).
 
     A message too large for what is left is passed over for older, smaller ones: a pasted
     log must not cost the user's short instructions their place. ``skip`` (the task) has a
-    budget of its own.
+    budget of its own. A message that says nothing new is filler and gives way: every sentence an
+    acknowledgment or a remark with nothing named, or, when the standing state is ``carried``, one
+    of its items (the state keeps those word for word, by value, for less).
     """
     kept: set[int] = set()
     left = budget
@@ -118,14 +136,22 @@ def user_words_indexes(entries: Sequence[Entry], budget: int, *, skip: int | Non
             break
         if i in observed:
             continue
-        if entry.role == "user" and not entry.synthetic and i != skip and entry.tokens <= left:
+        if entry.role != "user" or entry.synthetic or i == skip or entry.tokens > left:
+            continue
+        if not says_nothing_new(text_of(entry.message), items=carried):
             kept.add(i)
             left -= entry.tokens
     return kept
 
 
 def choose_tail(
-    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False, user_words: int = 0
+    entries: Sequence[Entry],
+    max_messages: int,
+    max_tokens: int,
+    *,
+    task: bool = False,
+    user_words: int = 0,
+    carried: bool = False,
 ) -> tuple[int, str | None]:
     """Where the verbatim tail starts, and a note when it could not start at a user turn.
 
@@ -139,7 +165,7 @@ def choose_tail(
     their remaining results arrive with the next turn and would be orphans without them.
     """
     n = len(entries)
-    keep = pinned_indexes(entries, task=task, user_words=user_words)
+    keep = pinned_indexes(entries, task=task, user_words=user_words, carried=carried)
     suffix = [0] * (n + 1)
     for i in range(n - 1, -1, -1):
         suffix[i] = suffix[i + 1] + entries[i].tokens
@@ -202,7 +228,13 @@ class Partition:
 
 
 def partition(
-    entries: Sequence[Entry], max_messages: int, max_tokens: int, *, task: bool = False, user_words: int = 0
+    entries: Sequence[Entry],
+    max_messages: int,
+    max_tokens: int,
+    *,
+    task: bool = False,
+    user_words: int = 0,
+    carried: bool = False,
 ) -> Partition:
     """Choose the tail, then lift pinned messages, the task when ``task``, and the most recent user
     messages within ``user_words`` tokens out of the head.
@@ -211,8 +243,10 @@ def partition(
     before the tail are dropped rather than summarized: they stand for no transcript
     message, and what they paired with is summarized too (or kept, and then they stay with it).
     """
-    split, note = choose_tail(entries, max_messages, max_tokens, task=task, user_words=user_words)
-    keep = pinned_indexes(entries[:split], task=task, user_words=user_words)
+    split, note = choose_tail(
+        entries, max_messages, max_tokens, task=task, user_words=user_words, carried=carried
+    )
+    keep = pinned_indexes(entries[:split], task=task, user_words=user_words, carried=carried)
     head = entries[:split]
     return Partition(
         head=tuple(e for i, e in enumerate(head) if i not in keep and not e.synthetic),
@@ -222,7 +256,9 @@ def partition(
     )
 
 
-def pinned_indexes(entries: Sequence[Entry], *, task: bool = False, user_words: int = 0) -> set[int]:
+def pinned_indexes(
+    entries: Sequence[Entry], *, task: bool = False, user_words: int = 0, carried: bool = False
+) -> set[int]:
     """Indexes of pinned entries, the task when ``task``, the user's words within ``user_words``
     tokens (:func:`user_words_indexes`), plus their tool calls and results.
 
@@ -237,7 +273,7 @@ def pinned_indexes(entries: Sequence[Entry], *, task: bool = False, user_words: 
         call_of[result] = call
     keep: set[int] = set()
     task_at = task_index(entries) if task else None
-    words = user_words_indexes(entries, user_words, skip=task_at)
+    words = user_words_indexes(entries, user_words, skip=task_at, carried=carried)
     for i, entry in enumerate(entries):
         if not entry.pinned and i != task_at and i not in words:
             continue

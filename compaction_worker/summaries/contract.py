@@ -149,7 +149,7 @@ def looks_like_error_text(text: str) -> bool:
     """Whether a reply is an error message rather than a summary.
 
     Only a short, unstructured reply is judged by ``ERROR_TEXT_PATTERNS``: a real summary
-    may well quote "rate limit exceeded" in its Errors section. An HTML page is an error
+    may well quote "rate limit exceeded" in its Errors section or among its points. An HTML page is an error
     whatever its length.
     """
     stripped = text.strip()
@@ -157,6 +157,8 @@ def looks_like_error_text(text: str) -> bool:
         return True
     if len(stripped) > _ERROR_TEXT_MAX_CHARS or _HEADING.search(stripped) or stripped.count("\n") > 3:
         return False
+    if all(line.lstrip().startswith(("- ", "* ")) for line in stripped.splitlines() if line.strip()):
+        return False  # a list of points is structured: no provider's error reads as one
     return any(p.search(stripped) for p in ERROR_TEXT_PATTERNS)
 
 

@@ -23,6 +23,7 @@ from compaction_worker.summaries.contract import (
 )
 from compaction_worker.summaries.instructions import Terms, instruction_terms, matches
 from compaction_worker.summaries.prompts import SECTIONS, render_content
+from compaction_worker.summaries.standing import asks_for_work, says_nothing_new
 
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?])\s+")
 _DECISION: Final = re.compile(
@@ -118,12 +119,14 @@ class ExtractiveSummarizer:
 
     def _lines(self, request: SummaryRequest, budget: int) -> Iterator[_Line]:
         messages = request.messages
-        users = [m for m in messages if m.get("role") == "user" and render_content(m.get("content")).strip()]
-        assistants = [
-            m for m in messages if m.get("role") == "assistant" and render_content(m.get("content")).strip()
-        ]
+        # Acknowledgments and remarks that state nothing needed are no request, state or goal (unless
+        # the span says nothing else).
+        users = _saying(messages, "user")
+        assistants = _saying(messages, "assistant")
         if users:
-            yield _Line("Next steps", f"- User's latest request: {_lead(_text(users[-1]), 40)}", 0, 0)
+            # The latest message that asks for something is the request; a remark after it is none.
+            latest = next((m for m in reversed(users) if asks_for_work(_text(m))), users[-1])
+            yield _Line("Next steps", f"- User's latest request: {_lead(_text(latest), 40)}", 0, 0)
         if assistants:
             yield _Line(
                 "Current state",
@@ -216,11 +219,21 @@ def _asked_lines(messages: Sequence[Mapping[str, Any]], terms: Terms) -> Iterato
                 yield _Line(section, f"- {who}: {line}", 2, _ASKED_ORDER + index * 10_000 + j)
 
 
+def _saying(messages: Sequence[Mapping[str, Any]], role: str) -> list[Mapping[str, Any]]:
+    """The messages of ``role`` with text, those that say something first: all of them if none does."""
+    texts = [(m, render_content(m.get("content")).strip()) for m in messages if m.get("role") == role]
+    with_text = [(m, text) for m, text in texts if text]
+    return [m for m, text in with_text if not says_nothing_new(text)] or [m for m, _ in with_text]
+
+
 def _compose(headings: Sequence[str], lines: Sequence[_Line]) -> str:
     parts: list[str] = []
     for heading in headings:
-        parts.append(f"## {heading}")
-        parts += [ln.text for ln in sorted(lines, key=lambda ln: ln.order) if ln.section == heading]
+        under = [ln.text for ln in sorted(lines, key=lambda ln: ln.order) if ln.section == heading]
+        # A section with nothing in it says nothing; a lone heading nothing the chunk's own does not.
+        if under and len(headings) > 1:
+            parts.append(f"## {heading}")
+        parts += under
     return "\n".join(parts)
 
 

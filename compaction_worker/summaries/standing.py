@@ -9,8 +9,9 @@ compaction as data, and rendered in the summary turn under ``STANDING_HEADER``.
 
 Update-aware: a later sentence about the same subject ("raise the cap to 800" after "keep the
 cap at 500") makes the earlier one superseded; superseded items are shown apart, as no longer
-current, and are the first to go when space is short. Then facts, decisions, goals,
-preferences; constraints and rules go last (docs/design.md, "The standing state").
+current, and are the first to go when space is short. Then facts and preferences, then
+decisions and goals; constraints and rules go last (:data:`TIERS`; docs/design.md, "What stays
+when not everything fits").
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ from typing import Any, Final, Literal, cast
 Kind = Literal["rule", "constraint", "preference", "goal", "decision", "fact"]
 
 KINDS: Final[tuple[Kind, ...]] = ("rule", "constraint", "preference", "goal", "decision", "fact")
-"""Every kind, in the order the state shows them and keeps them when space is short (facts go first)."""
+"""Every kind, in the order the state shows them."""
+TIERS: Final[Mapping[Kind, int]] = {
+    "rule": 1,
+    "constraint": 1,
+    "goal": 2,
+    "decision": 2,
+    "preference": 4,
+    "fact": 4,
+}
+"""Each kind's place in the order of value (``strategies.allocation.Tier``): rules and constraints
+first, then goals and decisions, then (after the agent's newest step) preferences and facts."""
 
 STANDING_HEADER = "[Standing state]"
 INTRO = "What the user set, in their own words; each holds until a later message changes it."
@@ -39,6 +50,10 @@ _TITLES: Final[Mapping[Kind, str]] = {
     "fact": "Facts",
 }
 SUPERSEDED_TITLE = "No longer current (superseded):"
+STYLES: Final = ("full", "titled", "bare")
+"""How the state renders, richest first: intro, titles by kind and turn labels; titles only; one line
+an item. :func:`render` picks the richest that keeps as many items as the barest does."""
+FACT_MAX_WORDS = 30
 MAX_SENTENCE_CHARS = 400
 """A longer sentence is prose or pasted content, not a stated rule: it is not an item."""
 
@@ -47,46 +62,98 @@ _MONTHS = "january|february|march|april|may|june|july|august|september|october|n
 _FLAGS = re.IGNORECASE
 
 _DECISION = re.compile(
-    r"\b(?:we|i)(?:'ve| have)? (?:decided|agreed|settled on|chose|picked|opted)\b|\blet'?s (?:go with|use|stick with)\b"
+    r"\b(?:we|i)(?:'ve| have)? (?:decided|agreed|settled on|chose|picked|opted)\b"
+    r"|\blet'?s (?:go with|use|stick with|keep|set|ramp|raise|lower|cap|limit|target|aim|switch|move|settle|"
+    r"standardi[sz]e)\b"
     r"|\b(?:we(?:'re| are)|i(?:'m| am)) going with\b|\bwe(?:'ll| will) (?:use|go with|stick with)\b"
     r"|\bthe decision is\b|\bdecided:",
     _FLAGS,
 )
 _RULE = re.compile(
+    r"\bneeds? (?:a |an |your |my |our |two |2 )?(?:second pair of eyes|approval|sign-?off|review)|\bstays? (?:out of|away from)\b|"
     r"\b(?:never|always|must|mustn'?t|shall(?: not)?|do not|don'?t|under no circumstances|make sure|"
     r"ensure|avoid|from now on|going forward|be sure to|is (?:forbidden|not allowed|prohibited)|"
-    r"you (?:should|may) not|no \w+(?: \w+)? without|not allowed|forbidden|prohibited)\b",
+    r"you (?:should|may) not|no \w+(?: \w+)? without|not allowed|forbidden|prohibited|(?:safety |hard )?rule:)",
+    _FLAGS,
+)
+# A rule is said as one: an imperative ("Never ...", "Do not ..."), a label ("Safety rule: ..."), a person
+# or the agent as its subject ("you must", "we never"), or a prohibition. "The exporter never had load
+# tests." and "It must have been copied" describe, they rule nothing.
+_DIRECTIVE = re.compile(
+    r"^(?:[\w ,'-]{0,30}:\s*)?(?:and |also |so |please |from now on,? |going forward,? |if [^,]+, )?"
+    r"(?:never|always|do not|don'?t|must|make sure|ensure|avoid|be sure|under no circumstances|no \w+)\b"
+    r"|\b(?:you|we|i|anyone|everyone|nobody|no one|the agent|agents)\b(?: \w+){0,2} "
+    r"(?:must|mustn'?t|should|shall|never|always|may not|cannot|can'?t|are not|aren'?t)\b"
+    r"|\b(?:forbidden|not allowed|prohibited|rule:|from now on|going forward)|\bno \w+(?: \w+)? without\b"
+    r"|\bneeds? (?:a |an |your |my |our |two |2 )?(?:second pair of eyes|approval|sign-?off|review)"
+    r"|\bstays? (?:out of|away from)\b",
+    _FLAGS,
+)
+_CONDITION = re.compile(r"^(?:if|when|whenever|once|should) [^,;]{3,80}[,;]\s*(?:then\s+)?", _FLAGS)
+_EPISTEMIC = re.compile(r"\bmust(?:n'?t)? (?:have|be \w+ing)\b", _FLAGS)
+# An instruction that holds beyond one turn: "Get Priya's sign-off before any change to the schema."
+_STANDING_ORDER = re.compile(
+    r"\b(?:before|after|whenever|every time|each time) (?:any|every|each|you|we)\b|\b(?:any|every) time\b",
     _FLAGS,
 )
 _CONSTRAINT = re.compile(
-    rf"\b(?:at most|at least|no more than|no less than|not more than|up to|maximum|minimum|max|min|"
-    rf"limit(?:ed|s)?|caps?|capped|budget|deadline|due|within|only|required?|requirements?|"
-    rf"compatible|exceed|must be|has to be|needs to be|by (?:{_WEEKDAYS}|tomorrow|tonight|end of|the \d+|"
-    rf"{_MONTHS}|\d))\b",
+    rf"\b(?:at most|at least|no more than|no less than|not more than|up to|maximum|minimum|max|min|constraints?|"
+    rf"limit(?:ed|s)?|caps?|capped|budget|deadline|due|within|required?|requirements?|"
+    # "only" limits when it opens the sentence, follows what it limits ("3.11 only", "admins only,")
+    # or restricts an action or a place; "the TTL is only a backstop" limits nothing.
+    rf"(?<=^)only|(?<=\w )only(?=[,.;:!]|$)|only (?:use|run|deploy|allow|accept|ship|merge|read|write|"
+    rf"touch|on|in|from|between|during|if|when|with|after|before|for|via|through|by|within|up to|\d)|"
+    rf"compatible with|exceed|must be|has to be|needs to be|has to|have to|by (?:{_WEEKDAYS}|tomorrow|tonight|end of|the \d+|"
+    rf"{_MONTHS}|\d)|(?:under|over|below|above|beyond|less than|more than|fewer than) \$?\d[\d,.]*|"
+    rf"(?:can'?t|cannot|must not|may not|mustn'?t) (?:go|be|get|run|exceed|take|spend|use) (?:over|above|beyond|past|more|longer))\b",
     _FLAGS,
 )
 _PREFERENCE = re.compile(
     r"\b(?:prefer(?:red|s)?|preference|i'?d rather|i like|i want (?:answers|responses|replies|it|them|you)|"
     r"please (?:use|keep|write|answer|reply|respond|give|show|format|stick)|"
-    r"(?:metric|imperial|celsius|fahrenheit|kelvin)|terse|concise|brief|verbose|short answers?|"
+    r"(?:metric|imperial|celsius|fahrenheit|kelvin)|short answers?|"
+    r"(?:be|keep (?:it|them|answers|replies|responses)|answers?|responses?|replies)(?: \w+)? "
+    r"(?:terse|concise|brief|verbose|short|detailed)|"
     r"bullet points?|in (?:english|french|german|spanish|japanese|chinese))\b",
     _FLAGS,
 )
+# How things are to be written or named, for good: "Write dates like 21.07.2025", "Call the queue puffin".
+_HOW_TO_WRITE = re.compile(
+    r"^(?:please\s+)?(?:use|write|format|spell|call|name|address|refer to|put|list|sign|label)\b.{0,60}?"
+    r"\b(?:dates?|times?|timestamps?|numbers?|amounts?|names?|units?|currenc(?:y|ies)|reviewers?|"
+    r"the way|like|as)\b",
+    _FLAGS,
+)
+# An instruction scoped to everything from now: "In anything you write for me, call the queue puffin."
+_SCOPED = re.compile(
+    r"^(?:in|for|with|on|across) (?:anything|everything|all|every|each|any)\b[^,]{0,60},", _FLAGS
+)
+_LABEL = re.compile(r"^\W*(?:task|status|update|progress|current goal|goal|next step)\s*:", _FLAGS)
+# "Timestamps in UTC, please.": how something is to be, asked politely, with no verb of a request.
+_POLITE = re.compile(r",\s*please\W*$", _FLAGS)
 _GOAL = re.compile(
     r"\b(?:goal|objective|aim is|we(?:'re| are) (?:trying|working|migrating|building|moving|planning|aiming)|"
     r"i(?:'m| am) (?:trying|working|migrating|building|moving|planning|aiming)|i want to|we want to|"
-    r"we need to|i need to|the task is|the plan is|our plan|the point is|target is|task:|milestone|"
-    r"next step|todo|to-do|status:|we(?:'re| are) (?:done|finished) with|is (?:done|finished|complete))\b",
+    r"we need to|i need to|the task is|the plan is|our plan|the point is|target is|milestone|"
+    r"next step|todo|to-do|we(?:'re| are) (?:done|finished) (?:with|when)|done when|what'?s left|"
+    r"left to do|still to do|remaining work|(?:is|are) next|is (?:deployed|live|shipped|merged|released)|"
+    r"is (?:done|finished|complete))\b|\b(?:task|status|update|progress|current goal):",
     _FLAGS,
 )
 # A fact: a declarative sentence that carries something specific (a number, a name, an address).
-_SPECIFIC = re.compile(r"\d|@|https?://|\b(?:called|named|known as)\b", _FLAGS)
-_MID_CAPITAL = re.compile(r"(?<=[a-z,;:] )[A-Z][\w-]+")
+_SPECIFIC = re.compile(r"\d|@|https?://|#\w|(?<!\w)/\w|\w[._:=/]\w|\b(?:called|named|known as)\b", _FLAGS)
+# A name mid-sentence ("the office in Porto", "ask Priya"): a capital word, not a short acronym (TTL, API).
+_MID_CAPITAL = re.compile(r"(?<=[a-z,;:] )(?:[A-Z][a-z][\w-]*|[A-Z][A-Z0-9_-]{4,}|[A-Z]+[\d_-][\w-]*)")
 # A request is not a fact: "look at part 3", "can you run it", "please check the logs".
 _REQUEST = re.compile(
     r"^(?:please|pls|can|could|would|will|let'?s|look|check|read|run|fix|open|show|try|go|add|remove|"
     r"delete|update|see|tell|give|find|write|explain|continue|proceed|do|make|get|put|set|start|stop|"
     r"now|ok|okay|thanks|thank)\b|\bplease\b",
+    _FLAGS,
+)
+_CHANGE_TO = re.compile(
+    r"^(?:\w+,\s*)?(?:please\s+)?(?:switch|change|move|set|make|raise|lower|bump|push|increase|decrease|"
+    r"reduce|extend)\b.{0,60}?\b(?:to|at)\b",
     _FLAGS,
 )
 # What happened once is an observation, not a standing fact: "it failed twice this morning".
@@ -98,13 +165,19 @@ _TRANSIENT = re.compile(
 _UPDATE = re.compile(
     r"\b(?:actually|instead|change[sd]?|update[sd]?|raise[sd]?|lower(?:ed)?|increase[sd]?|decrease[sd]?|"
     r"move[sd]?|switch(?:ed)?|now|no longer|rather than|anymore|any more|scratch that|correction|"
-    r"revise[sd]?|bump(?:ed)?|extend(?:ed)?|push(?:ed)?|make it|new)\b",
+    r"revise[sd]?|bump(?:ed)?|extend(?:ed)?|push(?:ed)?|make it|new|"
+    r"from (?:this|next) (?:week|month|sprint|quarter|release)|from today|starting (?:today|tomorrow|this|next)|"
+    r"after all|go(?:es)? (?:up|down)|went (?:up|down))\b",
     _FLAGS,
 )
 # "Now" in these says when a rule starts or what is true, not that something changed.
 _NOT_UPDATE = re.compile(r"\b(?:from now on|for now|right now|just now|as of now|until now)\b", _FLAGS)
 _VALUE = re.compile(
-    rf"[$€£]?\d[\d,.:/]*(?:\s?(?:%|k|m|gb|mb|kb|ms|s|h|usd|eur|dollars?|euros?))?\b|\b(?:{_WEEKDAYS}|{_MONTHS})\b",
+    # An identifier with a digit is one value: "eu-central-1", "db-38.internal", "v7.34.4".
+    r"\b[a-z][a-z0-9]*(?:[-._][a-z0-9]+)*?[-._]?\d[a-z0-9]*(?:[-._][a-z0-9]+)*\b|"
+    rf"[$€£]?\d[\d,.:/]*(?:\s?(?:%|k|m|gb|mb|kb|ms|s|h|usd|eur|dollars?|euros?))?\b|\b(?:{_WEEKDAYS}|{_MONTHS})\b"
+    # A time zone is a value too: "Asia/Kolkata" then "America/Sao_Paulo".
+    r"|\b[A-Z][a-z]+/[A-Z][A-Za-z_]+\b",
     _FLAGS,
 )
 _WORD = re.compile(r"[a-z][a-z0-9_.+-]*[a-z0-9+]|[a-z]", _FLAGS)
@@ -177,18 +250,31 @@ def classify(sentence: str) -> Kind | None:  # noqa: PLR0911  # one return per k
         return None
     if _DECISION.search(sentence):
         return "decision"
-    rule = _RULE.search(sentence) is not None
+    rule = _RULE.search(sentence) is not None and _DIRECTIVE.search(sentence) is not None
+    # An instruction that holds beyond the turn: "Get X's sign-off before any change", "If the error
+    # rate spikes, flip the freeze flag".
+    order = _IMPERATIVE.search(sentence) is not None and _STANDING_ORDER.search(sentence) is not None
+    condition = _CONDITION.match(sentence)
+    order = order or (condition is not None and _IMPERATIVE.search(sentence[condition.end() :]) is not None)
+    rule = (rule and not _EPISTEMIC.search(sentence)) or order
     constraint = _CONSTRAINT.search(sentence) is not None
     if constraint and (_VALUE.search(sentence) or not rule):
         return "constraint"
     if rule:
         return "rule"
-    if _PREFERENCE.search(sentence):
+    polite = _POLITE.search(sentence) is not None and not _IMPERATIVE.search(sentence)
+    if _PREFERENCE.search(sentence) or polite or _HOW_TO_WRITE.search(sentence) or _SCOPED.search(sentence):
         return "preference"
-    if _GOAL.search(sentence):
+    if _GOAL.search(sentence) and (not _REQUEST.match(sentence) or _LABEL.match(sentence)):
         return "goal"
+    if _CHANGE_TO.search(sentence) and _VALUE.search(sentence):
+        # "Switch timestamps to America/Sao_Paulo, please.": a request that sets a value is a fact
+        # of the state, re-kinded by the item it changes (``merge``).
+        return "fact"
     if _REQUEST.search(sentence) or _TRANSIENT.search(sentence):
         return None
+    if len(sentence.split()) > FACT_MAX_WORDS:
+        return None  # a long sentence is prose that mentions things, not a fact to keep word for word
     if _SPECIFIC.search(sentence) or _MID_CAPITAL.search(sentence):
         return "fact"
     return None
@@ -204,6 +290,62 @@ def is_prose(sentence: str) -> bool:
     """Whether a sentence reads as written words: most of it plain words, few paths, numbers or code."""
     words = sentence.split()
     return bool(words) and sum(1 for w in words if _PLAIN_WORD.match(w)) >= PROSE_SHARE * len(words)
+
+
+# What marks a sentence as carrying something a later turn may need by name: a number, an address, a
+# path, an identifier's inner punctuation or capital, a quoted or code term.
+_NAMED = re.compile(r"\d|@|https?://|/\w|\w[._:=]\w|[a-z][A-Z]|[`\"'“”]")
+_ASK = re.compile(
+    r"\b(?:please|pls|can you|could you|would you|will you|i need you to|i want you to|help me|"
+    r"your (?:task|job|goal) is|you (?:need|have) to|you should|make sure|we need to|i need to|"
+    r"i want to|we want to|let'?s)\b",
+    _FLAGS,
+)
+_IMPERATIVE = re.compile(
+    r"^(?:please\s+)?(?:add|ask|build|call|cc|change|check|clean|close|compare|continue|create|debug|delete|"
+    r"deploy|disable|enable|escalate|explain|file|find|fix|flip|get|go|implement|investigate|keep|look|"
+    r"loop|make|migrate|move|notify|open|page|paste|ping|port|post|proceed|put|read|refactor|remove|"
+    r"rename|rerun|respond|review|rewrite|roll|route|run|send|set|ship|show|solve|start|stop|"
+    r"summari[sz]e|switch|tag|tell|test|try|turn|update|upgrade|use|verify|wait|write)\b",
+    _FLAGS,
+)
+_ACK = re.compile(
+    r"^\W*(?:acknowledged|understood|noted|got it|ok(?:ay)?|sure|will do|on it|thanks|thank you|"
+    r"sounds good|roger|copy that|done|great|perfect|continuing|proceeding|moving on)\b",
+    _FLAGS,
+)
+ACK_MAX_WORDS = 12
+
+
+def asks(sentence: str) -> bool:
+    """Whether a sentence asks for something: a question, a request, an imperative."""
+    s = sentence.strip()
+    return s.endswith("?") or _ASK.search(s) is not None or _IMPERATIVE.search(s) is not None
+
+
+def asks_for_work(text: str) -> bool:
+    """Whether a message asks for work (a question, a request, an instruction, a goal): a remark such
+    as "The webhook retries three times before dead-lettering." does not, and is no task."""
+    return any(asks(s) or _GOAL.search(s) is not None for s in sentences(text))
+
+
+def is_filler(sentence: str) -> bool:
+    """Whether a sentence states nothing a later turn needs: no item of the state, no request or
+    question, and nothing named (no number, identifier, path or quoted term). An acknowledgment
+    ("Acknowledged. Continuing with the plan.") is filler too."""
+    s = sentence.strip()
+    if not s or (_ACK.search(s) and len(s.split()) <= ACK_MAX_WORDS):
+        return True
+    return classify(s) is None and not asks(s) and _NAMED.search(s) is None and not _MID_CAPITAL.search(s)
+
+
+def says_nothing_new(text: str, *, items: bool = False) -> bool:
+    """Whether a message's every sentence is filler, or with ``items`` an item of the state (which keeps
+    it word for word): keeping the message verbatim would repeat or add nothing."""
+    if "```" in text:
+        return False  # code (a command, a patch, a flag) is never filler
+    found = sentences(text)
+    return bool(found) and all(is_filler(s) or (items and classify(s) is not None) for s in found)
 
 
 # An assistant's proposal: "I'll use Postgres 16 for this", "I suggest we cap retries at 3".
@@ -277,7 +419,8 @@ def subject(text: str) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=8192)
-def _values(text: str) -> frozenset[str]:
+def values(text: str) -> frozenset[str]:
+    """The values a sentence sets (numbers, amounts, dates, identifiers), lower-cased."""
     return frozenset(v.lower().replace(",", "") for v in _VALUE.findall(text))
 
 
@@ -292,15 +435,21 @@ def changes(later: Item, earlier: Item) -> bool:
     a, b = subject(later.text), subject(earlier.text)
     shared = a & b
     families = any(word.startswith("~") for word in shared)
-    close = len(shared) >= 2 and len(shared) >= 0.5 * min(len(a), len(b))
+    said_change = _UPDATE.search(_NOT_UPDATE.sub(" ", later.text)) is not None
+    other_value = bool(values(later.text)) and values(later.text) != values(earlier.text)
+    # "Switch timestamps to America/Sao_Paulo" after "write timestamps in Asia/Kolkata": one word of
+    # subject each, the same, another value, and a word of change.
+    contained = bool(shared) and 2 * len(shared) >= min(len(a), len(b)) and said_change and other_value
+    close = (len(shared) >= 2 and len(shared) >= 0.5 * min(len(a), len(b))) or contained
     if not (families or close):
         return False
-    said_change = _UPDATE.search(_NOT_UPDATE.sub(" ", later.text)) is not None
-    other_value = bool(_values(later.text)) and _values(later.text) != _values(earlier.text)
     if "fact" in (later.kind, earlier.kind):
-        # A fact changes only a fact: one that says so, or the same sentence with another value.
+        # A fact changes only a fact (one that says so, or the same sentence with another value), or
+        # across kinds what says it changes it, with another value: "Actually, make the window 60
+        # minutes." after a constraint on it, "customer data has to live in eu-west-3 now" after a fact.
         same = len(shared) >= 0.8 * max(len(a), len(b))
-        return later.kind == earlier.kind and ((said_change and close) or (same and other_value))
+        told = said_change and close and other_value
+        return told or (later.kind == earlier.kind and ((said_change and close) or (same and other_value)))
     if said_change:
         return True
     if a - b and b - a:
@@ -338,10 +487,20 @@ def merge(earlier: Iterable[Item], found: Iterable[Item]) -> list[Item]:
             weight = 2 if word.startswith("~") else 1
             for p in by_word[word][bisect.bisect_right(by_word[word], index) :]:
                 shared[p] += weight
-        candidates = sorted(p for p, n in shared.items() if n >= 2)
-        later = next((items[p] for p in candidates if changes(items[p], item)), None)
-        out.append(item if later is None else replace(item, superseded_by=later.seq))
-    return out
+        # One word in common is enough when it is the whole of a short subject (``changes``: contained).
+        least = 1 if len(subject(item.text)) <= 4 else 2
+        candidates = sorted(p for p, n in shared.items() if n >= least)
+        at = next((p for p in candidates if changes(items[p], item)), None)
+        if at is None:
+            out.append(item)
+            continue
+        out.append(replace(item, superseded_by=items[at].seq))
+        if items[at].kind == "fact" and item.kind != "fact":
+            # "Actually, make the window 60 minutes." changes a constraint: it is one, and ranks as one.
+            items[at] = replace(items[at], kind=item.kind)
+    # A sentence said again is one item, the latest saying of it (a state lists a line once).
+    latest = {i.text: i for i in out if i.current}
+    return [i for i in out if not i.current or latest[i.text] is i]
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,47 +515,73 @@ class Rendered:
 def render(
     items: Sequence[Item], budget: int, count: Callable[[str], int], shown: Collection[Item] = ()
 ) -> Rendered:
-    """The state's text within ``budget`` tokens.
+    """The state's text within ``budget`` tokens: the most items that fit, by value, in the richest
+    style that holds as many (:data:`STYLES`: labels only where they fit).
 
     ``shown`` are the items whose sentence the history still says (their message is verbatim, or
-    the part of it kept when it was cut holds the sentence): the current ones are
-    there already and are not repeated. What goes first when space is short: superseded items whose
-    message is gone (history now), then facts, decisions, goals, preferences, constraints, rules
-    (``KINDS`` from the end), the oldest of a kind first. A superseded item whose message is
-    still verbatim ranks with its kind: without its mark the old value reads as current beside the new.
+    the part of it kept when it was cut holds the sentence): the current ones are there already and
+    are not repeated. What goes first when space is short: superseded items whose message is gone
+    (history now), then by :data:`TIERS` from the last (facts and preferences, then goals and
+    decisions, then constraints and rules), within a tier the costliest first (value per token). A
+    superseded item whose message is still verbatim ranks with its kind: without its mark the old
+    value reads as current beside the new.
     """
     listed = [i for i in items if not (i.current and i in shown)]
     gone = [i for i in listed if not i.current and i not in shown]
     rest = [i for i in listed if i.current or i in shown]
-    ranked = gone + [i for kind in reversed(KINDS) for i in rest if i.kind == kind]
+    by_value = sorted(rest, key=lambda i: (-TIERS[i.kind], -count(i.text), i.seq, i.n))
+    ranked = gone + by_value
+    best: Rendered | None = None
+    for style in STYLES:
+        fitted = _fewest_drops(listed, ranked, budget, count, style)
+        if fitted is not None and (best is None or len(fitted.kept) > len(best.kept)):
+            best = fitted
+    return best or Rendered("", (), tuple(listed))
+
+
+def _fewest_drops(
+    listed: Sequence[Item], ranked: Sequence[Item], budget: int, count: Callable[[str], int], style: str
+) -> Rendered | None:
+    """The fewest drops (in ``ranked`` order) whose text in ``style`` fits ``budget``; None if none does."""
 
     def without(k: int) -> list[Item]:
         dropped = {id(i) for i in ranked[:k]}
         return [i for i in listed if id(i) not in dropped]
 
-    # The fewest drops (in rank order) that fit: the text shrinks as drops grow, so bisect.
+    # The text shrinks as drops grow, so bisect.
     low, high = 0, len(ranked)
-    if count(_text(without(high))) > budget:
-        return Rendered("", (), tuple(listed))
+    if count(_text(without(high), style)) > budget:
+        return None
     while low < high:
         mid = (low + high) // 2
-        if count(_text(without(mid))) <= budget:
+        if count(_text(without(mid), style)) <= budget:
             high = mid
         else:
             low = mid + 1
     kept = without(low)
-    return Rendered(_text(kept), tuple(kept), tuple(ranked[:low]))
+    if not kept:
+        return None
+    return Rendered(_text(kept, style), tuple(kept), tuple(ranked[:low]))
 
 
-def _text(items: Sequence[Item]) -> str:
+def _text(items: Sequence[Item], style: str = "full") -> str:
     if not items:
         return ""
-    sections = [STANDING_HEADER, INTRO]
+    full, titled = style == "full", style in ("full", "titled")
+    sections = [STANDING_HEADER, INTRO] if full else [STANDING_HEADER]
     for kind in KINDS:
-        lines = [f"- [turn {i.seq}] {i.text}" for i in items if i.kind == kind and i.current]
+        lines = [
+            f"- [turn {i.seq}] {i.text}" if full else f"- {i.text}"
+            for i in items
+            if i.kind == kind and i.current
+        ]
         if lines:
-            sections.append(f"{_TITLES[kind]}:\n" + "\n".join(lines))
-    old = [f"- [turn {i.seq}, changed at turn {i.superseded_by}] {i.text}" for i in items if not i.current]
+            sections.append(f"{_TITLES[kind]}:\n" + "\n".join(lines) if titled else "\n".join(lines))
+    old = [
+        f"- [turn {i.seq}, changed at turn {i.superseded_by}] {i.text}" if full else f"- {i.text}"
+        for i in items
+        if not i.current
+    ]
     if old:
         sections.append(f"{SUPERSEDED_TITLE}\n" + "\n".join(old))
-    return "\n\n".join(sections)
+    return ("\n\n" if titled else "\n").join(sections)

@@ -1,61 +1,95 @@
-"""One allocation of the room (strategies/allocation.py): the summary's floor first, the rest in proportion."""
+"""What stays when not everything fits (strategies/allocation.py): one order of value, one packing."""
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+import pytest
 
-from compaction_worker.strategies.allocation import KEEP_FLOORS, MIN_FLOOR, Keeps, allocate, summary_floor
-
-
-def test_what_fits_is_kept_whole() -> None:
-    wants = Keeps(task=400, user_words=200, tail=300)
-    assert allocate(free=2_000, wants=wants, floor=300) == wants
-
-
-def test_a_shortfall_shrinks_the_words_and_the_tail_in_proportion_and_keeps_the_task() -> None:
-    wants = Keeps(task=800, user_words=400, tail=800)
-    keeps = allocate(free=1_800, wants=wants, floor=300)
-    assert keeps.task == 800
-    assert keeps.total + 300 <= 1_800
-    taken = {"words": 400 - keeps.user_words, "tail": 800 - keeps.tail}
-    above = {"words": 400 * (1 - KEEP_FLOORS[0]), "tail": 800 * (1 - KEEP_FLOORS[1])}
-    assert abs(taken["words"] / above["words"] - taken["tail"] / above["tail"]) < 0.01
-
-
-def test_what_gives_way_last_is_the_summary_floor_then_the_task() -> None:
-    wants = Keeps(task=1_000, user_words=1_000, tail=1_000)
-    floors = Keeps(1_000, int(KEEP_FLOORS[0] * 1_000), int(KEEP_FLOORS[1] * 1_000))
-    assert allocate(free=floors.total + 300, wants=wants, floor=300) == floors
-    # The floors of the words and the tail go before the summary's.
-    squeezed = allocate(free=1_000 + 300 + 70, wants=wants, floor=300)
-    assert squeezed.task == 1_000
-    assert squeezed.user_words + squeezed.tail <= 70
-    # Then the summary's floor goes down to its least, and only then does the task give way.
-    assert allocate(free=1_000 + 100, wants=wants, floor=300) == Keeps(1_000, 0, 0)
-    assert allocate(free=600, wants=wants, floor=300) == Keeps(600 - MIN_FLOOR, 0, 0)
-
-
-@given(
-    st.integers(0, 5_000),
-    st.integers(0, 5_000),
-    st.integers(0, 5_000),
-    st.integers(0, 20_000),
-    st.integers(0, 2_000),
+from compaction_worker.strategies.allocation import (
+    MIN_FLOOR,
+    TASK_HEAD_TOKENS,
+    Keeps,
+    Part,
+    Tier,
+    Wants,
+    allocate,
+    pack,
 )
-def test_never_more_than_wanted_never_negative_and_the_floor_is_left_when_it_can_be(
-    task: int, words: int, tail: int, free: int, floor: int
-) -> None:
-    wants = Keeps(task, words, tail)
-    keeps = allocate(free, wants, floor)
-    assert 0 <= keeps.task <= task
-    assert 0 <= keeps.user_words <= words
-    assert 0 <= keeps.tail <= tail
-    if keeps != wants:  # the summary keeps at least its least floor
-        assert keeps.total <= max(0, free - min(floor, MIN_FLOOR))
 
 
-def test_the_summary_floor_is_a_share_of_the_room_within_its_reserve() -> None:
-    assert summary_floor(10_000, 2_000) == 1_500
-    assert summary_floor(100, 2_000) == MIN_FLOOR
-    assert summary_floor(10_000, 500) == 500
+class TestPack:
+    """The room is granted tier by tier; within a tier, by value per token."""
+
+    def test_everything_fits(self) -> None:
+        parts = [Part("a", Tier.RULES, 10), Part("b", Tier.NARRATIVE, 20, divisible=True)]
+        assert pack(parts, 30) == {"a": 10, "b": 20}
+
+    def test_a_higher_tier_is_served_first_whatever_the_order_given(self) -> None:
+        parts = [Part("narrative", Tier.NARRATIVE, 50, divisible=True), Part("rule", Tier.RULES, 40)]
+        assert pack(parts, 60) == {"rule": 40, "narrative": 20}
+
+    def test_within_a_tier_the_cheapest_whole_parts_first_and_a_costly_one_is_passed_over(self) -> None:
+        parts = [Part("long", Tier.FACTS, 30), Part("short", Tier.FACTS, 10), Part("mid", Tier.FACTS, 15)]
+        assert pack(parts, 26) == {"long": 0, "short": 10, "mid": 15}
+
+    def test_a_lower_tier_takes_what_a_whole_part_could_not(self) -> None:
+        parts = [Part("goal", Tier.GOALS, 30), Part("words", Tier.BULK, 40, divisible=True)]
+        assert pack(parts, 20) == {"goal": 0, "words": 20}
+
+    def test_divisible_parts_of_a_tier_share_in_proportion(self) -> None:
+        parts = [Part("words", Tier.BULK, 300, divisible=True), Part("task", Tier.BULK, 100, divisible=True)]
+        grants = pack(parts, 200)
+        assert grants == {"words": 150, "task": 50}
+
+    def test_nothing_is_granted_past_the_room(self) -> None:
+        parts = [Part(str(i), Tier(i % 7), 37 + i, divisible=bool(i % 2)) for i in range(20)]
+        for room in (0, 1, 50, 333, 10_000):
+            assert sum(pack(parts, room).values()) <= room
+
+
+class TestAllocate:
+    """Beside a new summary: the task, the newest step, the ledger, the words, the narrative and the tail."""
+
+    def test_what_fits_is_kept_whole(self) -> None:
+        wants = Wants(Keeps(task=200, user_words=300, tail=500), step=200, summary=400)
+        assert allocate(1_400, wants) == wants.keeps
+
+    def test_the_older_tail_and_the_narrative_give_way_before_the_words(self) -> None:
+        wants = Wants(Keeps(task=0, user_words=300, tail=500), step=200, summary=400)
+        keeps = allocate(MIN_FLOOR + 200 + 300 + 100, wants)
+        assert keeps.user_words == 300
+        assert 200 <= keeps.tail < 500
+
+    def test_the_words_give_way_before_the_newest_step(self) -> None:
+        wants = Wants(Keeps(task=0, user_words=300, tail=500), step=200, summary=400)
+        keeps = allocate(MIN_FLOOR + 200 + 50, wants)
+        assert keeps.tail == 200
+        assert keeps.user_words <= 50
+
+    def test_the_ledger_ranks_above_the_words(self) -> None:
+        wants = Wants(Keeps(task=0, user_words=300, tail=0), step=0, summary=400, ledger=150)
+        keeps = allocate(MIN_FLOOR + 150 + 100, wants)
+        assert keeps.user_words == 100
+
+    def test_on_the_last_aim_the_task_keeps_its_head_before_the_step(self) -> None:
+        wants = Wants(Keeps(task=1_000, user_words=0, tail=300), step=300, summary=400)
+        keeps = allocate(MIN_FLOOR + TASK_HEAD_TOKENS + 100, wants)
+        assert keeps.task == TASK_HEAD_TOKENS
+        assert keeps.tail == 100
+
+    def test_before_the_last_aim_the_task_is_never_cut(self) -> None:
+        wants = Wants(Keeps(task=1_000, user_words=200, tail=300), step=300, summary=400)
+        assert allocate(MIN_FLOOR + 1_100, wants, last_aim=False) == Keeps(1_000, 0, 100)
+        # No room beside the whole task: it is kept whole and the run aims higher.
+        assert allocate(500, wants, last_aim=False) == Keeps(1_000, 0, 0)
+
+    def test_filler_at_the_end_of_the_tail_is_given_no_room(self) -> None:
+        wants = Wants(Keeps(task=0, user_words=0, tail=30), step=0, summary=400, filler=30)
+        assert allocate(MIN_FLOOR + 10, wants).tail == 0
+
+    @pytest.mark.parametrize("free", [0, 40, 100, 333, 900, 1_500, 3_000])
+    def test_never_more_than_the_room_beside_the_summary_floor(self, free: int) -> None:
+        wants = Wants(Keeps(task=500, user_words=700, tail=900), step=400, summary=600, ledger=200)
+        keeps = allocate(free, wants)
+        # The task is never cut below its head here; the rest fits beside the floor.
+        assert keeps.user_words + keeps.tail <= max(0, free - MIN_FLOOR)
+        assert keeps.task >= min(wants.keeps.task, TASK_HEAD_TOKENS, max(0, free - MIN_FLOOR))

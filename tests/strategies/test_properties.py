@@ -219,8 +219,9 @@ def check(case: Case, result: CompactionResult, used: Sequence[Recorder], counte
 
 def written(chunk: str, summary: str) -> bool:
     """Whether a chunk's text is ``summary``, less the sentences the user later changed (the run takes
-    them out of its summaries, ``standing_state.unsay_changed``): the rest in order, word for word."""
-    if chunk == summary:
+    them out of its summaries, ``standing_state.unsay_changed``) and less lines that gave way to the
+    standing state (``standing_state.restore_state``): the rest in order, word for word."""
+    if chunk == summary or _lines_of(chunk, summary):
         return True
     at = 0
     for piece in chunk.split(CHANGED):
@@ -391,3 +392,22 @@ def test_a_task_that_begins_the_newest_step_stays_when_the_tail_gives_way() -> N
     for kind in ("succeeds", "fails", "extractive"):
         result, used = run(case, kind)
         check(case, result, used, COUNTER)
+
+
+def _lines_of(chunk: str, summary: str) -> bool:
+    """Whether every line of ``chunk`` is a line of ``summary`` (a changed sentence in it replaced by the
+    mark), in the same order."""
+    lines = iter(summary.strip().splitlines())
+    return all(any(_same_line(line, other) for other in lines) for line in chunk.strip().splitlines())
+
+
+def _same_line(line: str, other: str) -> bool:
+    if line == other:
+        return True
+    at = 0
+    for piece in line.split(CHANGED):
+        found = other.find(piece, at)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return CHANGED in line

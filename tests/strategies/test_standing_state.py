@@ -185,7 +185,7 @@ async def test_compacting_again_with_no_new_turn_keeps_what_the_first_kept() -> 
 async def test_when_space_is_short_rules_and_constraints_go_last_and_the_report_is_true() -> None:
     """At a budget that holds only part of the state, the rule and the constraint stay; what the report
     says was let go is exactly what the history no longer says."""
-    settings = PipelineSettings(standing_state_max_tokens=75)
+    settings = PipelineSettings(standing_state_max_tokens=45)
     chat = conversation(20)
     history = EffectiveHistory((), tuple(chat.entries))
     result = await compact(history, limits(900, force=False), (KeepsNothing(),), COUNTER, settings=settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -61,11 +62,13 @@ class TestExtractive:
         result = await ExtractiveSummarizer(count).summarize(request(replaced_tokens=70))
         assert result.tokens < 70
 
-    async def test_tiny_budget_uses_a_single_heading(self) -> None:
-        """When seven headings do not fit, one heading and the most important line do."""
+    async def test_tiny_budget_keeps_the_latest_request_and_no_empty_heading(self) -> None:
+        """Under a tiny budget the most important lines stay; a heading with nothing under it goes."""
         result = await ExtractiveSummarizer(count).summarize(request(max_summary_tokens=32))
-        assert result.text.startswith("## Summary\n- User's latest request:")
-        assert result.tokens <= 32
+        assert "- User's latest request: Now also document it in docs/api.md please." in result.text
+        lines = result.text.splitlines()
+        assert all(not a.startswith("##") or not b.startswith("##") for a, b in itertools.pairwise(lines))
+        assert not lines[-1].startswith("##")
 
     async def test_previous_summaries_are_folded_in(self) -> None:
         """Lines of earlier summaries land under the section of the same heading."""

@@ -115,12 +115,35 @@ def test_when_space_is_short_superseded_then_facts_go_first_and_rules_last() -> 
     assert whole.dropped == ()
     assert whole.text.startswith(STANDING_HEADER)
     assert SUPERSEDED_TITLE in whole.text
-    tight = render(items, COUNT(whole.text) - 1, COUNT)
+    # Labels give way before items: one token less keeps every item, without the turn labels.
+    labelled = render(items, COUNT(whole.text) - 1, COUNT)
+    assert labelled.dropped == ()
+    assert "[turn" not in labelled.text
+    assert SUPERSEDED_TITLE in labelled.text
+    bare = render(items, COUNT(_bare(items)), COUNT)
+    assert bare.dropped == ()
+    tight = render(items, COUNT(_bare(items)) - 1, COUNT)
     assert [i.text for i in tight.dropped] == ["Keep the cap at $500."]
-    tighter = render(items, 40, COUNT)
+    tighter = render(items, 16, COUNT)
     assert {i.kind for i in tighter.kept} == {"rule", "constraint"}
-    assert COUNT(tighter.text) <= 40
+    assert COUNT(tighter.text) <= 16
     assert render(items, 3, COUNT).text == ""
+
+
+def test_within_a_tier_the_costliest_item_goes_first() -> None:
+    """Value per token: of two facts, the longer gives way, so that more items stay."""
+    items = states(
+        (1, "Our team is called bluefin."), (2, "The staging office in Porto has 14 desks on floor 3.")
+    )
+    one = render(items, COUNT(_bare(items)) - 1, COUNT)
+    assert [i.text for i in one.kept] == ["Our team is called bluefin."]
+
+
+def _bare(items: list[Item]) -> str:
+    """The barest rendering of ``items``: the header and a line each (the superseded under their title)."""
+    current = [f"- {i.text}" for i in items if i.current]
+    old = [f"- {i.text}" for i in items if not i.current]
+    return "\n".join([STANDING_HEADER, *current, *([SUPERSEDED_TITLE, *old] if old else [])])
 
 
 class TestAccepted:
