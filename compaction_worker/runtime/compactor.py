@@ -38,7 +38,7 @@ from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, event_field, pack
-from compaction_worker.state.proposals import Proposal, Proposals
+from compaction_worker.state.proposals import Proposal, Proposals, replaced_count
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.factory import Summarizers, configured_summarizers
 from compaction_worker.summaries.instructions import applied_instructions
@@ -311,6 +311,7 @@ class Compactor:
             duration_ms=int((time.monotonic() - run.started_at) * 1000),
             result=result,
             instructions=run.instructions,
+            replaced=replaced_count(snapshot.history.entries, result.draft.entries),
         )
         if replaces is not None:
             await self._discarded(

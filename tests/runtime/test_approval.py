@@ -5,6 +5,7 @@ production wiring (the broker's side: tests/integration/test_profiles.py)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -17,6 +18,7 @@ from compaction_worker.runtime.compactor import AT_WINDOW_UNAPPROVED, REACTIVE_U
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.preview import proposal_preview
 from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.proposals import Proposal
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, assistant, make_parts, make_settings, user
 
@@ -231,6 +233,59 @@ class TestAtTheWindow:
         (event,) = proposed(published)
         assert event.trigger is Trigger.MANUAL
         assert (await manual.store.meta("c")).version == 0
+
+
+class TestStaleProposal:
+    """``Client.proposal`` shows a proposal as it was proposed, never its messages with later counts."""
+
+    async def test_turns_after_it_mark_it_stale_and_change_nothing_it_shows(
+        self, manual: Parts, published: Published
+    ) -> None:
+        await turns(manual, "c", range(1, CROSSED + 1))
+        await run_job(manual.jobs, manual.compactor, "c")
+        (event,) = proposed(published)
+        pending = await manual.compactor.proposals.get("c")
+        assert pending is not None
+        fresh = proposal_preview("c", pending, await manual.store.snapshot("c"), manual.settings)
+        assert (fresh.stale, fresh.turns_since, fresh.error) == (False, 0, None)
+        assert fresh.tokens_before == event.tokens_before == (await manual.store.meta("c")).total_tokens
+        assert fresh.replaced > 0
+
+        await turns(manual, "c", range(CROSSED + 1, CROSSED + 3))
+        shown = proposal_preview("c", pending, await manual.store.snapshot("c"), manual.settings)
+
+        assert (shown.stale, shown.turns_since) == (True, 2)
+        assert shown.error == (
+            f"stale: 2 turns arrived since it was proposed (at turn {CROSSED}); applying it recomputes it"
+        )
+        assert (shown.tokens_before, shown.tokens_after) == (event.tokens_before, event.tokens_after)
+        assert (shown.messages, shown.replaced, shown.summary) == (
+            fresh.messages,
+            fresh.replaced,
+            fresh.summary,
+        )
+        assert (shown.version, shown.compaction_id) == (0, event.compaction_id)
+
+    async def test_a_proposal_stored_before_replaced_was_kept_still_reads(
+        self, manual: Parts, published: Published
+    ) -> None:
+        """A stored proposal without ``replaced`` (an earlier release's) is read, and its count is taken
+        on the entries it was computed from, not on the turns since."""
+        await turns(manual, "c", range(1, CROSSED + 1))
+        await run_job(manual.jobs, manual.compactor, "c")
+        pending = await manual.compactor.proposals.get("c")
+        assert pending is not None
+        assert pending.replaced is not None
+        data = json.loads(pending.to_json())
+        del data["replaced"]
+        legacy = Proposal.from_json(json.dumps(data))
+        assert legacy.replaced is None
+        await turns(manual, "c", range(CROSSED + 1, CROSSED + 3))
+
+        shown = proposal_preview("c", legacy, await manual.store.snapshot("c"), manual.settings)
+
+        assert shown.stale
+        assert shown.replaced == pending.replaced
 
 
 class TestProfiles:
