@@ -202,7 +202,8 @@ class PipelineSettings(_Section):
     approval: Literal["auto", "manual"] = Field(
         default="auto",
         description="manual: a compaction is proposed (compaction.proposed) and applied only by Client.apply; "
-        "a reactive one, after an overflow, never waits.",
+        "a reactive one, after an overflow, and one of a history at what its window leaves for input "
+        "never wait.",
     )
     prune: bool = Field(default=True, description="Replace old tool outputs with a placeholder.")
     prune_protect_tokens: int = Field(

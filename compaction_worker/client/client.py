@@ -432,7 +432,8 @@ class Client:
         """The compaction waiting for approval (``pipeline.approval: manual``), as a preview of what
         applying it commits: the history it leaves, its summary and standing state, tokens before
         and after; None when none waits. Its ``compaction_id`` is the one ``compaction.proposed``
-        carries."""
+        carries. It is shown as proposed, counts and messages alike, also once turns have moved the
+        history past it: then ``stale`` is set, ``turns_since`` counts them, and apply recomputes it."""
         pending = await Proposals(self.store).get(conversation_id)
         if pending is None:
             return None

@@ -15,7 +15,7 @@ from opentelemetry import trace
 from compaction_worker import strategies
 from compaction_worker.budget.economics import Prices, compaction_cost, rewritten_tokens
 from compaction_worker.budget.threshold import calibrated_total, threshold_trigger
-from compaction_worker.budget.tokens import TokenCounter, counter_for
+from compaction_worker.budget.tokens import TokenCounter, conversation_budget, counter_for
 from compaction_worker.contracts.events import (
     CompactionCompleted,
     CompactionProposed,
@@ -38,7 +38,7 @@ from compaction_worker.state.jobs import Claim, Job, JobQueue
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, event_field, pack
-from compaction_worker.state.proposals import Proposal, Proposals
+from compaction_worker.state.proposals import Proposal, Proposals, replaced_count
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.factory import Summarizers, configured_summarizers
 from compaction_worker.summaries.instructions import applied_instructions
@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 
 REACTIVE_UNAPPROVED = (
     "approval is manual, but a reactive compaction (after an overflow) never waits for it: committed at once"
+)
+AT_WINDOW_UNAPPROVED = (
+    "approval is manual, but the history reached what its window leaves for input: committed at once, "
+    "without waiting for it"
 )
 
 
@@ -144,11 +148,13 @@ class Compactor:
             snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
         settings = self.settings.for_profile(meta.profile)  # the conversation's own terms
+        full = at_window(meta, settings)
         pending = await self.proposals.get(cid)
         if (
             pending is not None
             and settings.pipeline.approval == "manual"
             and job.trigger is not Trigger.REACTIVE  # an overflow never waits
+            and full is None  # nor does a history at its window (invariant 14)
             and (job.trigger is not Trigger.MANUAL or pending.matches(snapshot))
         ):
             # A proposal waits for the runtime: a threshold does not ask again (apply recomputes a
@@ -209,6 +215,7 @@ class Compactor:
                 lease=lease,
                 llm_failures=llm_failures,
                 pending=pending,
+                full=full,
             )
         except StaleFenceError as e:
             completed = run.unchanged(meta, Outcome.FAILED, result, error=str(e), llm_failures=llm_failures)
@@ -248,21 +255,33 @@ class Compactor:
         lease: Lease,
         llm_failures: int,
         pending: Proposal | None,
+        full: int | None,
     ) -> CompactionCompleted | None:
-        """What a run's result becomes: a no-op, a proposal (None) or a commit."""
+        """What a run's result becomes: a no-op, a proposal (None) or a commit. ``full``: what the
+        window leaves for input, when the history has reached it (:func:`at_window`)."""
         if not result.shrinks:
             return await self._noop(run, snapshot, result, llm_failures)
         manual = settings.pipeline.approval == "manual"
-        if manual and run.trigger is not Trigger.REACTIVE:
+        reactive = run.trigger is Trigger.REACTIVE
+        if manual and not reactive and full is None:
             await self._propose(run, snapshot, result, llm_failures, replaces=pending)
             return None
-        if manual:
-            result = replace(result, notes=(*result.notes, REACTIVE_UNAPPROVED))
+        if manual:  # it did not wait for approval: its event says why
+            note = REACTIVE_UNAPPROVED if reactive else AT_WINDOW_UNAPPROVED
+            result = replace(result, notes=(*result.notes, note))
         completed = await self._commit(
             run, snapshot, result, originals, settings, lease=lease, llm_failures=llm_failures
         )
         if pending is not None:  # what it proposed no longer applies to the history
-            why = "a reactive compaction, after an overflow," if manual else "a compaction without approval"
+            if not manual:
+                why = "a compaction without approval"
+            elif reactive:
+                why = "a reactive compaction, after an overflow,"
+            else:
+                why = (
+                    f"the history reached what its window leaves for input ({run.tokens_before} of "
+                    f"{full} tokens): a compaction without approval"
+                )
             await self._discarded(run.conversation_id, pending, f"{why} replaced it")
         return completed
 
@@ -292,6 +311,7 @@ class Compactor:
             duration_ms=int((time.monotonic() - run.started_at) * 1000),
             result=result,
             instructions=run.instructions,
+            replaced=replaced_count(snapshot.history.entries, result.draft.entries),
         )
         if replaces is not None:
             await self._discarded(
@@ -528,3 +548,14 @@ def applied(
     old = strategies.draft_tokens(strategies.Draft(history.chunks, history.entries), overhead)
     new = strategies.draft_tokens(result.draft, overhead)
     return history.with_parts(result.draft.chunks, result.draft.entries), new - old
+
+
+def at_window(meta: Meta, settings: Settings) -> int | None:
+    """What the conversation's window leaves for input (the budget's ``available``) when its
+    calibrated total has reached it, else None: a history there cannot wait for an approval.
+
+    ``available``, not the window: a prompt past it leaves the reply less than its output reserve,
+    and the provider refuses the call (or cuts the reply short) before the window itself is full.
+    """
+    available = conversation_budget(meta, settings.budget)[1].available
+    return available if calibrated_total(meta) >= available else None

@@ -9,14 +9,15 @@ word its summary differently the next time.
 
 A proposal (``pipeline.approval: manual``) is such a result that the worker computed and stored
 (state/proposals.py): ``Client.proposal`` shows it the same way, and ``Client.apply`` commits
-exactly it, the LLM's summary included.
+exactly it, the LLM's summary included. After turns have moved the history past it, it is shown
+as it was proposed (its own counts with its own messages), marked ``stale``.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from compaction_worker import strategies
@@ -27,7 +28,7 @@ from compaction_worker.runtime.compactor import applied
 from compaction_worker.runtime.limits import run_limits
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import Job
-from compaction_worker.state.proposals import Proposal
+from compaction_worker.state.proposals import Proposal, replaced_count
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.factory import Summarizers, configured_summarizers
 from compaction_worker.summaries.instructions import applied_instructions
@@ -55,6 +56,11 @@ class Preview:
     error: str | None
     compaction_id: uuid.UUID | None = None
     """A proposal's id (``Client.proposal``); None for a preview computed now."""
+    stale: bool = False
+    """A proposal the history has moved past (turns arrived, or another commit): every field is
+    still the proposal's own, as computed, not the history's now; applying it recomputes it."""
+    turns_since: int = 0
+    """A proposal's: the turns that arrived after it was computed (0 for a preview computed now)."""
 
 
 async def preview(
@@ -95,21 +101,42 @@ async def preview(
 def proposal_preview(
     conversation_id: str, proposal: Proposal, snapshot: Snapshot, settings: Settings
 ) -> Preview:
-    """What applying ``proposal`` commits (``Client.proposal``): its history on ``snapshot``; when the
-    conversation has moved past it, ``error`` says that applying it recomputes instead."""
-    counter = counter_for(snapshot.meta.model, settings.budget)
-    found = _preview_of(
-        conversation_id,
-        snapshot,
-        result=proposal.result,
-        counter=counter,
-        scale=proposal.scale,
-        settings=settings,
+    """``proposal`` as it was proposed (``Client.proposal``): the history applying it commits, with the
+    counts it was computed with. When the conversation (``snapshot``) has moved past it, it is still
+    shown whole, never its messages with today's counts: ``stale``, and ``error`` says what changed."""
+    meta, result = snapshot.meta, proposal.result
+    history = snapshot.history.with_parts(result.draft.chunks, result.draft.entries)
+    turns = meta.last_seq - proposal.last_seq
+    stale = not proposal.matches(snapshot)
+    replaced = proposal.replaced
+    if replaced is None:  # stored by an earlier release: count it on what it was computed from,
+        # the history's first entries (while no commit moved the version, turns only append)
+        replaced = replaced_count(snapshot.history.entries[: proposal.entry_count], history.entries)
+    return Preview(
+        conversation_id=conversation_id,
+        version=proposal.version,
+        outcome=Outcome.COMPACTED,  # only a result that shrinks the history is proposed
+        tokens_before=proposal.tokens_before,
+        tokens_after=int(result.tokens_after * proposal.scale),
+        stages=result.stages,
+        messages=render(history, settings.pipeline.summary_placement),
+        replaced=replaced,
+        summary=summary_message_text(history.chunks) if history.chunks else None,
+        standing=result.standing,
+        error=_staleness(proposal, meta.version, turns) if stale else result.error,
+        compaction_id=proposal.compaction_id,
+        stale=stale,
+        turns_since=turns,
     )
-    stale = None if proposal.matches(snapshot) else "the history changed since: applying it recomputes it"
-    return replace(
-        found, version=proposal.version, compaction_id=proposal.compaction_id, error=stale or found.error
-    )
+
+
+def _staleness(proposal: Proposal, version: int, turns: int) -> str:
+    """What moved the history past ``proposal``, for its preview's ``error``."""
+    changes = [f"{turns} turn{'s' if turns != 1 else ''} arrived"] if turns else []
+    if version != proposal.version:
+        changes.append(f"version {proposal.version} became {version}")
+    since = " and ".join(changes) or "the history changed"
+    return f"stale: {since} since it was proposed (at turn {proposal.last_seq}); applying it recomputes it"
 
 
 def _preview_of(
@@ -125,7 +152,6 @@ def _preview_of(
     # As the compactor: only a result that shrinks the history is committed.
     commits = result.shrinks
     history = applied(snapshot.history, result, counter)[0] if commits else snapshot.history
-    verbatim = {e.n for e in history.entries if e.edit is None}
     return Preview(
         conversation_id=conversation_id,
         version=meta.version,
@@ -134,9 +160,7 @@ def _preview_of(
         tokens_after=int(result.tokens_after * scale) if commits else int(meta.total_tokens * scale),
         stages=result.stages if commits else (),
         messages=render(history, settings.pipeline.summary_placement),
-        replaced=sum(1 for e in snapshot.history.entries if e.edit is None and e.n not in verbatim)
-        if commits
-        else 0,
+        replaced=replaced_count(snapshot.history.entries, history.entries) if commits else 0,
         summary=summary_message_text(history.chunks) if history.chunks else None,
         standing=result.standing if commits else None,
         error=result.error if commits else (result.error or "the compaction would not shrink the history"),

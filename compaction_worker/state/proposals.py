@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -41,6 +42,9 @@ class Proposal:
     """How long its run took to compute it."""
     result: strategies.CompactionResult
     instructions: str | None = None
+    replaced: int | None = None
+    """Messages of the history it was computed from that it no longer carries verbatim
+    (:func:`replaced_count`); None in a proposal stored before it was kept."""
 
     def matches(self, snapshot: Snapshot) -> bool:
         """Whether the conversation is still the one it was computed from (no turn, no commit since)."""
@@ -108,12 +112,20 @@ class Proposal:
             compaction_id=uuid.UUID(data["compaction_id"]),
             trigger=Trigger(data["trigger"]),
             result=result,
-            **{name: data[name] for name in _PLAIN},
+            # A field with a default may be absent: stored by a release that did not have it.
+            **{name: data[name] for name in _PLAIN if name in data},
         )
 
 
 _PLAIN = tuple(f.name for f in fields(Proposal) if f.name not in ("compaction_id", "trigger", "result"))
 """The fields a proposal stores as they are (JSON numbers, booleans, text), in their stored order."""
+
+
+def replaced_count(before: Sequence[Entry], after: Sequence[Entry]) -> int:
+    """How many of the verbatim messages in ``before`` the entries ``after`` no longer carry verbatim
+    (summarized, pruned or cut): a preview's and a proposal's ``replaced``."""
+    verbatim = {e.n for e in after if e.edit is None}
+    return sum(1 for e in before if e.edit is None and e.n not in verbatim)
 
 
 class Proposals:

@@ -25,8 +25,15 @@ MODEL = "gpt-4o-mini"
 WINDOW = 8000
 PROFILES = {
     "subagent": {"budget": {"trigger_fraction": 0.3, "target_fraction": 0.15}},
-    "reviewed": {"pipeline": {"approval": "manual"}},
+    # Due at half of what the window leaves for input (3,000 tokens): the proposal has turns after
+    # it, all under the 6,000 at which a history no longer waits for approval.
+    "reviewed": {
+        "pipeline": {"approval": "manual"},
+        "budget": {"trigger_fraction": 0.5, "target_fraction": 0.3},
+    },
 }
+REVIEWED_TURNS = 30
+"""About 5,700 tokens of :func:`_turn`s: past the reviewed profile's threshold, under its window's 6,000."""
 
 
 @dataclass
@@ -89,20 +96,22 @@ async def test_approval_proposes_and_apply_commits_exactly_the_proposal(
     with pytest.raises(ValueError, match="not one of the settings' profiles"):
         await client.set_profile(cid, "reviewd")
     await client.set_profile(cid, "reviewed")
-    for seq in range(1, 45):
+    for seq in range(1, REVIEWED_TURNS + 1):
         await client.publish_turn(_turn(cid, seq))
     await client.wait_for(cid, timeout=90)
     (first,) = await running.events(topics.proposed, cid, 1)
     CompactionProposed.model_validate(first)
     assert first["trigger"] == Trigger.THRESHOLD.value
-    assert first["last_seq"] < 44, "the threshold crossed at the last turn: nothing turns it stale"
+    assert first["last_seq"] < REVIEWED_TURNS, (
+        "the threshold crossed at the last turn: nothing turns it stale"
+    )
     assert (await client.meta(cid)).version == 0
 
     assert await client.apply(cid, first["compaction_id"]) is None
     _, second = await running.events(topics.proposed, cid, 2)
     assert (second["trigger"], second["last_seq"], second["replaces"]) == (
         "manual",
-        44,
+        REVIEWED_TURNS,
         first["compaction_id"],
     )
     (dropped,) = await running.events(topics.completed, cid, 1)

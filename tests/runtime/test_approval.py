@@ -5,6 +5,7 @@ production wiring (the broker's side: tests/integration/test_profiles.py)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -13,10 +14,11 @@ import pytest
 from compaction_worker.contracts.events import CompactionCompleted, CompactionProposed, Outcome, Trigger
 from compaction_worker.contracts.history import render
 from compaction_worker.errors import ProposalError
-from compaction_worker.runtime.compactor import REACTIVE_UNAPPROVED
+from compaction_worker.runtime.compactor import AT_WINDOW_UNAPPROVED, REACTIVE_UNAPPROVED
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.preview import proposal_preview
 from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.proposals import Proposal
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, assistant, make_parts, make_settings, user
 
@@ -26,8 +28,14 @@ REVIEWED = {"reviewed": {"pipeline": {"approval": "manual"}}}
 EAGER = {"eager": {"budget": {"trigger_fraction": 0.3, "target_fraction": 0.15}}}
 
 
+CROSSED = 18
+"""The turns that cross the threshold (1,228 tokens of a 2,048-token window, :func:`turn`)."""
+AT_WINDOW = 22
+"""The turns that reach what the window leaves for input (1,536 tokens): approval no longer waited for."""
+
+
 def turn(cid: str, seq: int, window: int = 2048, **fields: Any) -> bytes:
-    """Turn ``seq`` of ``cid``: about 70 tokens, on a 2,048-token window (24 turns cross the threshold)."""
+    """Turn ``seq`` of ``cid``: about 70 tokens, on a 2,048-token window."""
     msg = (
         user(f"question {seq}: " + "detail " * 60)
         if seq % 2
@@ -61,12 +69,12 @@ class TestProposals:
     async def test_a_threshold_compaction_is_proposed_and_nothing_is_committed(
         self, manual: Parts, published: Published
     ) -> None:
-        await turns(manual, "c", range(1, 25))
+        await turns(manual, "c", range(1, CROSSED + 1))
         assert await run_job(manual.jobs, manual.compactor, "c") is None
         (started,) = published.on("compaction.started")
         (event,) = proposed(published)
         assert str(event.compaction_id) == started["compaction_id"]
-        assert (event.trigger, event.version, event.last_seq) == (Trigger.THRESHOLD, 0, 24)
+        assert (event.trigger, event.version, event.last_seq) == (Trigger.THRESHOLD, 0, CROSSED)
         assert event.tokens_after < event.tokens_before
         assert event.summary is not None
         assert completed(published) == []
@@ -78,7 +86,7 @@ class TestProposals:
     ) -> None:
         """A preview equals what applying it commits, byte for byte; the completion pairs with the
         run's started event by compaction id."""
-        await turns(manual, "c", range(1, 25))
+        await turns(manual, "c", range(1, CROSSED + 1))
         await run_job(manual.jobs, manual.compactor, "c")
         (event,) = proposed(published)
         pending = await manual.compactor.proposals.get("c")
@@ -101,9 +109,9 @@ class TestProposals:
         self, manual: Parts, published: Published
     ) -> None:
         """More turns over the threshold do not propose again (and pay another summary) while one waits."""
-        await turns(manual, "c", range(1, 25))
+        await turns(manual, "c", range(1, CROSSED + 1))
         await run_job(manual.jobs, manual.compactor, "c")
-        await turns(manual, "c", range(25, 28))
+        await turns(manual, "c", range(CROSSED + 1, AT_WINDOW))
         assert await manual.jobs.job("c") is not None
         assert await run_job(manual.jobs, manual.compactor, "c") is None
         assert len(proposed(published)) == 1
@@ -113,10 +121,10 @@ class TestProposals:
         self, manual: Parts, published: Published
     ) -> None:
         """Turns arrived after it: apply schedules a manual run, which proposes anew (replacing it)."""
-        await turns(manual, "c", range(1, 25))
+        await turns(manual, "c", range(1, CROSSED + 1))
         await run_job(manual.jobs, manual.compactor, "c")
         (first,) = proposed(published)
-        await turns(manual, "c", range(25, 27))
+        await turns(manual, "c", range(CROSSED + 1, CROSSED + 3))
 
         assert await manual.compactor.apply("c", first.compaction_id) is None
         assert (await manual.store.meta("c")).version == 0
@@ -124,7 +132,11 @@ class TestProposals:
 
         _, second = proposed(published)
         (dropped,) = completed(published)
-        assert (second.trigger, second.last_seq, second.replaces) == (Trigger.MANUAL, 26, first.compaction_id)
+        assert (second.trigger, second.last_seq, second.replaces) == (
+            Trigger.MANUAL,
+            CROSSED + 2,
+            first.compaction_id,
+        )
         assert (dropped.compaction_id, dropped.outcome) == (first.compaction_id, Outcome.DISCARDED)
         assert str(second.compaction_id) in (dropped.error or "")
         done = await manual.compactor.apply("c", second.compaction_id)
@@ -134,7 +146,7 @@ class TestProposals:
     async def test_discard_ends_the_run_and_a_discarded_proposal_cannot_be_applied(
         self, manual: Parts, published: Published
     ) -> None:
-        await turns(manual, "c", range(1, 25))
+        await turns(manual, "c", range(1, CROSSED + 1))
         await run_job(manual.jobs, manual.compactor, "c")
         (event,) = proposed(published)
         await manual.compactor.discard("c", event.compaction_id)
@@ -148,11 +160,11 @@ class TestProposals:
 
     async def test_an_overflow_never_waits_for_approval(self, manual: Parts, published: Published) -> None:
         """A reactive compaction commits at once, says so, and ends the proposal it makes moot."""
-        await turns(manual, "c", range(1, 25))
+        await turns(manual, "c", range(1, CROSSED + 1))
         await run_job(manual.jobs, manual.compactor, "c")
         (event,) = proposed(published)
         overflow = {"mode": "overflow", "error": "prompt is too long: 2100 tokens > 2048 maximum"}
-        await manual.turns.handle(turn("c", 25, compaction=overflow), b"c")
+        await manual.turns.handle(turn("c", CROSSED + 1, compaction=overflow), b"c")
 
         done = await run_job(manual.jobs, manual.compactor, "c")
 
@@ -162,6 +174,118 @@ class TestProposals:
         dropped = next(c for c in completed(published) if c.compaction_id == event.compaction_id)
         assert dropped.outcome is Outcome.DISCARDED
         assert await manual.compactor.proposals.get("c") is None
+
+
+class TestAtTheWindow:
+    """Invariant 14: at what its window leaves for input (1,536 tokens here) a history never waits for
+    an approval: the run commits, says it did not wait, and ends the proposal it made moot."""
+
+    async def test_a_waiting_proposal_gives_way_at_the_window(
+        self, manual: Parts, published: Published
+    ) -> None:
+        await turns(manual, "c", range(1, CROSSED + 1))
+        await run_job(manual.jobs, manual.compactor, "c")
+        (event,) = proposed(published)
+        await turns(manual, "c", range(CROSSED + 1, AT_WINDOW))
+        assert await run_job(manual.jobs, manual.compactor, "c") is None  # under the window: it waits
+        await manual.turns.handle(turn("c", AT_WINDOW), b"c")
+
+        done = await run_job(manual.jobs, manual.compactor, "c")
+
+        assert done is not None
+        assert (done.trigger, done.outcome, done.version) == (Trigger.THRESHOLD, Outcome.COMPACTED, 1)
+        assert AT_WINDOW_UNAPPROVED in done.notes
+        assert done.tokens_before >= 1536
+        assert done.tokens_after <= done.target
+        assert (await manual.store.meta("c")).version == 1
+        dropped = next(c for c in completed(published) if c.compaction_id == event.compaction_id)
+        assert (dropped.outcome, dropped.version) == (Outcome.DISCARDED, 1)  # the version that replaced it
+        assert dropped.error == (
+            f"the history reached what its window leaves for input ({done.tokens_before} of 1536 tokens): "
+            "a compaction without approval replaced it"
+        )
+        assert await manual.compactor.proposals.get("c") is None
+        assert len(proposed(published)) == 1
+
+    async def test_a_turn_that_jumps_to_the_window_is_not_proposed(
+        self, manual: Parts, published: Published
+    ) -> None:
+        """From under the threshold to past the window in one turn: the first run commits at once."""
+        await turns(manual, "c", range(1, CROSSED))
+        assert await manual.jobs.job("c") is None
+        big = user("a long paste: " + "detail " * 400)
+        await manual.turns.handle(turn_bytes("c", CROSSED, [big], context_window=2048), b"c")
+
+        done = await run_job(manual.jobs, manual.compactor, "c")
+
+        assert done is not None
+        assert (done.outcome, done.version) == (Outcome.COMPACTED, 1)
+        assert AT_WINDOW_UNAPPROVED in done.notes
+        assert proposed(published) == []
+
+    async def test_a_manual_request_under_the_window_still_proposes(
+        self, manual: Parts, published: Published
+    ) -> None:
+        """Only the window overrides approval: a forced run below it proposes, as before."""
+        await turns(manual, "c", range(1, 11))
+        await manual.turns.handle(turn("c", 11, compaction={"mode": "force"}), b"c")
+        assert await run_job(manual.jobs, manual.compactor, "c") is None
+        (event,) = proposed(published)
+        assert event.trigger is Trigger.MANUAL
+        assert (await manual.store.meta("c")).version == 0
+
+
+class TestStaleProposal:
+    """``Client.proposal`` shows a proposal as it was proposed, never its messages with later counts."""
+
+    async def test_turns_after_it_mark_it_stale_and_change_nothing_it_shows(
+        self, manual: Parts, published: Published
+    ) -> None:
+        await turns(manual, "c", range(1, CROSSED + 1))
+        await run_job(manual.jobs, manual.compactor, "c")
+        (event,) = proposed(published)
+        pending = await manual.compactor.proposals.get("c")
+        assert pending is not None
+        fresh = proposal_preview("c", pending, await manual.store.snapshot("c"), manual.settings)
+        assert (fresh.stale, fresh.turns_since, fresh.error) == (False, 0, None)
+        assert fresh.tokens_before == event.tokens_before == (await manual.store.meta("c")).total_tokens
+        assert fresh.replaced > 0
+
+        await turns(manual, "c", range(CROSSED + 1, CROSSED + 3))
+        shown = proposal_preview("c", pending, await manual.store.snapshot("c"), manual.settings)
+
+        assert (shown.stale, shown.turns_since) == (True, 2)
+        assert shown.error == (
+            f"stale: 2 turns arrived since it was proposed (at turn {CROSSED}); applying it recomputes it"
+        )
+        assert (shown.tokens_before, shown.tokens_after) == (event.tokens_before, event.tokens_after)
+        assert (shown.messages, shown.replaced, shown.summary) == (
+            fresh.messages,
+            fresh.replaced,
+            fresh.summary,
+        )
+        assert (shown.version, shown.compaction_id) == (0, event.compaction_id)
+
+    async def test_a_proposal_stored_before_replaced_was_kept_still_reads(
+        self, manual: Parts, published: Published
+    ) -> None:
+        """A stored proposal without ``replaced`` (an earlier release's) is read, and its count is taken
+        on the entries it was computed from, not on the turns since."""
+        await turns(manual, "c", range(1, CROSSED + 1))
+        await run_job(manual.jobs, manual.compactor, "c")
+        pending = await manual.compactor.proposals.get("c")
+        assert pending is not None
+        assert pending.replaced is not None
+        data = json.loads(pending.to_json())
+        del data["replaced"]
+        legacy = Proposal.from_json(json.dumps(data))
+        assert legacy.replaced is None
+        await turns(manual, "c", range(CROSSED + 1, CROSSED + 3))
+
+        shown = proposal_preview("c", legacy, await manual.store.snapshot("c"), manual.settings)
+
+        assert shown.stale
+        assert shown.replaced == pending.replaced
 
 
 class TestProfiles:
@@ -187,14 +311,14 @@ class TestProfiles:
         """A profile can ask for approval; a turn's empty profile returns the conversation to the
         deployment's settings, which commit."""
         parts = make_parts(redis_client, make_settings(profiles=REVIEWED), published)
-        await turns(parts, "c", range(1, 25), profile="reviewed")
+        await turns(parts, "c", range(1, CROSSED + 1), profile="reviewed")
         assert await run_job(parts.jobs, parts.compactor, "c") is None
         assert len(proposed(published)) == 1
-        await parts.turns.handle(turn("c", 25, profile=""), b"c")
+        await parts.turns.handle(turn("c", CROSSED + 1, profile=""), b"c")
         assert (await parts.store.meta("c")).profile == ""
         # The proposal made under the profile waits; a manual request commits without approval now,
         # and ends that proposal's run.
-        await parts.turns.handle(turn("c", 26, compaction={"mode": "force"}), b"c")
+        await parts.turns.handle(turn("c", CROSSED + 2, compaction={"mode": "force"}), b"c")
         done = await run_job(parts.jobs, parts.compactor, "c")
         assert done is not None
         assert done.outcome is Outcome.COMPACTED
