@@ -17,7 +17,7 @@ merged into the first kept user message (see :func:`render`)."""
 
 SUMMARY_HEADER = "[Conversation summary]"
 # Sent with every later request of the conversation: every token of them is paid again on each call.
-SUMMARY_INTRO = "Earlier turns, compacted; the messages after this are verbatim."
+# Each chunk's heading says which turns it stands for; the messages after the summary are verbatim.
 SUMMARY_ACK = "Understood."
 
 # Fields that are ours, not the provider's; stripped when rendering and not counted.
@@ -129,14 +129,14 @@ class SummaryChunk:
     def render_text(self) -> str:
         """The chunk as the model reads it: span, summary, then the verbatim ledger."""
         span = (
-            f"turns {self.first_seq}-{self.last_seq}"
+            f"Turns {self.first_seq}-{self.last_seq}"
             if self.first_seq != self.last_seq
-            else f"turn {self.first_seq}"
+            else f"Turn {self.first_seq}"
         )
-        text = f"## Summary of {span}\n{self.text.strip()}"
+        text = f"## {span}\n{self.text.strip()}"
         if self.artifacts:
             ledger = "\n".join(f"- {a}" for a in self.artifacts)
-            text += f"\n\nVerbatim references from {span}:\n{ledger}"
+            text += f"\n\nVerbatim references:\n{ledger}"
         return text
 
 
@@ -189,7 +189,7 @@ def summary_chunk_texts(chunks: Sequence[SummaryChunk]) -> list[str]:
     """The summary turn's text by chunk, in order, the summary's heading leading the first (a
     format with content blocks sends one block each: a chunk added later leaves the others as
     they were)."""
-    heading = f"{SUMMARY_HEADER}\n{SUMMARY_INTRO}\n\n"
+    heading = f"{SUMMARY_HEADER}\n"
     texts = [chunk.render_text() for chunk in chunks]
     return [heading + texts[0], *texts[1:]] if texts else [heading]
 

@@ -80,8 +80,9 @@ MIN_FLOOR = 48
 """The least a new summary (heading and text) is given: below it no summary says anything
 (:data:`MIN_SUMMARY_TOKENS` of text, and its heading)."""
 TASK_HEAD_TOKENS = 64
-"""The task's statement when it must be cut: its head (with its distinctive terms) is kept whatever
-else gives way (invariant 10); the rest of it ranks with the user's recent words."""
+"""The task's statement when it must be cut and has no sentence that asks for work: its head (with its
+distinctive terms) is kept whatever else gives way (invariant 10); the rest of it ranks with the
+user's recent words. A task that asks is cut to the sentences that ask (``oversized.statement``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,8 @@ class Wants:
     """Of ``summary``, what its ledger of identifiers may take."""
     filler: int = 0
     """Tokens at the end of the tail that say nothing (acknowledgments): they give way first."""
+    statement: int = 0
+    """Tokens of the task cut to its statement (the sentences that ask for work); 0: unknown."""
 
 
 def summary_floor(reserve: int) -> int:
@@ -130,7 +133,7 @@ def allocate(free: int, wants: Wants, *, last_aim: bool = True) -> Keeps:
         return keeps
     if free < floor:
         return Keeps(keeps.task, 0, 0)  # no room for a summary at all: the stage says so
-    head = min(keeps.task, TASK_HEAD_TOKENS)
+    head = min(keeps.task, wants.statement or TASK_HEAD_TOKENS)
     step = min(wants.step, keeps.tail)
     ledger = min(wants.ledger, max(0, wants.summary - floor))
     parts = [

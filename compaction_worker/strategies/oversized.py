@@ -20,6 +20,7 @@ from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, EditStage, outcome, rewrite
 from compaction_worker.strategies.tail import task_index
 from compaction_worker.summaries.carry import carry, distinctive_terms
+from compaction_worker.summaries.standing import asking
 
 EDIT = "truncated"
 STAGE = "truncate_oversized"
@@ -159,6 +160,23 @@ def cut_kept(entry: Entry, budget: int, ctx: StageContext) -> tuple[Entry, str] 
     if carried.dropped:
         note += f", {len(carried.dropped)} left out (all in the transcript)"
     return cut, note
+
+
+STATEMENT_MARK = " [...]"
+"""What stands for the remarks a task's statement leaves out (all in the transcript)."""
+
+
+def statement(entry: Entry, ctx: StageContext) -> Entry | None:
+    """The task cut to its statement: the sentences that ask for work, in order, without the remarks
+    around them; None when it has no such sentences, its content is not plain text, or it saves nothing."""
+    content = entry.message.get("content")
+    if not isinstance(content, str):
+        return None
+    asked = asking(content)
+    if not asked:
+        return None
+    cut = rewrite(entry, " ".join(asked) + STATEMENT_MARK, EDIT, ctx)
+    return cut if cut.tokens < entry.tokens else None
 
 
 CARRIED_INTRO = "; its distinctive terms, in context: "

@@ -22,6 +22,7 @@ from compaction_worker.contracts.events import StandingStateReport
 from compaction_worker.contracts.history import STANDING, Entry, SummaryChunk, text_of
 from compaction_worker.strategies.allocation import MIN_FLOOR, MIN_SUMMARY_TOKENS, TASK_HEAD_TOKENS, Tier
 from compaction_worker.strategies.draft import Draft, StageContext
+from compaction_worker.strategies.oversized import statement
 from compaction_worker.strategies.summarize import ledger_allowance
 from compaction_worker.strategies.tail import is_filler_message, newest_step, observations, task_index
 from compaction_worker.summaries.artifacts import extract_artifacts
@@ -85,7 +86,8 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
     task = task_index(entries) if limits.task_max_tokens > 0 else None
     required = sum(e.tokens for e in entries if e.pinned) + limits.fixed_tokens + ctx.overhead + MIN_FLOOR
     if task is not None and not entries[task].pinned:
-        required += min(entries[task].tokens, TASK_HEAD_TOKENS)
+        stated = statement(entries[task], ctx)
+        required += min(entries[task].tokens, stated.tokens if stated is not None else TASK_HEAD_TOKENS)
     room = max(0, limits.target - required)
     cap = min(settings.standing_state_max_tokens, room)
     # What the state may show after any stage: the current items, and a changed one whose message may
@@ -172,7 +174,12 @@ def restore_state(
     wanted = _entry([i for i in standing.items if i.current or i in shown], standing.cap, seq, ctx, shown)
     short = (wanted.tokens if wanted is not None else 0) - placed
     if short > 0 and narrative:
-        chunks, freed = _give_way(draft.chunks, set(narrative), short, ctx)
+        # The ledger's identifiers rank with the facts: they give way to rules, constraints, goals and
+        # decisions left out, never to other facts.
+        frame = ctx.count_message({"role": "user", "content": ""})
+        missing = render(standing.items, most - frame, ctx.count, shown).dropped
+        above = any(i.current and TIERS[i.kind] < Tier.STEP for i in missing)
+        chunks, freed = _give_way(draft.chunks, set(narrative), short, ctx, ledger=above)
         if freed > 0:
             draft = Draft(chunks, draft.entries)
             entry = _entry(standing.items, most + freed, seq, ctx, shown)
@@ -180,16 +187,21 @@ def restore_state(
 
 
 def _give_way(
-    chunks: Sequence[SummaryChunk], ids: set[str], need: int, ctx: StageContext
+    chunks: Sequence[SummaryChunk], ids: set[str], need: int, ctx: StageContext, *, ledger: bool = False
 ) -> tuple[tuple[SummaryChunk, ...], int]:
     """``chunks`` with the narrative of those in ``ids`` cut by about ``need`` tokens, the longest lines
     first (the least value per token), each keeping its first point and ``MIN_SUMMARY_TOKENS`` of text;
-    and the tokens freed."""
+    with ``ledger``, their ledgers first, the last-ranked items first; and the tokens freed."""
     out, freed = list(chunks), 0
     for index in range(len(out) - 1, -1, -1):
         chunk = out[index]
         if chunk.id not in ids or freed >= need:
             continue
+        while ledger and chunk.artifacts and freed < need:
+            shorter = replace(chunk, artifacts=chunk.artifacts[:-1])
+            shorter = replace(shorter, tokens=ctx.count(shorter.render_text()))
+            freed += chunk.tokens - shorter.tokens
+            out[index] = chunk = shorter
         lines = chunk.text.strip().splitlines()
         room = ctx.count(chunk.text) - MIN_SUMMARY_TOKENS
         points = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]

@@ -27,7 +27,7 @@ from compaction_worker.strategies.draft import (
     make_chunk,
     plural,
 )
-from compaction_worker.strategies.oversized import cut_kept, cut_to
+from compaction_worker.strategies.oversized import cut_kept, cut_to, statement
 from compaction_worker.strategies.repair import reaches_target
 from compaction_worker.strategies.tail import (
     Partition,
@@ -494,12 +494,14 @@ def _arrange(
     free -= never
     step_at = newest_step(parts.tail) or 0
     newest = sum(e.tokens for e in parts.tail[step_at:])
+    stated = statement(whole, ctx) if whole is not None else None
     asked = Wants(
         wants,
         step=newest if start is not None else 0,
         summary=reserve,
         ledger=ledger,
         filler=0 if start is not None else newest,
+        statement=stated.tokens if stated is not None else 0,
     )
     keeps, aim = wants, free
     for _ in range(ALLOCATION_TRIES):
@@ -507,7 +509,14 @@ def _arrange(
         # overshoots comes off the next try's room.
         keeps = allocate(aim, asked, last_aim=not limits.ceilings)
         head, pinned, tail = _fit(
-            parts, wants=wants, keeps=keeps, task=task, whole=whole, entries=draft.entries, ctx=ctx
+            parts,
+            wants=wants,
+            keeps=keeps,
+            task=task,
+            whole=whole,
+            stated=stated,
+            entries=draft.entries,
+            ctx=ctx,
         )
         over = sum(e.tokens for e in (*pinned, *tail)) - never - keeps.total
         if keeps == wants or over <= 0:
@@ -536,6 +545,7 @@ def _fit(
     keeps: Keeps,
     task: Entry | None,
     whole: Entry | None,
+    stated: Entry | None,
     entries: Sequence[Entry],
     ctx: StageContext,
 ) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...]]:
@@ -547,7 +557,12 @@ def _fit(
     order = {id(e): i for i, e in enumerate(entries)}
     words = [e for e in pinned if e is not task and not e.pinned and e.role == "user" and not e.synthetic]
     if task is not None and whole is not None and task in pinned:
-        fitted = whole if whole.tokens <= keeps.task else (cut := cut_kept(whole, keeps.task, ctx)) and cut[0]
+        if whole.tokens <= keeps.task:
+            fitted: Entry | None = whole
+        elif stated is not None and stated.tokens <= keeps.task:
+            fitted = stated  # its statement: the sentences that ask for work, without the remarks
+        else:
+            fitted = (cut := cut_kept(whole, keeps.task, ctx)) and cut[0]
         if fitted and fitted.tokens != task.tokens:
             pinned = [fitted if e is task else e for e in pinned]
             order[id(fitted)] = order[id(task)]

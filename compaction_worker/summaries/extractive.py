@@ -23,7 +23,7 @@ from compaction_worker.summaries.contract import (
 )
 from compaction_worker.summaries.instructions import Terms, instruction_terms, matches
 from compaction_worker.summaries.prompts import SECTIONS, render_content
-from compaction_worker.summaries.standing import asks_for_work, says_nothing_new
+from compaction_worker.summaries.standing import asking, asks_for_work, says_nothing_new
 
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?])\s+")
 _DECISION: Final = re.compile(
@@ -124,9 +124,15 @@ class ExtractiveSummarizer:
         users = _saying(messages, "user")
         assistants = _saying(messages, "assistant")
         if users:
-            # The latest message that asks for something is the request; a remark after it is none.
-            latest = next((m for m in reversed(users) if asks_for_work(_text(m))), users[-1])
-            yield _Line("Next steps", f"- User's latest request: {_lead(_text(latest), 40)}", 0, 0)
+            # The latest message that asks for something is the request; a remark is none, and the
+            # span's last one ranks with the older goals.
+            latest = next((m for m in reversed(users) if asks_for_work(_text(m))), None)
+            if latest is not None:
+                # What it asks, not the remarks around it.
+                asked = _words(" ".join(asking(_text(latest))), 40)
+                yield _Line("Next steps", f"- User's latest request: {asked}", 0, 0)
+            else:
+                yield _Line("Current state", f"- User's last message: {_lead(_text(users[-1]), 40)}", 5, 1)
         if assistants:
             yield _Line(
                 "Current state",

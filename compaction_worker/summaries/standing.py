@@ -128,7 +128,11 @@ _HOW_TO_WRITE = re.compile(
 _SCOPED = re.compile(
     r"^(?:in|for|with|on|across) (?:anything|everything|all|every|each|any)\b[^,]{0,60},", _FLAGS
 )
-_LABEL = re.compile(r"^\W*(?:task|status|update|progress|current goal|goal|next step)\s*:", _FLAGS)
+_LABEL = re.compile(
+    r"^\W*(?:(?:today'?s |the |your )?(?:task|job|assignment|mission)|status|update|progress|current goal|goal|"
+    r"next step)\s*:",
+    _FLAGS,
+)
 # "Timestamps in UTC, please.": how something is to be, asked politely, with no verb of a request.
 _POLITE = re.compile(r",\s*please\W*$", _FLAGS)
 _GOAL = re.compile(
@@ -137,7 +141,7 @@ _GOAL = re.compile(
     r"we need to|i need to|the task is|the plan is|our plan|the point is|target is|milestone|"
     r"next step|todo|to-do|we(?:'re| are) (?:done|finished) (?:with|when)|done when|what'?s left|"
     r"left to do|still to do|remaining work|(?:is|are) next|is (?:deployed|live|shipped|merged|released)|"
-    r"is (?:done|finished|complete))\b|\b(?:task|status|update|progress|current goal):",
+    r"is (?:done|finished|complete))\b|\b(?:task|status|update|progress|current goal|job|assignment|mission):",
     _FLAGS,
 )
 # A fact: a declarative sentence that carries something specific (a number, a name, an address).
@@ -326,7 +330,12 @@ def asks(sentence: str) -> bool:
 def asks_for_work(text: str) -> bool:
     """Whether a message asks for work (a question, a request, an instruction, a goal): a remark such
     as "The webhook retries three times before dead-lettering." does not, and is no task."""
-    return any(asks(s) or _GOAL.search(s) is not None for s in sentences(text))
+    return bool(asking(text))
+
+
+def asking(text: str) -> list[str]:
+    """The sentences of a message that ask for work: its statement of the task, without its remarks."""
+    return [s for s in sentences(text) if asks(s) or _GOAL.search(s) is not None]
 
 
 def is_filler(sentence: str) -> bool:

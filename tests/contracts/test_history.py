@@ -247,5 +247,5 @@ class TestSummaryChunk:
     def test_render_text_has_span_and_ledger(self) -> None:
         """Reference 000 (the summary points to the originals): the model reads which turns a chunk stands for and the verbatim references."""
         text = chunk(1, 4, artifacts=("src/app.py",)).render_text()
-        assert text.startswith("## Summary of turns 1-4\n")
+        assert text.startswith("## Turns 1-4\n")
         assert "- src/app.py" in text

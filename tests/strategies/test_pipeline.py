@@ -164,7 +164,7 @@ class TestCompact:
         ceiling (a reactive run) the run says that what must stay is too large (invariant 5)."""
         pinned = {"role": "user", "content": "keep this", "pinned": True}
         es = entries(pinned, *[(r, 40) for r in ["assistant", "user"] * 6], ("assistant", 40))
-        history = EffectiveHistory((), tuple(replace(e, tokens=260) if e.n == 1 else e for e in es))
+        history = EffectiveHistory((), tuple(replace(e, tokens=285) if e.n == 1 else e for e in es))
         out = await compact(history, limits(300, ceilings=(420, 500)), [FakeSummarizer()], COUNTER)
         assert out.outcome is Outcome.COMPACTED, out.error
         assert "summarize" in out.stages

@@ -92,7 +92,7 @@ class TestSummaryCap:
 
     async def test_cap_leaves_room_for_the_ledger(self) -> None:
         """With a tight target the cap shrinks by exactly the ledger's rendered cost."""
-        target = 800
+        target = 700
         plain = Scripted()
         with_artifacts = Scripted()
         filler_texts = ("plain request " + FILLER, "plain reply " + FILLER, "more " + FILLER)
