@@ -69,7 +69,7 @@ def bench(ctx: click.Context, /, **options: Any) -> None:
     ctx.exit(bench_command(settings_of(ctx), ctx.obj, **options))
 
 
-QUALITY_SUITES = ("fidelity", "standing", "small-windows")
+QUALITY_SUITES = ("fidelity", "standing", "small-windows", "unlisted")
 """``compaction-worker quality``'s suites: the modules of bench/ that measure what compactions keep."""
 
 
@@ -77,10 +77,12 @@ QUALITY_SUITES = ("fidelity", "standing", "small-windows")
 @click.argument("suite", type=click.Choice(QUALITY_SUITES))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def quality(suite: str, args: tuple[str, ...]) -> None:
-    """Measure what compactions keep, offline (no broker, no Redis; no LLM unless --model): SUITE is
-    fidelity (artifacts across cycles), standing (what the user set, by kind, at tight budgets) or
-    small-windows (published agent runs on 4K-8K windows). Each runs on the default settings (not
-    --config's), varied as it says. `compaction-worker quality SUITE --help` lists a suite's options."""
+    """Measure what compactions keep: SUITE is fidelity (artifacts across cycles), standing (what the
+    user set, by kind, at tight budgets), small-windows (published agent runs on 4K-8K windows), all
+    offline (no broker, no Redis; no LLM unless --model), or unlisted (kinds no list names, sent a turn
+    at a time through an embedded broker and Redis to a worker whose fake LLM keeps nothing; --source
+    runs another checkout's worker). Each runs on the default settings (not --config's), varied as it
+    says. `compaction-worker quality SUITE --help` lists a suite's options."""
     module = importlib.import_module(f"compaction_worker.bench.{suite.replace('-', '_')}")
     module.main(list(args))
 

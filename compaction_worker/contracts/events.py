@@ -444,9 +444,11 @@ class CompactionCompleted(_Event):
     artifacts_dropped: int = Field(
         default=0,
         ge=0,
-        description="Artifacts ever extracted from this conversation (paths, commands, errors, ids, "
-        "names, stated facts) that the effective history no longer carries verbatim; all of them stay "
-        "retrievable (`compaction-worker artifacts`).",
+        description="Artifacts (paths, commands, errors, ids, names, stated facts, distinctive terms) of what "
+        "this compaction replaced that the history carried verbatim before it and no longer does, one per "
+        "identifier: what it let go, so that a conversation's events sum to what its history lost. All of "
+        "them stay retrievable (`compaction-worker artifacts` lists every archived one and whether the "
+        "history still carries it).",
     )
     standing_state: StandingStateReport | None = Field(
         default=None,

@@ -24,7 +24,7 @@ from compaction_worker.contracts.history import Entry, SummaryChunk, render
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.settings import Settings
 from compaction_worker.state import restore
-from compaction_worker.state.archive import Archive, carried
+from compaction_worker.state.archive import Archive, let_go
 from compaction_worker.state.lock import Locks
 from compaction_worker.state.store import Store
 
@@ -126,8 +126,9 @@ class Rewinder:
             version=result.version,
             context_status=result.context_status,
             duration_ms=int((time.monotonic() - started_at) * 1000),
-            # A rewind brings messages back: fewer archived artifacts are missing from the history.
-            artifacts_dropped=len(archived) - len(carried(archived, restored)),
+            # As a compaction counts it: what the history carried and the restored one does not (a rewind
+            # brings messages back, so mostly nothing).
+            artifacts_dropped=len(let_go(archived, before.history, restored)),
         )
         await self.publish(self.settings.topics.started, started.wire(), cid.encode())
         await self.publish(self.settings.topics.completed, completed.wire(), cid.encode())

@@ -3,6 +3,8 @@
 One hash per conversation (``ConversationKeys.artifacts``): field the ledger item
 (``"<kind>: <text>"``), value where it was first seen; written before each commit, with
 HSETNX, so a retried compaction writes the same archive (docs/design.md, "The artifact archive").
+A compaction's ``artifacts_dropped`` is what it let go (:func:`let_go`): of what it replaced,
+what the history carried verbatim before it and no longer does (invariant 12).
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk, render, text_of
+from compaction_worker.contracts.history import (
+    RESTORED,
+    STANDING,
+    EffectiveHistory,
+    Entry,
+    SummaryChunk,
+    render,
+    text_of,
+)
 from compaction_worker.offload import off_loop
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.keys import conversation_keys
@@ -20,7 +30,7 @@ from compaction_worker.state.scripts import Script
 from compaction_worker.summaries.artifacts import item_core, item_kind, scan_items
 from compaction_worker.summaries.mentions import holds
 
-__all__ = ["Archive", "ArchivedArtifact", "carried", "history_text", "replaced_artifacts"]
+__all__ = ["Archive", "ArchivedArtifact", "carried", "history_text", "let_go", "replaced_artifacts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +67,9 @@ def replaced_artifacts(
     after_entries: Sequence[Entry],
     originals: Mapping[int, Mapping[str, Any]],
 ) -> list[ArchivedArtifact]:
-    """The items of what a compaction replaced: entries it covered or edited, and chunks it folded.
+    """The items of what a compaction replaced: entries it covered or edited, the chunks it folded (their
+    ledgers and what their summaries state, as the fold's ledger reads them), and the states it wrote
+    anew (the standing state's sentences, the restored working state's files).
 
     An entry is read as the transcript wrote it (``originals`` for those edited before),
     since its artifacts are the original's. In message order, first sighting first.
@@ -72,9 +84,36 @@ def replaced_artifacts(
     remaining = {c.id for c in after_chunks}
     for chunk in before.chunks:
         if chunk.id not in remaining:
-            for item in chunk.artifacts:
+            stated = (item for _, item in scan_items([{"role": "user", "content": chunk.text}]))
+            for item in (*chunk.artifacts, *stated):
                 found.setdefault(item, ArchivedArtifact(item, chunk.first_seq, 0))
+    rewritten = [e.message for e in after_entries if e.synthetic]
+    for entry in before.entries:
+        if entry.edit in (STANDING, RESTORED) and entry.message not in rewritten:
+            for _, item in scan_items(_restated(entry)):
+                found.setdefault(item, ArchivedArtifact(item, entry.seq, 0))
     return list(found.values())
+
+
+def _restated(entry: Entry) -> list[Mapping[str, Any]]:
+    """What a state entry restates, as the messages it came from: the standing state's sentences as the
+    user's (its rendered labels and headings are no one's words), the working state as a tool's output."""
+    if entry.edit == STANDING:
+        data = entry.message.get("standing_state") or {}
+        return [{"role": "user", "content": str(item.get("text", ""))} for item in data.get("items", ())]
+    return [{"role": "tool", "content": text_of(entry.message)}]
+
+
+def let_go(items: Iterable[str], before: EffectiveHistory, after: EffectiveHistory) -> list[str]:
+    """Of ``items``, those ``before`` carried verbatim and ``after`` no longer does, one per core: what
+    turning one history into the other lost (an item lost earlier is not lost again; one identifier
+    seen in several places, with other words around it, is one loss)."""
+    held = carried(items, before)
+    kept = carried(held, after)
+    lost: dict[str, str] = {}
+    for item in held - kept:
+        lost.setdefault(item_core(item), item)
+    return sorted(lost.values())
 
 
 def history_text(history: EffectiveHistory) -> str:
@@ -141,12 +180,15 @@ class Archive:
         after: EffectiveHistory,
         originals: Mapping[int, Mapping[str, Any]],
     ) -> int:
-        """Archive what turning ``before`` into ``after`` replaced; how many archived items ``after`` lacks."""
+        """Archive what turning ``before`` into ``after`` replaced; how many of its items that let go.
+
+        The count is this compaction's loss, not the archive's (every item ``after`` lacks, lost by
+        any compaction so far): a conversation's events sum to what its history lost, each loss once.
+        """
         # Scanning a large span is CPU: in a thread, so the event loop keeps handling turns.
         replaced = await off_loop(replaced_artifacts, before, after.chunks, after.entries, originals)
         await self.add(conversation_id, replaced)
-        archived = await self.items(conversation_id)
-        return len(archived) - len(await off_loop(carried, archived, after))
+        return len(await off_loop(let_go, [a.item for a in replaced], before, after))
 
     async def items(self, conversation_id: str) -> list[str]:
         """Every archived item, unordered."""
