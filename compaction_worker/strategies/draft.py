@@ -99,6 +99,12 @@ class StageContext:
     conversation_model: str = ""
     instructions: str | None = None
     """What the runtime asked this compaction to keep first (``summaries.instructions``)."""
+    ledger_need: int = 0
+    """Tokens a ledger of every identifier the history's messages and chunks name would take: what the
+    identifiers ask of the room they share with the standing state's facts (strategies/allocation.py)."""
+    carried: str = ""
+    """What the history shows beside any summary (the standing state's items its reservation holds): a
+    ledger need not repeat what it names."""
 
     @property
     def terms(self) -> Terms:

@@ -29,6 +29,7 @@ from compaction_worker.strategies.prune import PRUNE
 from compaction_worker.strategies.repair import reaches_target, repair
 from compaction_worker.strategies.standing_state import (
     Standing,
+    read_items,
     read_state,
     report,
     restore_state,
@@ -39,6 +40,7 @@ from compaction_worker.strategies.summarize import SUMMARIZE
 from compaction_worker.strategies.truncate import SLIDING_WINDOW
 from compaction_worker.strategies.working_state import restore_working_state, stale
 from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.ledger import ledger_need
 from compaction_worker.summaries.standing import merge
 
 NO_STAGE_REACHES = "no stage can reach the target (system prompt, tools and what must stay are too large)"
@@ -125,6 +127,7 @@ async def _compact(history: EffectiveHistory, ctx: StageContext) -> CompactionRe
     # The sync parts (counting, editing, repair) run in threads: on a large history each takes
     # long enough to stall every other conversation's turns on the event loop.
     run = await off_loop(_Run, history, ctx)
+    ctx = run.ctx  # with what the identifiers ask for
     if run.tokens_before <= limits.target and not limits.force:
         return await off_loop(run.result, Outcome.NOOP, run.start, ["already under the target"])
     if (fixed := instruction_tokens(history, limits)) >= limits.target:
@@ -229,12 +232,19 @@ class _Run:
     def __post_init__(self) -> None:
         self.target = self.ctx.limits.target
         self.start = Draft(self.history.chunks, self.history.entries)
+        settings, entries = self.ctx.settings, self.history.entries
+        items = read_items(entries, self.ctx) if settings.standing_state_max_tokens else ()
+        if settings.artifact_budget_tokens:
+            # What the identifiers ask for, less what the state's sentences name (one budget, no repeats).
+            originals = self.ctx.originals
+            messages = [originals.get(e.n, e.message) for e in entries if not e.synthetic and not e.pinned]
+            said = "\n".join(i.text for i in items if i.current)
+            need = ledger_need(messages, self.history.chunks, self.ctx.count, carried=said)
+            self.ctx = replace(self.ctx, ledger_need=need)
         self.tokens_before = self.ctx.tokens(self.start)
-        self.standing = (
-            read_state(self.history.entries, self.ctx)
-            if self.ctx.settings.standing_state_max_tokens
-            else None
-        )
+        self.standing = read_state(entries, self.ctx, items) if settings.standing_state_max_tokens else None
+        if self.standing is not None:
+            self.ctx = replace(self.ctx, carried="\n".join(i.text for i in self.standing.held))
         self.messages_before = len(render(self.history, self.ctx.settings.summary_placement))
 
     def record(self, out: StageOutcome) -> None:

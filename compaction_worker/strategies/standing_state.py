@@ -23,9 +23,7 @@ from compaction_worker.contracts.history import STANDING, Entry, SummaryChunk, t
 from compaction_worker.strategies.allocation import MIN_FLOOR, MIN_SUMMARY_TOKENS, TASK_HEAD_TOKENS, Tier
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.oversized import statement
-from compaction_worker.strategies.summarize import ledger_allowance
 from compaction_worker.strategies.tail import is_filler_message, newest_step, observations, task_index
-from compaction_worker.summaries.artifacts import extract_artifacts
 from compaction_worker.summaries.standing import (
     KINDS,
     TIERS,
@@ -56,10 +54,13 @@ class Standing:
     cap: int = 0
     """The most it may take (its settings' budget): the state put back after the stages keeps to it,
     and to what they left under the target."""
+    held: tuple[Item, ...] = ()
+    """The items its reservation holds: the history shows them whatever the stages do (a summary's ledger
+    need not repeat what they name)."""
 
 
-def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
-    """The state of a history: what earlier compactions carried, what its user messages state, and the
+def read_items(entries: Sequence[Entry], ctx: StageContext) -> tuple[Item, ...]:
+    """The items of a history: what earlier compactions carried, what its user messages state, and the
     decisions an assistant proposed that the user's next message accepted."""
     carried: list[Item] = []
     found: list[Item] = []
@@ -79,10 +80,20 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
                 proposal = text_of(ctx.originals.get(before.n, before.message))
                 items = [*accepted(proposal, text, before.seq, before.n), *items]
             found += items
-    merged = tuple(merge(carried, found))
+    return tuple(merge(carried, found))
+
+
+def read_state(
+    entries: Sequence[Entry], ctx: StageContext, items: tuple[Item, ...] | None = None
+) -> Standing:
+    """The state of a history (``items``, or :func:`read_items`'s) and what it reserves under the target,
+    by value (strategies/allocation.py): the rules, constraints, goals and decisions take what they need;
+    the newest step comes next; the preferences and facts share their tier with the summary's ledger
+    (``ctx.ledger_need``, what its identifiers ask for)."""
+    merged = read_items(entries, ctx) if items is None else items
     settings, limits = ctx.settings, ctx.limits
-    # What ranks above the state (strategies/allocation.py): the instructions, the runtime's pinned
-    # messages, the task's statement, the summary turn and the least summary.
+    # What ranks above the state: the instructions, the runtime's pinned messages, the task's
+    # statement, the summary turn and the least summary.
     task = task_index(entries) if limits.task_max_tokens > 0 else None
     required = sum(e.tokens for e in entries if e.pinned) + limits.fixed_tokens + ctx.overhead + MIN_FLOOR
     if task is not None and not entries[task].pinned:
@@ -96,41 +107,26 @@ def read_state(entries: Sequence[Entry], ctx: StageContext) -> Standing:
     # (the task within its budget, pinned messages): those say them already.
     verbatim = {e.n for e in entries if e.edit is None and not e.synthetic and e.role == "user"}
     whole = _kept_whole(entries, ctx)
-    widest = ([i for i in merged if i.current or i.n in verbatim],)
-    # By value (strategies/allocation.py): the rules, constraints, goals and decisions take what they
-    # need; the newest step comes next; the preferences and facts, which share their tier with the
-    # summary's identifiers, take what is left, at most their share of the room.
-    step = _newest_step_tokens(entries)
-    reserve = 0
-    for items in widest:
-        shown = {i for i in items if i.n in whole}
-        high = [i for i in items if TIERS[i.kind] < Tier.STEP]
-        first = _entry(high, cap, 0, ctx, shown)
-        taken = first.tokens if first is not None else 0
-        # The preferences and facts share their tier with the ledger's identifiers: what the ledger
-        # would take is left to it, and they take the rest (at least their share of the room).
-        left = max(0, room - taken - step)
-        want = _entry(items, cap, 0, ctx, shown)
-        if want is not None and want.tokens - taken > left:
-            left = max(
-                min(left, int(settings.standing_state_max_fraction * room)), left - _ledger_need(entries, ctx)
-            )
-        both = _entry(items, taken + min(max(0, cap - taken), left), 0, ctx, shown)
-        reserve = max(reserve, taken, both.tokens if both is not None else 0)
+    shows = [i for i in merged if i.current or i.n in verbatim]
+    shown = {i for i in shows if i.n in whole}
+    first = _entry([i for i in shows if TIERS[i.kind] < Tier.STEP], cap, 0, ctx, shown)
+    taken = first.tokens if first is not None else 0
+    # The preferences and facts share their tier with the ledger's identifiers: when both do not fit,
+    # they share what the newest step leaves in proportion to what each asks (the facts at least
+    # their settings' share of the room).
+    left = max(0, room - taken - _newest_step_tokens(entries))
+    want = _entry(shows, cap, 0, ctx, shown)
+    facts = want.tokens - taken if want is not None else 0
+    if facts > left and ctx.ledger_need:
+        share = left * facts // (facts + ctx.ledger_need)
+        left = max(min(left, int(settings.standing_state_max_fraction * room)), share)
+    budget = taken + min(max(0, cap - taken), left)
+    both = _entry(shows, budget, 0, ctx, shown)
+    frame = ctx.count_message({"role": "user", "content": ""})
+    held = render(shows, budget - frame, ctx.count, shown).kept if both is not None else ()
     # Put back after the stages, the state takes what they left, within its settings' budget.
-    return Standing(merged, reserve, settings.standing_state_max_tokens)
-
-
-def _ledger_need(entries: Sequence[Entry], ctx: StageContext) -> int:
-    """About what a summary's ledger would take of this history: its identifiers, within the allowance."""
-    allowance = ledger_allowance(ctx)
-    messages = [
-        ctx.originals.get(e.n, e.message)
-        for e in entries
-        if not e.synthetic and not e.pinned and e.edit != STANDING
-    ]
-    items = extract_artifacts(messages, allowance, ctx.count) if allowance else []
-    return ctx.count("\n".join(items)) if items else 0
+    reserve = max(taken, both.tokens if both is not None else 0)
+    return Standing(merged, reserve, settings.standing_state_max_tokens, held)
 
 
 def _newest_step_tokens(entries: Sequence[Entry]) -> int:
@@ -190,8 +186,9 @@ def _give_way(
     chunks: Sequence[SummaryChunk], ids: set[str], need: int, ctx: StageContext, *, ledger: bool = False
 ) -> tuple[tuple[SummaryChunk, ...], int]:
     """``chunks`` with the narrative of those in ``ids`` cut by about ``need`` tokens, the longest lines
-    first (the least value per token), each keeping its first point and ``MIN_SUMMARY_TOKENS`` of text;
-    with ``ledger``, their ledgers first, the last-ranked items first; and the tokens freed."""
+    first (the least value per token), each keeping its last point (its next steps, the latest request);
+    with ``ledger`` (rules, constraints, goals or decisions wait), their ledgers first, the last-ranked
+    items first, and the narrative down to that point alone; and the tokens freed."""
     out, freed = list(chunks), 0
     for index in range(len(out) - 1, -1, -1):
         chunk = out[index]
@@ -203,10 +200,10 @@ def _give_way(
             freed += chunk.tokens - shorter.tokens
             out[index] = chunk = shorter
         lines = chunk.text.strip().splitlines()
-        room = ctx.count(chunk.text) - MIN_SUMMARY_TOKENS
+        room = ctx.count(chunk.text) - (0 if ledger else MIN_SUMMARY_TOKENS)
         points = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
         cut: set[int] = set()
-        for at in sorted(points[1:], key=lambda i: -len(lines[i])):  # the first point always stays
+        for at in sorted(points[:-1], key=lambda i: -len(lines[i])):  # the last point always stays
             if freed >= need or room <= 0:
                 continue
             cost = ctx.count(lines[at]) + 1

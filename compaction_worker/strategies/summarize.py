@@ -45,7 +45,7 @@ from compaction_worker.summaries.contract import (
     SummaryResult,
     transcript_limit,
 )
-from compaction_worker.summaries.ledger import finalize_ledger, plan_ledger
+from compaction_worker.summaries.ledger import finalize_ledger, ledger_need, plan_ledger
 from compaction_worker.summaries.prompts import piece_boundaries, piece_end, transcript_costs
 from compaction_worker.summaries.standing import Item, quoted
 
@@ -123,10 +123,11 @@ class _Span:
         # passes on, and the last piece gets all that remains. A chained piece has all of it.
         whole = stop >= len(self.head) or self.chain
         space = self.space + carried if whole else self.share(start, stop)
-        # The ledger takes at most half of what is left beyond a minimal summary, both of the
-        # room and of what the chunk replaces: the summary always keeps the larger share.
+        # The ledger's identifiers rank above the summary's narrative (strategies/allocation.py): they may
+        # take the room beyond a minimal summary, but at most half of what the chunk replaces (the
+        # chunk must save tokens).
         allowance = self.fold_allowance if folded and not carried else self.allowance
-        cap = max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
+        cap = max(0, min(space - 2 * MIN_SUMMARY_TOKENS, (replaced - MIN_SUMMARY_TOKENS) // 2))
         ledger_budget, ledger = plan_ledger(
             messages, folded, allowance=allowance, cap=cap, count=count, terms=ctx.terms
         )
@@ -190,7 +191,8 @@ class _Span:
             piece.ledger_budget + unused, max(piece.ledger_budget, (piece.replaced - MIN_SUMMARY_TOKENS) // 2)
         )
         ledger = finalize_ledger(
-            summary.text,
+            # What the standing state shows needs no ledger line (nor what the summary says).
+            f"{summary.text}\n{self.ctx.carried}" if self.ctx.carried else summary.text,
             request.ledger,
             request.messages,
             piece.folded,
@@ -369,7 +371,8 @@ async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
             tail_budget,
             free=room - ctx.overhead - kept_chunk_tokens,
             reserve=chunk_reserve,
-            ledger=chunk_reserve - reserve,
+            # The identifiers rank above the user's words and the older tail: what they ask for.
+            ledger=max(chunk_reserve - reserve, ctx.ledger_need) if ledger_allowance(ctx) else 0,
         )
         left = room - ctx.overhead - kept_chunk_tokens - sum(e.tokens for e in (*pinned, *tail))
         if fold or not draft.chunks or left >= chunk_reserve // 2:
@@ -390,7 +393,11 @@ async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
 
     tail_tokens = sum(e.tokens for e in pinned) + sum(e.tokens for e in tail)
     replaced = sum(e.tokens for e in head) + sum(c.tokens for c in folded)
+    # The identifiers of what it replaces may all stay, room permitting (the cap in ``_Span.piece``).
     allowance = ledger_allowance(ctx)
+    if allowance:
+        messages = [ctx.originals.get(e.n, e.message) for e in head]
+        allowance = max(allowance, ledger_need(messages, folded, ctx.count, carried=ctx.carried))
     span = _Span(
         ctx,
         head,
@@ -498,7 +505,9 @@ def _arrange(
     asked = Wants(
         wants,
         step=newest if start is not None else 0,
-        summary=reserve,
+        summary=max(
+            reserve, reserve - min(reserve // 2, ledger) + ledger
+        ),  # the narrative's part, and the ledger
         ledger=ledger,
         filler=0 if start is not None else newest,
         statement=stated.tokens if stated is not None else 0,

@@ -17,12 +17,14 @@ from compaction_worker.contracts.history import SummaryChunk
 from compaction_worker.summaries.artifacts import (
     KINDS,
     extract_artifacts,
+    item_core,
     item_kind,
     scan_items,
     select_items,
 )
 from compaction_worker.summaries.contract import CountTokens
 from compaction_worker.summaries.instructions import Terms, matches
+from compaction_worker.summaries.mentions import holds
 
 
 def merge_ledgers(
@@ -66,6 +68,23 @@ def merge_ledgers(
         listed=lambda items: sorted(items, key=lambda it: (found[it][0], -found[it][1], found[it][2])),
     )
     return tuple(kept)
+
+
+def ledger_need(
+    messages: Sequence[Mapping[str, Any]],
+    folded: Sequence[SummaryChunk],
+    count: CountTokens,
+    *,
+    carried: str = "",
+) -> int:
+    """Tokens of a ledger that would hold every item of ``messages`` and of the chunks' ledgers that
+    ``carried`` (what the history shows anyway) does not: what the identifiers ask for, before any budget."""
+    items = dict.fromkeys(
+        [*extract_artifacts(messages, sys.maxsize, count), *(a for c in folded for a in c.artifacts)]
+    )
+    kept = [item for item in items if not (carried and holds(carried, item_core(item)))]
+    # Item by item, as a ledger lists them: a joined count can be less than what choosing them costs.
+    return sum(count(f"- {item}") for item in kept)
 
 
 def plan_ledger(

@@ -76,7 +76,9 @@ async def test_the_fixture_compacts_at_each_threshold_crossing_down_to_the_targe
     assert report.tokens_saved == sum(p.tokens - p.after for p in report.points) > 0
     assert report.peak == max(p.tokens for p in report.points)
     assert (report.usage.prompt_tokens, report.usage.completion_tokens) == (0, 0)  # extractive
-    assert all(c.stages and "summarize" in c.stages for c in compactions)
+    # Each ran a stage; pruning alone reaches the target at the first, a summary after it.
+    assert all(c.stages for c in compactions)
+    assert sum("summarize" in c.stages for c in compactions) >= len(compactions) - 1
 
 
 async def test_the_totals_are_the_worker_s_counts_of_what_the_history_holds() -> None:
@@ -134,7 +136,8 @@ async def test_an_llm_summarizer_s_tokens_are_counted(fake_llm: FakeLLMServer) -
     assert report.compactions
     assert report.usage.prompt_tokens > 0
     assert report.usage.completion_tokens > 0
-    assert len(fake_llm.requests) >= len(report.compactions)
+    # A compaction that pruning alone brings to its target calls no summarizer.
+    assert len(fake_llm.requests) >= sum("summarize" in c.stages for c in report.compactions) > 0
     assert all(c.trigger is Trigger.THRESHOLD and c.outcome is Outcome.COMPACTED for c in report.compactions)
 
 

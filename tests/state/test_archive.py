@@ -23,6 +23,9 @@ from compaction_worker.summaries.standing import Item
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Published, make_parts
 
+WINDOW = 4_096
+"""Half the model's window: the identifiers outgrow what the history can hold, and some are lost."""
+
 
 def _entry(n: int, text: str, role: str = "user", edit: str | None = None) -> Entry:
     return Entry(n=n, seq=n, message={"role": role, "content": text}, tokens=len(text) // 4, edit=edit)
@@ -146,7 +149,7 @@ async def test_artifacts_dropped_is_what_the_history_lost(
     cid = f"generated-{seed}"
     reported, lost, compactions = 0, 0, 0
     for seq, messages in generated.turns:
-        await parts.turns.handle(turn_bytes(cid, seq, messages, MODEL), cid.encode())
+        await parts.turns.handle(turn_bytes(cid, seq, messages, MODEL, context_window=WINDOW), cid.encode())
         before = _shown(await client.messages(cid))
         done = await run_job(parts.jobs, parts.compactor, cid)
         if done is None:
