@@ -190,6 +190,29 @@ class ReplayRun(_Output):
     llm_input_tokens: int = Field(ge=0)
     llm_output_tokens: int = Field(ge=0)
     error: str | None
+    summary_calls: int = Field(
+        ge=0, description="Requests to the first summarizer (with an LLM, paid calls)."
+    )
+
+
+class ReplayRates(_Output):
+    """What compactions cost, per 100 turns replayed."""
+
+    compactions: float = Field(ge=0, description="Committed compactions.")
+    small_compactions: float = Field(
+        ge=0, description="Compactions that saved under 10% of a history within its window."
+    )
+    multi_run_turns: float = Field(ge=0, description="Turns that set off more than one compaction run.")
+    summary_calls: float = Field(
+        ge=0, description="Requests to the first summarizer, in every run (with an LLM, paid calls)."
+    )
+    cache_breaks: float = Field(
+        ge=0,
+        description="Calls with this product's history that did not start with the whole previous prompt.",
+    )
+    dollars: float | None = Field(
+        ge=0, description="Those calls and the summaries, at the model's prices; null when unpriced."
+    )
 
 
 class ReplayDollars(_Output):
@@ -236,6 +259,7 @@ class ReplayFigures(_Output):
     llm_input_tokens: int = Field(ge=0, description="The summarizer's prompt tokens (0 when extractive).")
     llm_output_tokens: int = Field(ge=0, description="The summarizer's completion tokens.")
     peak_tokens: int = Field(ge=0, description="The largest context after any turn's append.")
+    per_100_turns: ReplayRates
 
 
 class ReplayConversation(ReplayFigures):

@@ -7,13 +7,22 @@ from pathlib import Path
 import pytest
 
 from compaction_worker import strategies
-from compaction_worker.budget.tokens import counter_for
+from compaction_worker.budget.tokens import budget_for, counter_for
 from compaction_worker.contracts.events import Outcome, Trigger
-from compaction_worker.contracts.history import render
+from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.replay.reader import Conversation, ReplayInputError, read_file
-from compaction_worker.replay.simulate import DEFAULT_MODEL, ConversationReport, Replay, split_turns
+from compaction_worker.replay.simulate import (
+    DEFAULT_MODEL,
+    Compaction,
+    ConversationReport,
+    Replay,
+    Tally,
+    TurnPoint,
+    split_turns,
+)
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
+from compaction_worker.state.meta import Meta
 from compaction_worker.summaries.factory import configured_summarizers
 from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.orchestration import Parts
@@ -205,3 +214,33 @@ async def test_the_replay_reports_the_calls_with_its_history_beside_the_peers() 
     assert ours.peak_tokens < none.peak_tokens
     assert ours.dollars is not None
     assert none.dollars is not None
+
+
+def test_the_tally_counts_small_compactions_turns_of_several_runs_and_summary_calls() -> None:
+    """Small: a commit saving under 10% of a history within what the window leaves (over it, any
+    commit that brings it under pays); several runs: a turn that set off more than one, of any outcome."""
+    _, budget = budget_for(DEFAULT_MODEL, BudgetSettings(), 4096, None)
+    assert budget.available == 3072
+    runs = [
+        Compaction(1, Trigger.THRESHOLD, Outcome.COMPACTED, 2649, 2455, summary_calls=1),  # 7% saved: small
+        Compaction(2, Trigger.THRESHOLD, Outcome.COMPACTED, 3280, 3070, summary_calls=1),  # over the window
+        Compaction(2, Trigger.THRESHOLD, Outcome.NOOP, 3070, 3070, summary_calls=2),
+        Compaction(3, Trigger.THRESHOLD, Outcome.COMPACTED, 3000, 2700, summary_calls=1),  # exactly 10%
+    ]
+    report = ConversationReport("c", DEFAULT_MODEL, budget, Meta(), EffectiveHistory((), ()), runs=runs)
+    report.points = [TurnPoint(n, 0, 0) for n in range(1, 5)]
+    tally = report.tally()
+    assert tally == Tally(
+        turns=4, compactions=3, small_compactions=1, multi_run_turns=1, summary_calls=5, cache_breaks=0
+    )
+    assert tally.per_100_turns()["summary_calls"] == 125
+    assert (tally + tally).per_100_turns() == tally.per_100_turns()
+
+
+async def test_every_request_to_the_summarizer_is_a_summary_call() -> None:
+    report = await _replay(Settings())
+    summarized = [c for c in report.compactions if "summarize" in c.stages]
+    assert summarized
+    assert all(c.summary_calls >= 1 for c in summarized)
+    assert all(c.summary_calls == 0 for c in report.compactions if "summarize" not in c.stages)
+    assert report.tally().cache_breaks == report.cache[0].breaks
