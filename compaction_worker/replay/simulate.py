@@ -28,6 +28,7 @@ from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMete
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
+from compaction_worker.runtime.payoff import floor_of, paid
 from compaction_worker.runtime.plan import plan_turn
 from compaction_worker.settings import Settings
 from compaction_worker.state.meta import Meta
@@ -38,7 +39,8 @@ DEFAULT_MODEL = "gpt-4o-mini"
 """The model of a conversation whose record names none and no ``--model`` was given."""
 
 MAX_RUNS_PER_TURN = 8
-"""A guard: the worker reschedules while a commit leaves the history over its threshold."""
+"""A guard: after a commit the worker runs again on the same turn only while the history is over
+its window (the threshold rule's ``compacted_seq``), which one run brings it under."""
 
 _NOW = 0.0
 """Replay time for the threshold rule: failed runs set no backoff here, so it never matters."""
@@ -381,7 +383,8 @@ class Replay:
             self.report.runs.append(run)
             if run.outcome is not Outcome.COMPACTED:
                 break
-            # As Compactor._reschedule_if_still_over: another run while still over the threshold.
+            # As Compactor._reschedule_if_still_over: on the same turn, another run only while the
+            # history is over its window (the commit's compacted_seq).
             trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
         # The turn's job ran (or failed: the next turn asks again), as a worker's would before the next turn.
         self.meta = self.meta.without_job()
@@ -391,8 +394,9 @@ class Replay:
     async def compact(self, seq: int, trigger: Trigger) -> Compaction:
         """One run as ``Compactor._compact`` does it (no lock, no events, no circuit breaker)."""
         meta, history = self.meta, self.history
-        counter = counter_for(meta.model, self.settings.budget)
-        _, budget = conversation_budget(meta, self.settings.budget)
+        settings = self.settings.budget
+        counter = counter_for(meta.model, settings)
+        _, budget = conversation_budget(meta, settings)
         scale = scale_of(meta)
         limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)
         summarizers: list[Summarizer] = list(self.summarizers(meta.model, counter))
@@ -416,9 +420,14 @@ class Replay:
             return Compaction(
                 seq, trigger, Outcome.FAILED, before, before, error=error, summary_calls=primary.calls
             )
+        result = paid(
+            result, trigger, before=before, scale=scale, target=budget.target, budget=budget, settings=settings
+        )
+        floor = floor_of(result, scale=scale, target=budget.target)
         if result.shrinks:
             self.history, delta = applied(history, result, counter)
-            # What the commit script writes (replace.lua): new totals and version, the no-op mark cleared.
+            # What the commit script writes (replace.lua): new totals and version, the no-op mark
+            # cleared, the threshold rule's marks set.
             self.meta = replace(
                 meta,
                 history_tokens=meta.history_tokens + delta,
@@ -427,6 +436,8 @@ class Replay:
                 noop_tokens=0,
                 failures=0,
                 retry_after=0.0,
+                floor_tokens=floor,
+                compacted_seq=meta.last_seq,
             )
             return Compaction(
                 seq,
@@ -439,7 +450,7 @@ class Replay:
                 result.error,
                 primary.calls,
             )
-        # As Compactor._noop: remember the size that could not shrink.
-        self.meta = replace(meta, noop_tokens=calibrated_total(meta) or 1)
+        # As Compactor._noop: remember the size that could not shrink (enough), and the floor.
+        self.meta = replace(meta, noop_tokens=calibrated_total(meta) or 1, floor_tokens=floor or meta.floor_tokens)
         error = result.error or "the compaction would not shrink the history"
         return Compaction(seq, trigger, Outcome.NOOP, before, before, (), result.usage, error, primary.calls)

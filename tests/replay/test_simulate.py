@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.orchestration import Parts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
+PUBLISHED = sorted((Path(__file__).parents[1] / "data" / "trajectories").glob("*/*.traj*"))
 WINDOW = 4000
 """Small enough for the fixture (48 turns, ~11K tokens) to compact several times."""
 
@@ -244,3 +246,36 @@ async def test_every_request_to_the_summarizer_is_a_summary_call() -> None:
     assert all(c.summary_calls >= 1 for c in summarized)
     assert all(c.summary_calls == 0 for c in report.compactions if "summarize" not in c.stages)
     assert report.tally().cache_breaks == report.cache[0].breaks
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda path: path.name.split(".")[0])
+async def test_on_a_published_agent_run_every_threshold_compaction_pays(path: Path) -> None:
+    """docs/design.md, invariant 14, at a 4K window, where the system prompts (1-2K tokens) leave
+    compactions little room: each commit saves its share or brings the history under its window,
+    no turn runs a second one, and no turn ends over the window."""
+    settings = Settings()
+    (recorded,) = read_file(path).conversations
+    replay = Replay(recorded, settings, configured_summarizers(settings), context_window=4096)
+    report = await replay.run()
+    available, share = report.budget.available, settings.budget.min_saving_fraction
+    for c in report.compactions:
+        assert c.tokens_before > available or c.tokens_before - c.tokens_after >= share * c.tokens_before, c
+    runs = Counter(c.turn for c in report.runs)
+    assert max(runs.values(), default=0) <= 1
+    assert all(p.after <= available for p in report.points)
+    assert report.tally().small_compactions == 0
+
+
+async def test_a_floor_over_the_target_compacts_less_often_than_every_turn() -> None:
+    """BabyEncryption's 1,987-token system prompt is over a 4K window's target: compactions end just
+    under the threshold. They compacted on every turn (16 in 15, two turns twice); from the floor's
+    level, on every other."""
+    (baby,) = [p for p in PUBLISHED if p.name == "BabyEncryption.traj"]
+    settings = Settings()
+    (recorded,) = read_file(baby).conversations
+    report = await Replay(recorded, settings, configured_summarizers(settings), context_window=4096).run()
+    assert report.meta.floor_tokens > report.budget.target
+    assert len(report.compactions) <= len(report.points) // 2
+    noop = next(c for c in report.runs if c.outcome is Outcome.NOOP)
+    assert noop.error is not None
+    assert noop.error.startswith("it would save ")
