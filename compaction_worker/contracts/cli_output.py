@@ -116,6 +116,13 @@ class Status(_Output):
     threshold: int
     soft_threshold: int | None
     target: int
+    floor_tokens: int = Field(
+        ge=0, description="Where compactions ended when that was over the target (0: none found)."
+    )
+    moved_threshold: int | None = Field(
+        description="The threshold that floor moved up to, where a compaction saves its minimum share "
+        "(at most what the window leaves); null when it moved nothing."
+    )
     should_compact: bool
     version: int = Field(ge=0)
     context_status: ContextStatus

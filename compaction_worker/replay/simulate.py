@@ -421,7 +421,13 @@ class Replay:
                 seq, trigger, Outcome.FAILED, before, before, error=error, summary_calls=primary.calls
             )
         result = paid(
-            result, trigger, before=before, scale=scale, target=budget.target, budget=budget, settings=settings
+            result,
+            trigger,
+            before=before,
+            scale=scale,
+            target=budget.target,
+            budget=budget,
+            settings=settings,
         )
         floor = floor_of(result, scale=scale, target=budget.target)
         if result.shrinks:
@@ -451,6 +457,8 @@ class Replay:
                 primary.calls,
             )
         # As Compactor._noop: remember the size that could not shrink (enough), and the floor.
-        self.meta = replace(meta, noop_tokens=calibrated_total(meta) or 1, floor_tokens=floor or meta.floor_tokens)
+        self.meta = replace(
+            meta, noop_tokens=calibrated_total(meta) or 1, floor_tokens=floor or meta.floor_tokens
+        )
         error = result.error or "the compaction would not shrink the history"
         return Compaction(seq, trigger, Outcome.NOOP, before, before, (), result.usage, error, primary.calls)

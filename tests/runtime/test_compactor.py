@@ -50,6 +50,7 @@ from tests.orchestration import (
     conversation,
     make_parts,
     overhead,
+    rules_conversation,
     user,
 )
 
@@ -620,22 +621,6 @@ async def test_two_compactions_in_a_row_leave_the_prompt_prefix_through_the_earl
     assert first[1]["content"].startswith("Turn 1:")
     assert first[2]["content"].startswith(shared)
     assert second[2]["content"].startswith(shared + "\n\n")
-
-
-def rules_conversation(system_words: int, turns: int) -> list[bytes]:
-    """Exchanges after a system prompt of ``system_words`` words that may never be compacted, on a
-    2K window (available 1,536 tokens, threshold 1,228, target 768)."""
-    prompt = {"system_prompt": "rule " * system_words}
-    return [
-        turn_bytes(
-            "c",
-            seq,
-            [user(f"question {seq}: " + "detail " * 60), assistant(f"answer {seq}: " + "because " * 60)],
-            context_window=2048,
-            **(prompt if seq == 1 else {}),
-        )
-        for seq in range(1, turns + 1)
-    ]
 
 
 class TestAPayingCompaction:
