@@ -92,7 +92,11 @@ def _held(facts: ThresholdFacts, total: int, budget: Budget, settings: BudgetSet
     if facts.compacted_seq and facts.compacted_seq >= facts.last_seq and total <= budget.available:
         return True  # this turn's compaction has run; the next waits for the next turn
     regrowth = int(settings.noop_regrowth_fraction * budget.available)
-    # The last attempt could not shrink this (enough): wait for real growth.
+    # The last attempt could not shrink this (enough): wait for real growth. A no-op within the
+    # window waits only while the history stays within it: over it, a run can bring it back under.
+    # One over the window is not retried before then (invariant 5).
+    if total > budget.available >= facts.noop_tokens:
+        return False
     return bool(facts.noop_tokens) and total <= facts.noop_tokens + regrowth
 
 

@@ -97,6 +97,18 @@ def test_the_moved_threshold_stops_at_what_the_window_leaves_where_it_always_run
     assert small(5000, floor_tokens=4000) is Trigger.THRESHOLD  # a floor past the window: at the window
 
 
+def test_a_no_op_within_the_window_waits_for_growth_until_the_history_is_over_the_window() -> None:
+    """A run that saved too little (or nothing) waits for the history to grow by the regrowth
+    (153 tokens here); past the window it runs at once. A no-op over the window is not retried
+    before it has grown (invariant 5)."""
+    assert small(2600 + 153, noop_tokens=2600) is None
+    assert small(2600 + 154, noop_tokens=2600) is Trigger.THRESHOLD
+    assert small(3072, noop_tokens=3000) is None  # at the window, within it
+    assert small(3073, noop_tokens=3000) is Trigger.THRESHOLD
+    assert small(3100, noop_tokens=3080) is None
+    assert small(3234, noop_tokens=3080) is Trigger.THRESHOLD
+
+
 def test_after_a_commit_the_same_turn_runs_no_other_unless_it_is_over_its_window() -> None:
     """The commit marks the turn it ran on (compacted_seq): a compaction runs once per turn."""
     assert small(2600, last_seq=5, compacted_seq=5) is None
