@@ -149,6 +149,28 @@ async def test_an_llm_summarizer_s_tokens_are_counted(fake_llm: FakeLLMServer) -
     assert all(c.trigger is Trigger.THRESHOLD and c.outcome is Outcome.COMPACTED for c in report.compactions)
 
 
+async def _fed_to_the_worker(
+    parts: Parts, recorded: Conversation, window: int
+) -> tuple[list[tuple[int, int, int]], list[Outcome]]:
+    """The conversation's turns through the real per-turn path and compactor over Redis, each
+    compaction run before the next turn: the context after each turn, and every run's outcome."""
+    system, turns = split_turns(recorded.messages)
+    cid, points, outcomes = "agent_session", [], []
+    for seq, messages in enumerate(turns, start=1):
+        system_prompt = system if seq == 1 else None  # None: left out of the event
+        await parts.turns.handle(
+            turn_bytes(cid, seq, list(messages), context_window=window, system_prompt=system_prompt),
+            cid.encode(),
+        )
+        tokens = (await parts.store.meta(cid)).total_tokens
+        while cid in await parts.jobs.due(10):
+            completed = await run_job(parts.jobs, parts.compactor, cid)
+            assert completed is not None
+            outcomes.append(completed.outcome)
+        points.append((seq, tokens, (await parts.store.meta(cid)).total_tokens))
+    return points, outcomes
+
+
 @pytest.mark.integration
 async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
     parts: Parts, settings: Settings
@@ -156,23 +178,28 @@ async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
     """The real per-turn path and compactor over Redis, each compaction run before the next turn:
     the same context after every turn, the same compactions, the same final history."""
     report = await _replay(settings)
-    system, turns = split_turns(_conversation().messages)
-    cid, worker_points, runs = "agent_session", [], 0
-    for seq, messages in enumerate(turns, start=1):
-        system_prompt = system if seq == 1 else None  # None: left out of the event
-        await parts.turns.handle(
-            turn_bytes(cid, seq, list(messages), context_window=WINDOW, system_prompt=system_prompt),
-            cid.encode(),
-        )
-        tokens = (await parts.store.meta(cid)).total_tokens
-        while cid in await parts.jobs.due(10):
-            completed = await run_job(parts.jobs, parts.compactor, cid)
-            runs += completed is not None and completed.outcome is Outcome.COMPACTED
-        worker_points.append((seq, tokens, (await parts.store.meta(cid)).total_tokens))
-    assert [(p.turn, p.tokens, p.after) for p in report.points] == worker_points
-    assert len(report.compactions) == runs >= 2
-    snapshot = await parts.store.snapshot(cid)
+    points, outcomes = await _fed_to_the_worker(parts, _conversation(), WINDOW)
+    assert [(p.turn, p.tokens, p.after) for p in report.points] == points
+    assert len(report.compactions) == outcomes.count(Outcome.COMPACTED) >= 2
+    snapshot = await parts.store.snapshot("agent_session")
     assert render(report.history) == render(snapshot.history)
+
+
+@pytest.mark.integration
+async def test_the_worker_and_the_replay_settle_what_does_not_pay_alike(
+    parts: Parts, settings: Settings
+) -> None:
+    """Invariant 14 on BabyEncryption at 4K: the no-ops that saved too little, the commits, the
+    floor and the moved threshold are the worker's and the replay's alike, turn by turn."""
+    (baby,) = [p for p in PUBLISHED if p.name == "BabyEncryption.traj"]
+    (recorded,) = read_file(baby).conversations
+    report = await Replay(recorded, settings, configured_summarizers(settings), context_window=4096).run()
+    points, outcomes = await _fed_to_the_worker(parts, recorded, 4096)
+    assert [(p.turn, p.tokens, p.after) for p in report.points] == points
+    assert [c.outcome for c in report.runs] == outcomes
+    assert Outcome.NOOP in outcomes
+    meta = await parts.store.meta("agent_session")
+    assert (meta.floor_tokens, meta.compacted_seq) == (report.meta.floor_tokens, report.meta.compacted_seq)
 
 
 async def test_a_soft_threshold_compacts_first_in_the_background() -> None:
