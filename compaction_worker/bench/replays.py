@@ -55,8 +55,10 @@ async def replay_rows(env: BenchEnv, progress: Progress) -> list[Row]:
         value = _mean(ours, name)
         baseline = _mean(theirs, name) if theirs else None
         per_window = ", ".join(f"{w // 1024}K {_text(ours[w][name])}" for w in windows)
-        if theirs:
-            per_window += "; " + ", ".join(f"{w // 1024}K {_text(theirs[w][name])}" for w in windows)
+        if theirs and env.baseline is not None:
+            per_window += f"; {env.baseline.label}: " + ", ".join(
+                f"{w // 1024}K {_text(theirs[w][name])}" for w in windows
+            )
         rows.append(
             Row(
                 f"replays: {label} per 100 turns",
