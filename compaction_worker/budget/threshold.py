@@ -144,14 +144,14 @@ def moved_threshold(floor: int, settings: BudgetSettings, budget: Budget) -> str
     if floor <= budget.target or threshold <= budget.threshold:
         return None
     where = (
-        f"what the window leaves, {threshold:,} tokens: it compacts once the history is over its window"
+        f"what the window leaves, {threshold:,} tokens: it compacts when the history reaches its window"
         if threshold >= budget.available
         else f"{threshold:,} tokens, where a compaction saves {settings.min_saving_fraction * 100:g}% of it"
     )
     return (
-        f"compactions end at {floor:,} tokens here, over the target ({budget.target:,}): what never "
-        f"compacts (system prompt, tools, system and pinned messages, the task, the newest step) takes "
-        f"that much; the threshold ({budget.threshold:,}) moves up to {where}"
+        f"compactions end at {floor:,} tokens here, over the target ({budget.target:,}): what they keep "
+        f"(the system prompt, tools, system and pinned messages, the task, the newest step, a summary) "
+        f"takes that much; the threshold ({budget.threshold:,}) moves up to {where}"
     )
 
 

@@ -163,7 +163,7 @@ def test_a_threshold_compaction_pays_with_its_share_or_by_bringing_the_history_u
         (2455, "the threshold (2,457) moves up to 2,728 tokens, where a compaction saves 10% of it"),
         (
             3000,
-            "moves up to what the window leaves, 3,072 tokens: it compacts once the history is over its window",
+            "moves up to what the window leaves, 3,072 tokens: it compacts when the history reaches its window",
         ),
     ],
 )

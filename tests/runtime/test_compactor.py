@@ -676,7 +676,7 @@ class TestAPayingCompaction:
         assert (meta.compacted_seq, meta.floor_tokens) == (4, done.tokens_after)
         assert await parts.jobs.job("c") is None  # before invariant 14: a second run at once
         assert done.notes[-1].endswith(
-            "moves up to what the window leaves, 1,536 tokens: it compacts once the history is over its window"
+            "moves up to what the window leaves, 1,536 tokens: it compacts when the history reaches its window"
         )
 
     async def test_turns_appended_while_it_ran_schedule_the_next_run(
