@@ -175,6 +175,13 @@ class BudgetSettings(_Section):
     noop_regrowth_fraction: float = Field(
         default=0.05, ge=0, le=1, description="After a no-op, growth (of available) needed before retrying."
     )
+    min_saving_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="A threshold compaction commits only if it saves this share of the history or brings one "
+        "over the window under it; where what stays exceeds the target, the threshold moves up to where it can.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> BudgetSettings:

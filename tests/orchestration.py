@@ -156,6 +156,22 @@ def conversation(turns: int) -> list[bytes]:
     return out
 
 
+def rules_conversation(system_words: int, turns: int) -> list[bytes]:
+    """Exchanges after a system prompt of ``system_words`` words that may never be compacted, on a
+    2K window (available 1,536 tokens, threshold 1,228, target 768)."""
+    prompt = {"system_prompt": "rule " * system_words}
+    return [
+        turn_bytes(
+            "c",
+            seq,
+            [user(f"question {seq}: " + "detail " * 60), assistant(f"answer {seq}: " + "because " * 60)],
+            context_window=2048,
+            **(prompt if seq == 1 else {}),
+        )
+        for seq in range(1, turns + 1)
+    ]
+
+
 async def compact_now(jobs: JobQueue, compactor: Compactor, cid: str = "c") -> CompactionCompleted:
     """Claim the conversation's job (its lock) and run it, as the pool does; it must run."""
     completed = await run_job(jobs, compactor, cid)

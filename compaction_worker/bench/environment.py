@@ -87,7 +87,8 @@ class BenchEnv:
     config_file: Path | None = None
     """The ``--config`` file, passed on to worker processes (environment variables override it)."""
     baseline: WorkerSource | None = None
-    """``--baseline-source``: the throughput and Redis rows run its worker too, beside this one's."""
+    """``--baseline-source``: the throughput and Redis rows run its worker too, and the replay rows its
+    replay, beside this one's."""
     tune_gc: bool = True
     """Tune garbage collection before timing compactions, as a worker does when it starts
     (``runtime.worker.tune_gc``); off in tests, which must not change the test process's."""

@@ -20,6 +20,7 @@ SCENARIO_NAMES = (
     "telemetry",
     "recall",
     "cache",
+    "replays",
 )
 """For ``--help`` only; the runner's SCENARIOS is the list (a test keeps the two equal)."""
 
@@ -50,7 +51,7 @@ def bench_options(command: F) -> F:
             "--baseline-source",
             type=click.Path(exists=True, file_okay=False, path_type=Path),
             help="Another checkout (e.g. a git worktree of an older commit) whose worker runs the throughput "
-            "and Redis rows too, beside this one's, with this environment's packages.",
+            "and Redis rows too, and whose replay the replay rows, beside this one's, with this environment's packages.",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the table."),
         click.option("--markdown", is_flag=True, help="Print the table as Markdown (docs/performance.md)."),

@@ -10,6 +10,7 @@ from compaction_worker.bench import costs
 from compaction_worker.bench.cache import cache_rows
 from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.recall import recall_rows
+from compaction_worker.bench.replays import replay_rows
 from compaction_worker.bench.report import Progress, Row
 from compaction_worker.bench.startup import startup_rows
 from compaction_worker.bench.telemetry import telemetry_rows
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
     "telemetry": telemetry_rows,
     "recall": recall_rows,
     "cache": cache_rows,
+    "replays": replay_rows,
 }
 """Every scenario, in the order the table shows them; ``--only`` takes these names."""
 

@@ -19,7 +19,12 @@ from typing import Any, Literal, overload
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
-from compaction_worker.budget.threshold import calibrated_total, scale_of
+from compaction_worker.budget.threshold import (
+    calibrated_total,
+    effective_threshold,
+    moved_threshold,
+    scale_of,
+)
 from compaction_worker.budget.tokens import conversation_budget, counter_for
 from compaction_worker.contracts.events import (
     CompactionCompleted,
@@ -71,9 +76,18 @@ class ContextStats:
     usage_ratio: float
     """``tokens`` over ``window``: the meter a UI shows."""
     should_compact: bool
-    """At or over the threshold: the next turn schedules a compaction (automatic compaction on)."""
+    """At or over the threshold (as a floor moved it): the next turn schedules a compaction
+    (automatic compaction on)."""
     version: int
     context_status: str
+    floor_tokens: int = 0
+    """Where compactions ended when that was over the target (0: none found): what never compacts
+    takes that much."""
+    moved_threshold: int | None = None
+    """The threshold the floor moved up to, where a compaction saves ``budget.min_saving_fraction``
+    of the history (at most what the window leaves); None when it moved nothing."""
+    threshold_note: str | None = None
+    """Why it moved, with the numbers (the words of the compaction's event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +119,7 @@ def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> Conte
     }
     breakdown = {name: int(tokens * scale) for name, tokens in parts.items()}
     tokens = calibrated_total(meta)
+    threshold = effective_threshold(meta.floor_tokens, settings.budget, budget)
     return ContextStats(
         conversation_id=conversation_id,
         model=meta.model,
@@ -116,9 +131,12 @@ def context_stats(conversation_id: str, meta: Meta, settings: Settings) -> Conte
         tokens=tokens,
         breakdown=breakdown,
         usage_ratio=round(tokens / budget.window, 4) if budget.window else 0.0,
-        should_compact=settings.budget.auto_compact and tokens >= budget.threshold,
+        should_compact=settings.budget.auto_compact and tokens >= threshold,
         version=meta.version,
         context_status=meta.context_status.value,
+        floor_tokens=meta.floor_tokens,
+        moved_threshold=threshold if threshold > budget.threshold else None,
+        threshold_note=moved_threshold(meta.floor_tokens, settings.budget, budget),
     )
 
 

@@ -117,6 +117,13 @@ class Status(_Output):
     threshold: int
     soft_threshold: int | None
     target: int
+    floor_tokens: int = Field(
+        ge=0, description="Where compactions ended when that was over the target (0: none found)."
+    )
+    moved_threshold: int | None = Field(
+        description="The threshold that floor moved up to, where a compaction saves its minimum share "
+        "(at most what the window leaves); null when it moved nothing."
+    )
     should_compact: bool
     version: int = Field(ge=0)
     context_status: ContextStatus
@@ -202,6 +209,29 @@ class ReplayRun(_Output):
     llm_input_tokens: int = Field(ge=0)
     llm_output_tokens: int = Field(ge=0)
     error: str | None
+    summary_calls: int = Field(
+        ge=0, description="Requests to the first summarizer (with an LLM, paid calls)."
+    )
+
+
+class ReplayRates(_Output):
+    """What compactions cost, per 100 turns replayed."""
+
+    compactions: float = Field(ge=0, description="Committed compactions.")
+    small_compactions: float = Field(
+        ge=0, description="Compactions that saved under 10% of a history within its window."
+    )
+    multi_run_turns: float = Field(ge=0, description="Turns that set off more than one compaction run.")
+    summary_calls: float = Field(
+        ge=0, description="Requests to the first summarizer, in every run (with an LLM, paid calls)."
+    )
+    cache_breaks: float = Field(
+        ge=0,
+        description="Calls with this product's history that did not start with the whole previous prompt.",
+    )
+    dollars: float | None = Field(
+        ge=0, description="Those calls and the summaries, at the model's prices; null when unpriced."
+    )
 
 
 class ReplayDollars(_Output):
@@ -248,6 +278,7 @@ class ReplayFigures(_Output):
     llm_input_tokens: int = Field(ge=0, description="The summarizer's prompt tokens (0 when extractive).")
     llm_output_tokens: int = Field(ge=0, description="The summarizer's completion tokens.")
     peak_tokens: int = Field(ge=0, description="The largest context after any turn's append.")
+    per_100_turns: ReplayRates
 
 
 class ReplayConversation(ReplayFigures):

@@ -159,7 +159,7 @@ def build_app(settings: Settings, client: Client) -> Starlette:
             chart = await asyncio.to_thread(
                 sawtooth.svg,
                 drawn,
-                threshold=view.stats.threshold,
+                threshold=view.stats.moved_threshold or view.stats.threshold,
                 target=view.stats.target,
                 window=view.stats.window,
             )

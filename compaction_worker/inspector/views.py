@@ -38,6 +38,7 @@ LIST_FIELDS = (
     "version",
     "context_status",
     "calibration",
+    "floor_tokens",
     "window",
     "threshold",
     "max_output_tokens",

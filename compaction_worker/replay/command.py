@@ -20,7 +20,7 @@ from compaction_worker.errors import CompactionWorkerError
 from compaction_worker.replay.cache import CacheFigures
 from compaction_worker.replay.plot import plot
 from compaction_worker.replay.reader import Format, ReplayInputError, read_paths
-from compaction_worker.replay.simulate import ConversationReport, Replay
+from compaction_worker.replay.simulate import ConversationReport, Replay, Tally
 from compaction_worker.settings import BudgetSettings, Settings
 from compaction_worker.summaries.factory import configured_summarizers
 
@@ -153,6 +153,17 @@ def conversation_output(report: ConversationReport) -> cli_output.ReplayConversa
             for c in report.runs
         ],
         cache=[cache_output(f) for f in report.cache],
+        per_100_turns=rates(report.tally()),
+    )
+
+
+def rates(tally: Tally) -> cli_output.ReplayRates:
+    """A tally per 100 turns, in the ``--json`` model (rounded as printed, a little finer)."""
+    return cli_output.ReplayRates.model_validate(
+        {
+            k: None if v is None else round(v, 6 if k == "dollars" else 2)
+            for k, v in tally.per_100_turns().items()
+        }
     )
 
 
@@ -180,6 +191,7 @@ def summary(
         llm_input_tokens=sum(c.llm_input_tokens for c in conversations),
         llm_output_tokens=sum(c.llm_output_tokens for c in conversations),
         peak_tokens=max((c.peak_tokens for c in conversations), default=0),
+        per_100_turns=rates(sum((r.tally() for r in reports), Tally())),
     )
     return cli_output.Replay(
         conversations=conversations,
@@ -202,9 +214,11 @@ def table(result: cli_output.Replay) -> list[str]:
             f"  {c.model}: window {c.window} ({c.window_source}), threshold {c.threshold}, target {c.target}; "
             f"final {c.final_tokens}" + _unproductive(c.runs)
         )
+        rows.append(f"    {_rates(c.per_100_turns)}")
         rows.extend(_cache_rows(c.cache))
     if len(result.conversations) > 1:
         rows.append(_row("total", result.total))
+        rows.append(f"  {_rates(result.total.per_100_turns)}")
     if result.plot:
         rows.append(f"plot: {result.plot}")
     if result.output:
@@ -225,6 +239,16 @@ def _cache_rows(cache: Sequence[cli_output.ReplayCache]) -> list[str]:
             f"{f.peak_tokens:>7} {dollars:>9}"
         )
     return rows
+
+
+def _rates(rates: cli_output.ReplayRates) -> str:
+    """What compactions cost per 100 turns, in one line."""
+    dollars = f"${rates.dollars:.4f}" if rates.dollars is not None else "unpriced"
+    return (
+        f"per 100 turns: {rates.compactions:.1f} compactions ({rates.small_compactions:.1f} saving under 10% "
+        f"of a history within its window), {rates.multi_run_turns:.1f} turns with several runs, "
+        f"{rates.summary_calls:.1f} summary calls, {rates.cache_breaks:.1f} cache breaks, {dollars}"
+    )
 
 
 def _unproductive(runs: Sequence[cli_output.ReplayRun]) -> str:

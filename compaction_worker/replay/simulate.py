@@ -28,21 +28,27 @@ from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMete
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
+from compaction_worker.runtime.payoff import floor_of, paid
 from compaction_worker.runtime.plan import plan_turn
 from compaction_worker.settings import Settings
 from compaction_worker.state.meta import Meta
 from compaction_worker.strategies.draft import add_usage
+from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
 
 DEFAULT_MODEL = "gpt-4o-mini"
 """The model of a conversation whose record names none and no ``--model`` was given."""
 
 MAX_RUNS_PER_TURN = 8
-"""A guard: the worker reschedules while a commit leaves the history over its threshold."""
+"""A guard: after a commit the worker runs again on the same turn only while the history is over
+its window (the threshold rule's ``compacted_seq``), which one run brings it under."""
 
 _NOW = 0.0
 """Replay time for the threshold rule: failed runs set no backoff here, so it never matters."""
 REPLAY_ID = "replay"
 """The conversation id of the turns the replay decides (a recorded conversation's name may be no valid id)."""
+SMALL_SAVING = 0.10
+"""A compaction that saves less than this share of a history within its window is a small one
+(the share the issue that counted them used: each costs a cache rewrite, and a summary call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,61 @@ class Compaction:
     stages: tuple[str, ...] = ()
     usage: LlmUsage = field(default_factory=LlmUsage)
     error: str | None = None
+    summary_calls: int = 0
+    """Requests to the first summarizer: with an LLM configured, each is a paid call."""
+
+    def small(self, available: int) -> bool:
+        """Whether it committed a saving under :data:`SMALL_SAVING` of a history within ``available``."""
+        saved = self.tokens_before - self.tokens_after
+        return (
+            self.outcome is Outcome.COMPACTED
+            and self.tokens_before <= available
+            and saved < SMALL_SAVING * self.tokens_before
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What one or more replayed conversations' compactions cost, counted (:meth:`per_100_turns`)."""
+
+    turns: int = 0
+    compactions: int = 0
+    small_compactions: int = 0
+    """Commits that saved under :data:`SMALL_SAVING` of a history within its window."""
+    multi_run_turns: int = 0
+    """Turns that set off more than one run."""
+    summary_calls: int = 0
+    cache_breaks: int = 0
+    dollars: float | None = None
+    """The product's calls (summaries included) at the model's prices; None when unpriced."""
+
+    def __add__(self, other: Tally) -> Tally:
+        dollars = (
+            None
+            if self.dollars is None and other.dollars is None
+            else (self.dollars or 0.0) + (other.dollars or 0.0)
+        )
+        return Tally(
+            self.turns + other.turns,
+            self.compactions + other.compactions,
+            self.small_compactions + other.small_compactions,
+            self.multi_run_turns + other.multi_run_turns,
+            self.summary_calls + other.summary_calls,
+            self.cache_breaks + other.cache_breaks,
+            dollars,
+        )
+
+    def per_100_turns(self) -> dict[str, float | None]:
+        """Each count per 100 turns (0 with no turns)."""
+        scale = 100 / self.turns if self.turns else 0.0
+        return {
+            "compactions": self.compactions * scale,
+            "small_compactions": self.small_compactions * scale,
+            "multi_run_turns": self.multi_run_turns * scale,
+            "summary_calls": self.summary_calls * scale,
+            "cache_breaks": self.cache_breaks * scale,
+            "dollars": None if self.dollars is None else self.dollars * scale,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +168,39 @@ class ConversationReport:
     @property
     def peak(self) -> int:
         return max((p.tokens for p in self.points), default=self.meta.fixed_tokens)
+
+    def tally(self) -> Tally:
+        """Its compactions counted: small ones, turns of several runs, summary calls, cache breaks, dollars."""
+        runs_by_turn = Counter(c.turn for c in self.runs)
+        ours = next((f for f in self.cache if f.strategy == "compaction-worker"), None)
+        dollars = ours.dollars if ours is not None else None
+        return Tally(
+            turns=len(self.points),
+            compactions=len(self.compactions),
+            small_compactions=sum(c.small(self.budget.available) for c in self.runs),
+            multi_run_turns=sum(n > 1 for n in runs_by_turn.values()),
+            summary_calls=sum(c.summary_calls for c in self.runs),
+            cache_breaks=ours.breaks if ours is not None else 0,
+            dollars=dollars.total if dollars is not None else None,
+        )
+
+
+class _Counted:
+    """A summarizer whose requests are counted: the replay's measure of summary calls (each one
+    paid with an LLM), whichever summarizer is configured."""
+
+    def __init__(self, summarizer: Summarizer) -> None:
+        self.summarizer = summarizer
+        self.name = summarizer.name
+        self.calls = 0
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        self.calls += 1
+        return await self.summarizer.summarize(request)
+
+    def __getattr__(self, name: str) -> Any:
+        # What else the summary stage asks of it (its input limit: contract.InputLimited), if it has it.
+        return getattr(self.summarizer, name)
 
 
 def split_turns(messages: Sequence[Mapping[str, Any]]) -> tuple[str | None, list[list[dict[str, Any]]]]:
@@ -289,7 +383,8 @@ class Replay:
             self.report.runs.append(run)
             if run.outcome is not Outcome.COMPACTED:
                 break
-            # As Compactor._reschedule_if_still_over: another run while still over the threshold.
+            # As Compactor._reschedule_if_still_over: on the same turn, another run only while the
+            # history is over its window (the commit's compacted_seq).
             trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
         # The turn's job ran (or failed: the next turn asks again), as a worker's would before the next turn.
         self.meta = self.meta.without_job()
@@ -299,11 +394,13 @@ class Replay:
     async def compact(self, seq: int, trigger: Trigger) -> Compaction:
         """One run as ``Compactor._compact`` does it (no lock, no events, no circuit breaker)."""
         meta, history = self.meta, self.history
-        counter = counter_for(meta.model, self.settings.budget)
-        _, budget = conversation_budget(meta, self.settings.budget)
+        settings = self.settings.budget
+        counter = counter_for(meta.model, settings)
+        _, budget = conversation_budget(meta, settings)
         scale = scale_of(meta)
         limits = limits_for(self.settings, meta, budget, budget.target, scale, force=False)
-        summarizers = list(self.summarizers(meta.model, counter))
+        summarizers: list[Summarizer] = list(self.summarizers(meta.model, counter))
+        primary = summarizers[0] = _Counted(summarizers[0])
         originals = {n: self.transcript[n - 1] for n in strategies.edited_ordinals(history)}
         before = self.total()
         try:
@@ -319,10 +416,24 @@ class Replay:
             )
         except Exception as e:  # as in the worker: a failed compaction is an outcome, the replay goes on
             self.meta = replace(meta, failures=meta.failures + 1)
-            return Compaction(seq, trigger, Outcome.FAILED, before, before, error=f"{type(e).__name__}: {e}")
+            error = f"{type(e).__name__}: {e}"
+            return Compaction(
+                seq, trigger, Outcome.FAILED, before, before, error=error, summary_calls=primary.calls
+            )
+        result = paid(
+            result,
+            trigger,
+            before=before,
+            scale=scale,
+            target=budget.target,
+            budget=budget,
+            settings=settings,
+        )
+        floor = floor_of(result, scale=scale, target=budget.target)
         if result.shrinks:
             self.history, delta = applied(history, result, counter)
-            # What the commit script writes (replace.lua): new totals and version, the no-op mark cleared.
+            # What the commit script writes (replace.lua): new totals and version, the no-op mark
+            # cleared, the threshold rule's marks set.
             self.meta = replace(
                 meta,
                 history_tokens=meta.history_tokens + delta,
@@ -331,6 +442,8 @@ class Replay:
                 noop_tokens=0,
                 failures=0,
                 retry_after=0.0,
+                floor_tokens=floor,
+                compacted_seq=meta.last_seq,
             )
             return Compaction(
                 seq,
@@ -341,8 +454,11 @@ class Replay:
                 result.stages,
                 result.usage,
                 result.error,
+                primary.calls,
             )
-        # As Compactor._noop: remember the size that could not shrink.
-        self.meta = replace(meta, noop_tokens=calibrated_total(meta) or 1)
+        # As Compactor._noop: remember the size that could not shrink (enough), and the floor.
+        self.meta = replace(
+            meta, noop_tokens=calibrated_total(meta) or 1, floor_tokens=floor or meta.floor_tokens
+        )
         error = result.error or "the compaction would not shrink the history"
-        return Compaction(seq, trigger, Outcome.NOOP, before, before, (), result.usage, error)
+        return Compaction(seq, trigger, Outcome.NOOP, before, before, (), result.usage, error, primary.calls)

@@ -29,6 +29,7 @@ from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
 from compaction_worker.runtime.limits import run_limits
+from compaction_worker.runtime.payoff import floor_of, paid
 from compaction_worker.runtime.pins import apply_asked
 from compaction_worker.runtime.reports import Run, context_status, llm_failed
 from compaction_worker.settings import Settings
@@ -202,6 +203,16 @@ class Compactor:
                 conversation_id=cid,
                 conversation_model=meta.model,
                 instructions=run.instructions,
+            )
+            # A threshold run that saves too little is a no-op that says why (invariant 14).
+            result = paid(
+                result,
+                job.trigger,
+                before=run.tokens_before,
+                scale=run.scale,
+                target=run.target,
+                budget=budget,
+                settings=settings.budget,
             )
             failed = llm_failed(result, len(summarizers), circuit_open)
             if llm is not None and failed is not None:
@@ -401,7 +412,8 @@ class Compactor:
     async def _noop(
         self, run: Run, snapshot: Snapshot, result: strategies.CompactionResult, llm_failures: int
     ) -> CompactionCompleted:
-        """Commit nothing; remember the size that could not shrink, so that it is not retried in a loop."""
+        """Commit nothing; remember the size that could not shrink (enough), so that it is not retried
+        in a loop, and where a compaction would have ended, if over its target (the floor)."""
         meta = snapshot.meta
         error = result.error
         if result.outcome is Outcome.COMPACTED:
@@ -409,7 +421,10 @@ class Compactor:
             # into a summary turn that costs more than the span did: committing that would
             # grow a history the provider may just have called too long (docs/design.md, invariant 5).
             error = f"the compaction would not shrink the history ({result.tokens_before} -> {result.tokens_after})"
-        await self.store.set_meta(run.conversation_id, noop_tokens=calibrated_total(meta) or 1)
+        floor = floor_of(result, scale=run.scale, target=run.target) or meta.floor_tokens
+        await self.store.set_meta(
+            run.conversation_id, noop_tokens=calibrated_total(meta) or 1, floor_tokens=floor
+        )
         return run.unchanged(meta, Outcome.NOOP, result, error=error, llm_failures=llm_failures)
 
     async def _commit(
@@ -478,6 +493,9 @@ class Compactor:
             status=status,
             record=record,
             outbox=(field, pack(self.settings.topics.completed, completed.wire())),
+            # The threshold rule's marks: where compactions end, and the turn this one ran on.
+            floor_tokens=floor_of(result, scale=run.scale, target=run.target),
+            compacted_seq=meta.last_seq,
         )
         await self.outbox.deliver(cid, field)
         return completed
@@ -505,8 +523,9 @@ class Compactor:
     async def _reschedule_if_still_over(self, cid: str, delay: float = 0.0) -> None:
         """Schedule another run (after ``delay``) if the conversation is over its threshold then.
 
-        After a commit, turns appended during the compaction may have pushed it over again;
-        after a failure, it is still over once the backoff (``delay``) has passed.
+        After a commit, only if turns appended during the compaction pushed it over again, or it
+        is still over its window (the commit's ``compacted_seq``: one run a turn, invariant 14);
+        after a failure, if it is still over once the backoff (``delay``) has passed.
         """
         meta = await self.store.meta(cid)
         budget = self.settings.for_profile(meta.profile).budget

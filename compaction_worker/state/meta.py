@@ -39,6 +39,12 @@ class Meta:
     context_status: ContextStatus = ContextStatus.FULL
     calibration: float = 1.0
     noop_tokens: int = 0
+    floor_tokens: int = 0
+    """Where the last compaction ended when that was over its target (provider tokens; 0: it reached
+    the target): the threshold moves up to where one saves ``budget.min_saving_fraction`` of the
+    history (budget/threshold.py)."""
+    compacted_seq: int = 0
+    """The last turn the last committed compaction saw: another threshold run waits for a later one."""
     failures: int = 0
     retry_after: float = 0.0
     window: int = 0
@@ -128,6 +134,8 @@ class Meta:
             context_status=ContextStatus(data.get("context_status") or "full"),
             calibration=f("calibration", 1.0),
             noop_tokens=i("noop_tokens"),
+            floor_tokens=i("floor_tokens"),
+            compacted_seq=i("compacted_seq"),
             failures=i("failures"),
             retry_after=f("retry_after"),
             window=i("window"),

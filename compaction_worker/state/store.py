@@ -257,6 +257,8 @@ class Store:
         outbox: tuple[str, bytes] | None = None,
         recount: bool = False,
         writer: str = "commit",
+        floor_tokens: int = 0,
+        compacted_seq: int = 0,
     ) -> CommitResult:
         """Replace the history as a new version: the first ``consumed`` entries and all chunks, keeping later appends.
 
@@ -265,7 +267,8 @@ class Store:
         entries (the total is then recomputed with the entries appended since). ``record`` goes
         to the compaction log. ``outbox`` is an event (field, payload) stored with the commit,
         in the same script: it is published afterwards and, if the worker dies first, by
-        another (outbox.py). Raises StaleFenceError when the fence moved, the lock expired, or
+        another (outbox.py). ``floor_tokens`` and ``compacted_seq`` are the threshold rule's marks
+        (state/meta.py); a rewind leaves them 0. Raises StaleFenceError when the fence moved, the lock expired, or
         another compaction committed since the snapshot: nothing is written then.
         """
         keys = self.keys(conversation_id)
@@ -278,6 +281,8 @@ class Store:
             "recount": recount,
             "status": status.value,
             "now": repr(time.time()),
+            "floor_tokens": floor_tokens,
+            "compacted_seq": compacted_seq,
         }
         lists: dict[str, Sequence[str | bytes]] = {
             "chunks": [c.to_json() for c in chunks],

@@ -15,8 +15,8 @@ def test_help_names_every_scenario_in_order() -> None:
 
 def test_every_cost_scenario_is_a_bench_scenario() -> None:
     assert (
-        len(SCENARIOS) == 3 + len(costs.ROWS) + 3
-    )  # startup, throughput, head_of_line; telemetry, recall, cache
+        len(SCENARIOS) == 3 + len(costs.ROWS) + 4
+    )  # startup, throughput, head_of_line; telemetry, recall, cache, replays
 
 
 def test_recall_is_a_scenario_of_its_own() -> None:

@@ -18,7 +18,7 @@ from compaction_worker.local.demo import synthetic_turns
 from compaction_worker.settings import InspectorSettings, Settings
 from compaction_worker.testing import turn_bytes
 from tests.inspector.test_record import hand_until_scheduled
-from tests.orchestration import Parts, all_keys, compact_now, conversation, user
+from tests.orchestration import Parts, all_keys, compact_now, conversation, rules_conversation, user
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +91,33 @@ async def test_the_conversation_page_shows_every_section(http: httpx.AsyncClient
         assert item.partition(": ")[2] in text.replace("&#39;", "'").replace("&#34;", '"').replace(
             "&amp;", "&"
         )
+
+
+async def test_a_threshold_a_floor_moved_up_is_shown_with_why(parts: Parts) -> None:
+    """Invariant 14: where what never compacts exceeds the target, the page shows the threshold
+    moved up to where a compaction pays, and the numbers of why, as the run's event said them."""
+    for event in rules_conversation(950, 2):
+        await parts.turns.handle(event, b"c")
+    done = await compact_now(parts.jobs, parts.compactor)  # saves too little: a no-op that finds the floor
+    meta = await parts.store.meta("c")
+    stats = context_stats("c", meta, parts.settings)
+    assert stats.floor_tokens == meta.floor_tokens > stats.target
+    assert stats.moved_threshold == -(-meta.floor_tokens * 10 // 9) > stats.threshold  # floor / 0.9
+    assert stats.threshold_note is not None
+    assert done.error is not None
+    assert stats.threshold_note in done.error
+    assert not stats.should_compact  # over the threshold, under the moved one
+    client = client_for(parts)
+    app = build_app(client.settings, client)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inspector") as http:
+        text = (await http.get("/c/c")).text
+        listed = (await http.get("/")).text
+    assert (
+        f'<b id="moved-threshold">{stats.moved_threshold:,}</b> (moved up from {stats.threshold:,})' in text
+    )
+    assert f'<p class="muted" id="threshold-note">{stats.threshold_note}</p>' in text
+    assert f'high="{stats.moved_threshold}"' in text
+    assert f'high="{stats.moved_threshold}"' in listed
 
 
 async def test_a_message_pinned_later_is_marked(http: httpx.AsyncClient, compacted: Parts) -> None:

@@ -62,6 +62,23 @@ def test_replay_prints_the_figures_writes_the_png_and_the_final_history(tmp_path
     assert "window 4000 (event), threshold 2400, target 1500" in text.stdout
 
 
+def test_replay_says_what_compactions_cost_per_100_turns() -> None:
+    """Compactions, small ones, turns of several runs, summary calls, cache breaks and dollars, per
+    100 turns, for each conversation and in total, in --json and in the text."""
+    args = ["replay", str(FIXTURE), "--context-window", "4000"]
+    data = cli_output.Replay.model_validate_json(CliRunner().invoke(main, [*args, "--json"]).stdout)
+    (conversation,) = data.conversations
+    rates, ours = conversation.per_100_turns, conversation.cache[0]
+    assert rates.compactions == round(sum(conversation.compactions.values()) * 100 / 48, 2) > 0
+    assert rates.cache_breaks == round(ours.breaks * 100 / 48, 2) > 0
+    assert rates.summary_calls == round(sum(r.summary_calls for r in conversation.runs) * 100 / 48, 2) > 0
+    assert ours.dollars is not None
+    assert rates.dollars == pytest.approx(ours.dollars.total * 100 / 48, abs=1e-6)
+    assert data.total.per_100_turns == rates  # one conversation: its figures are the total's
+    text = CliRunner().invoke(main, args).stdout
+    assert f"per 100 turns: {rates.compactions:.1f} compactions ({rates.small_compactions:.1f} saving" in text
+
+
 def test_thresholds_come_from_the_options_or_the_config_file(tmp_path: Path) -> None:
     config = tmp_path / "worker.yaml"
     config.write_text("budget:\n  trigger_fraction: 0.6\n  target_fraction: 0.4\n")

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from compaction_worker import strategies
-from compaction_worker.budget.tokens import counter_for
+from compaction_worker.budget.tokens import budget_for, counter_for
 from compaction_worker.contracts.events import Outcome, Trigger
-from compaction_worker.contracts.history import render
+from compaction_worker.contracts.history import EffectiveHistory, render
 from compaction_worker.replay.reader import Conversation, ReplayInputError, read_file
-from compaction_worker.replay.simulate import DEFAULT_MODEL, ConversationReport, Replay, split_turns
+from compaction_worker.replay.simulate import (
+    DEFAULT_MODEL,
+    Compaction,
+    ConversationReport,
+    Replay,
+    Tally,
+    TurnPoint,
+    split_turns,
+)
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
+from compaction_worker.state.meta import Meta
 from compaction_worker.summaries.factory import configured_summarizers
 from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.orchestration import Parts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
+PUBLISHED = sorted((Path(__file__).parents[1] / "data" / "trajectories").glob("*/*.traj*"))
 WINDOW = 4000
 """Small enough for the fixture (48 turns, ~11K tokens) to compact several times."""
 
@@ -141,6 +152,28 @@ async def test_an_llm_summarizer_s_tokens_are_counted(fake_llm: FakeLLMServer) -
     assert all(c.trigger is Trigger.THRESHOLD and c.outcome is Outcome.COMPACTED for c in report.compactions)
 
 
+async def _fed_to_the_worker(
+    parts: Parts, recorded: Conversation, window: int
+) -> tuple[list[tuple[int, int, int]], list[Outcome]]:
+    """The conversation's turns through the real per-turn path and compactor over Redis, each
+    compaction run before the next turn: the context after each turn, and every run's outcome."""
+    system, turns = split_turns(recorded.messages)
+    cid, points, outcomes = "agent_session", [], []
+    for seq, messages in enumerate(turns, start=1):
+        system_prompt = system if seq == 1 else None  # None: left out of the event
+        await parts.turns.handle(
+            turn_bytes(cid, seq, list(messages), context_window=window, system_prompt=system_prompt),
+            cid.encode(),
+        )
+        tokens = (await parts.store.meta(cid)).total_tokens
+        while cid in await parts.jobs.due(10):
+            completed = await run_job(parts.jobs, parts.compactor, cid)
+            assert completed is not None
+            outcomes.append(completed.outcome)
+        points.append((seq, tokens, (await parts.store.meta(cid)).total_tokens))
+    return points, outcomes
+
+
 @pytest.mark.integration
 async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
     parts: Parts, settings: Settings
@@ -148,23 +181,28 @@ async def test_the_worker_fed_the_same_turns_ends_in_the_same_places(
     """The real per-turn path and compactor over Redis, each compaction run before the next turn:
     the same context after every turn, the same compactions, the same final history."""
     report = await _replay(settings)
-    system, turns = split_turns(_conversation().messages)
-    cid, worker_points, runs = "agent_session", [], 0
-    for seq, messages in enumerate(turns, start=1):
-        system_prompt = system if seq == 1 else None  # None: left out of the event
-        await parts.turns.handle(
-            turn_bytes(cid, seq, list(messages), context_window=WINDOW, system_prompt=system_prompt),
-            cid.encode(),
-        )
-        tokens = (await parts.store.meta(cid)).total_tokens
-        while cid in await parts.jobs.due(10):
-            completed = await run_job(parts.jobs, parts.compactor, cid)
-            runs += completed is not None and completed.outcome is Outcome.COMPACTED
-        worker_points.append((seq, tokens, (await parts.store.meta(cid)).total_tokens))
-    assert [(p.turn, p.tokens, p.after) for p in report.points] == worker_points
-    assert len(report.compactions) == runs >= 2
-    snapshot = await parts.store.snapshot(cid)
+    points, outcomes = await _fed_to_the_worker(parts, _conversation(), WINDOW)
+    assert [(p.turn, p.tokens, p.after) for p in report.points] == points
+    assert len(report.compactions) == outcomes.count(Outcome.COMPACTED) >= 2
+    snapshot = await parts.store.snapshot("agent_session")
     assert render(report.history) == render(snapshot.history)
+
+
+@pytest.mark.integration
+async def test_the_worker_and_the_replay_settle_what_does_not_pay_alike(
+    parts: Parts, settings: Settings
+) -> None:
+    """Invariant 14 on BabyEncryption at 4K: the no-ops that saved too little, the commits, the
+    floor and the moved threshold are the worker's and the replay's alike, turn by turn."""
+    (baby,) = [p for p in PUBLISHED if p.name == "BabyEncryption.traj"]
+    (recorded,) = read_file(baby).conversations
+    report = await Replay(recorded, settings, configured_summarizers(settings), context_window=4096).run()
+    points, outcomes = await _fed_to_the_worker(parts, recorded, 4096)
+    assert [(p.turn, p.tokens, p.after) for p in report.points] == points
+    assert [c.outcome for c in report.runs] == outcomes
+    assert Outcome.NOOP in outcomes
+    meta = await parts.store.meta("agent_session")
+    assert (meta.floor_tokens, meta.compacted_seq) == (report.meta.floor_tokens, report.meta.compacted_seq)
 
 
 async def test_a_soft_threshold_compacts_first_in_the_background() -> None:
@@ -208,3 +246,66 @@ async def test_the_replay_reports_the_calls_with_its_history_beside_the_peers() 
     assert ours.peak_tokens < none.peak_tokens
     assert ours.dollars is not None
     assert none.dollars is not None
+
+
+def test_the_tally_counts_small_compactions_turns_of_several_runs_and_summary_calls() -> None:
+    """Small: a commit saving under 10% of a history within what the window leaves (over it, any
+    commit that brings it under pays); several runs: a turn that set off more than one, of any outcome."""
+    _, budget = budget_for(DEFAULT_MODEL, BudgetSettings(), 4096, None)
+    assert budget.available == 3072
+    runs = [
+        Compaction(1, Trigger.THRESHOLD, Outcome.COMPACTED, 2649, 2455, summary_calls=1),  # 7% saved: small
+        Compaction(2, Trigger.THRESHOLD, Outcome.COMPACTED, 3280, 3070, summary_calls=1),  # over the window
+        Compaction(2, Trigger.THRESHOLD, Outcome.NOOP, 3070, 3070, summary_calls=2),
+        Compaction(3, Trigger.THRESHOLD, Outcome.COMPACTED, 3000, 2700, summary_calls=1),  # exactly 10%
+    ]
+    report = ConversationReport("c", DEFAULT_MODEL, budget, Meta(), EffectiveHistory((), ()), runs=runs)
+    report.points = [TurnPoint(n, 0, 0) for n in range(1, 5)]
+    tally = report.tally()
+    assert tally == Tally(
+        turns=4, compactions=3, small_compactions=1, multi_run_turns=1, summary_calls=5, cache_breaks=0
+    )
+    assert tally.per_100_turns()["summary_calls"] == 125
+    assert (tally + tally).per_100_turns() == tally.per_100_turns()
+
+
+async def test_every_request_to_the_summarizer_is_a_summary_call() -> None:
+    report = await _replay(Settings())
+    summarized = [c for c in report.compactions if "summarize" in c.stages]
+    assert summarized
+    assert all(c.summary_calls >= 1 for c in summarized)
+    assert all(c.summary_calls == 0 for c in report.compactions if "summarize" not in c.stages)
+    assert report.tally().cache_breaks == report.cache[0].breaks
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda path: path.name.split(".")[0])
+async def test_on_a_published_agent_run_every_threshold_compaction_pays(path: Path) -> None:
+    """docs/design.md, invariant 14, at a 4K window, where the system prompts (1-2K tokens) leave
+    compactions little room: each commit saves its share or brings the history under its window,
+    no turn runs a second one, and no turn ends over the window."""
+    settings = Settings()
+    (recorded,) = read_file(path).conversations
+    replay = Replay(recorded, settings, configured_summarizers(settings), context_window=4096)
+    report = await replay.run()
+    available, share = report.budget.available, settings.budget.min_saving_fraction
+    for c in report.compactions:
+        assert c.tokens_before > available or c.tokens_before - c.tokens_after >= share * c.tokens_before, c
+    runs = Counter(c.turn for c in report.runs)
+    assert max(runs.values(), default=0) <= 1
+    assert all(p.after <= available for p in report.points)
+    assert report.tally().small_compactions == 0
+
+
+async def test_a_floor_over_the_target_compacts_less_often_than_every_turn() -> None:
+    """BabyEncryption's 1,987-token system prompt is over a 4K window's target: compactions end just
+    under the threshold. They compacted on every turn (16 in 15, two turns twice); from the floor's
+    level, on every other."""
+    (baby,) = [p for p in PUBLISHED if p.name == "BabyEncryption.traj"]
+    settings = Settings()
+    (recorded,) = read_file(baby).conversations
+    report = await Replay(recorded, settings, configured_summarizers(settings), context_window=4096).run()
+    assert report.meta.floor_tokens > report.budget.target
+    assert len(report.compactions) <= len(report.points) // 2
+    noop = next(c for c in report.runs if c.outcome is Outcome.NOOP)
+    assert noop.error is not None
+    assert noop.error.startswith("it would save ")

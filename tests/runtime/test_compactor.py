@@ -50,6 +50,7 @@ from tests.orchestration import (
     conversation,
     make_parts,
     overhead,
+    rules_conversation,
     user,
 )
 
@@ -620,3 +621,89 @@ async def test_two_compactions_in_a_row_leave_the_prompt_prefix_through_the_earl
     assert first[1]["content"].startswith("Turn 1:")
     assert first[2]["content"].startswith(shared)
     assert second[2]["content"].startswith(shared + "\n\n")
+
+
+class TestAPayingCompaction:
+    """docs/design.md, invariant 14: a threshold compaction saves its share or brings the history
+    under its window, runs once a turn, and does not fire every turn over a floor."""
+
+    async def test_one_that_saves_too_little_commits_nothing_says_why_and_waits_for_growth(
+        self, parts: Parts, published: Published
+    ) -> None:
+        """The system prompt (~950 tokens) is over the target: the run can only end under the
+        threshold, a few percent below where it started."""
+        first, second, third = rules_conversation(950, 3)
+        await parts.turns.handle(first, b"c")
+        assert (await parts.turns.handle(second, b"c")).scheduled is Trigger.THRESHOLD
+        before = await parts.store.meta("c")
+        done = await compact_now(parts.jobs, parts.compactor)
+
+        assert done.outcome is Outcome.NOOP
+        assert done.error is not None
+        assert re.match(
+            r"it would save \d+ of 1,255 tokens \(2\.\d%\), under the minimum 10% for a history within "
+            r"its window \(1,536 tokens\): nothing committed; compactions end at 1,2\d\d tokens here, over "
+            r"the target \(768\).*; no threshold compaction before 1,3\d\d tokens$",
+            done.error,
+        ), done.error
+        assert (done.tokens_after, done.stages, done.notes) == (done.tokens_before, [], [])
+        meta = await parts.store.meta("c")
+        assert meta.version == before.version == 0
+        assert meta.noop_tokens == done.tokens_before == 1255
+        assert 1228 - 50 < meta.floor_tokens <= 1228  # where the run ended: under the threshold
+        assert published.on("compaction.completed")[-1]["error"] == done.error
+        # The next turn takes the history past the floor's level: a run from there pays.
+        assert (await parts.turns.handle(third, b"c")).scheduled is Trigger.THRESHOLD
+        after = await compact_now(parts.jobs, parts.compactor)
+        assert after.outcome is Outcome.COMPACTED, after.error
+        assert after.tokens_before - after.tokens_after >= 0.1 * after.tokens_before
+
+    async def test_a_commit_that_ends_over_its_threshold_runs_no_second_time_on_its_turn(
+        self, parts: Parts, published: Published
+    ) -> None:
+        """The prompt (~1,050 tokens) leaves the run room only under the window: it ends over the
+        threshold, and nothing is scheduled until the next turn, which a run then follows only
+        when it takes the history over its window."""
+        for event in rules_conversation(1050, 4):
+            outcome = await parts.turns.handle(event, b"c")
+            while await parts.jobs.due(5):
+                await compact_now(parts.jobs, parts.compactor)
+        assert outcome.scheduled is Trigger.THRESHOLD
+        done = CompactionCompleted.model_validate(published.on("compaction.completed")[-1])
+        assert done.outcome is Outcome.COMPACTED, done.error
+        assert 1228 < done.tokens_after <= 1536  # over the threshold, under the window
+        meta = await parts.store.meta("c")
+        assert (meta.compacted_seq, meta.floor_tokens) == (4, done.tokens_after)
+        assert await parts.jobs.job("c") is None  # before invariant 14: a second run at once
+        assert done.notes[-1].endswith(
+            "moves up to what the window leaves, 1,536 tokens: it compacts when the history reaches its window"
+        )
+
+    async def test_turns_appended_while_it_ran_schedule_the_next_run(
+        self, parts: Parts, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """After a commit the conversation's next run waits for a turn, unless one arrived while it
+        ran: its snapshot's turn is what the commit marks, not the last one stored."""
+        for event in conversation(24):
+            await parts.turns.handle(event, b"c")
+        running = await parts.jobs.job("c")
+        assert running is not None
+        commit = parts.store.commit
+
+        async def appending_first(cid: str, **kwargs: Any) -> Any:
+            long = turn_bytes("c", 25, [user("and now: " + "detail " * 500)], context_window=2048)
+            await parts.turns.handle(long, b"c")
+            pending = await parts.jobs.job("c")  # the running one: the turn recorded none of its own
+            assert pending is not None
+            assert pending.id == running.id
+            return await commit(cid, **kwargs)
+
+        monkeypatch.setattr(parts.store, "commit", appending_first)
+        done = await compact_now(parts.jobs, parts.compactor)
+        assert done.outcome is Outcome.COMPACTED
+        meta = await parts.store.meta("c")
+        assert (meta.compacted_seq, meta.last_seq) == (24, 25)
+        assert 1228 <= meta.total_tokens <= 1536  # the turn took it over the threshold again
+        job = await parts.jobs.job("c")
+        assert job is not None
+        assert (job.trigger, job.id != running.id) == (Trigger.THRESHOLD, True)

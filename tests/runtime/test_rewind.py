@@ -18,7 +18,7 @@ from compaction_worker.runtime.turns import TurnHandler
 from compaction_worker.settings import Settings
 from compaction_worker.state.lock import Locks
 from compaction_worker.strategies import provider_problems
-from tests.orchestration import Parts, Published, compact_now, conversation
+from tests.orchestration import Parts, Published, compact_now, conversation, rules_conversation
 from tests.runtime.test_compactor import compact_mentions
 
 pytestmark = pytest.mark.integration
@@ -70,6 +70,20 @@ class TestRewinder:
         )
         assert done.tokens_after == after.meta.total_tokens > done.tokens_before
         assert done.messages_after == len(render(after.history))
+
+    async def test_a_rewind_clears_the_threshold_rule_s_marks(self, parts: Parts, rewinder: Rewinder) -> None:
+        """The floor and the compacted turn belong to the history a commit left (invariant 14): the
+        history a rewind restores has neither, and its next compaction finds its own."""
+        for event in rules_conversation(1050, 4):
+            await parts.turns.handle(event, b"c")
+            while await parts.jobs.due(5):
+                await compact_now(parts.jobs, parts.compactor)
+        meta = await parts.store.meta("c")
+        assert meta.floor_tokens > 0
+        assert meta.compacted_seq == 4
+        await rewinder.rewind("c")
+        meta = await parts.store.meta("c")
+        assert (meta.floor_tokens, meta.compacted_seq) == (0, 0)
 
     async def test_repeated_rewinds_walk_back_to_the_transcript(
         self, parts: Parts, rewinder: Rewinder

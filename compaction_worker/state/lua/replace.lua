@@ -8,7 +8,8 @@
 -- there: `tail` moves past what was consumed of it.
 -- KEYS: meta, chunks, entries, compactions, lock, fence, outbox, transcript. Every write bumps
 --   the meta's revision (`rev`), which the per-turn script's caller computed from.
--- Header: {fence, lock_token, expected_version, consumed, tokens, recount, status, now};
+-- Header: {fence, lock_token, expected_version, consumed, tokens, recount, status, now, and a
+--   commit's floor_tokens and compacted_seq (budget/threshold.py; a rewind's are 0)};
 --   lists: chunks, entries, record (the log record: a JSON object), outbox (field and
 --   event, or empty; the event is outbox.pack's: topic, newline, JSON).
 --   Without `recount`, `tokens` is the change in history tokens (a compaction knows exactly
@@ -46,7 +47,8 @@ else
   history = redis.call('HINCRBY', meta, 'history_tokens', h.tokens)
 end
 redis.call('HSET', meta, 'version', version + 1, 'context_status', h.status, 'tail', tail,
-  'updated_at', h.now, 'noop_tokens', 0, 'failures', 0, 'retry_after', 0)
+  'updated_at', h.now, 'noop_tokens', 0, 'failures', 0, 'retry_after', 0,
+  'floor_tokens', h.floor_tokens or 0, 'compacted_seq', h.compacted_seq or 0)
 redis.call('HINCRBY', meta, 'rev', 1)
 -- The log record gains what only this script knows (docs/design.md, "Commit and rewind"): the
 -- last seq stored and the history's total once committed (the inspector's sawtooth drops
