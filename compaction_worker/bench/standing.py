@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import random
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -337,13 +336,6 @@ async def run_case(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--short" in args:
-        from compaction_worker.bench import short_standing  # noqa: PLC0415  # it imports this module's Lossy
-
-        args.remove("--short")
-        short_standing.main(args)
-        return
     parser = argparse.ArgumentParser(
         prog="compaction-worker quality standing",
         description=__doc__,
@@ -364,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="short sessions (~2,200 tokens) at absolute budgets, beside simple methods; --short --help: its options",
     )
-    asyncio.run(_report(parser.parse_args(args)))
+    asyncio.run(_report(parser.parse_args(argv)))
 
 
 async def _report(args: argparse.Namespace) -> None:

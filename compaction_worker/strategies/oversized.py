@@ -166,16 +166,26 @@ STATEMENT_MARK = " [...]"
 """What stands for the remarks a task's statement leaves out (all in the transcript)."""
 
 
-def statement(entry: Entry, ctx: StageContext) -> Entry | None:
-    """The task cut to its statement: the sentences that ask for work, in order, without the remarks
-    around them; None when it has no such sentences, its content is not plain text, or it saves nothing."""
+def statement(entry: Entry, ctx: StageContext, budget: int | None = None) -> Entry | None:
+    """The task cut to its statement: the sentences that ask for work, in order, and the distinctive
+    terms of the rest in context, within ``budget`` when given; None when it has no such sentences, its
+    content is not plain text, it saves nothing, or a term of the rest does not fit (then the head and
+    tail cut, :func:`cut_kept`, keeps more of it)."""
     content = entry.message.get("content")
     if not isinstance(content, str):
         return None
     asked = asking(content)
     if not asked:
         return None
-    cut = rewrite(entry, " ".join(asked) + STATEMENT_MARK, EDIT, ctx)
+    said = " ".join(asked)
+    cut = rewrite(entry, said + STATEMENT_MARK, EDIT, ctx)
+    room = (budget if budget is not None else entry.tokens) - cut.tokens - ctx.count(CARRIED_INTRO)
+    carried = carry(content, max(0, room), ctx.count, skip=distinctive_terms(said), prefer=ctx.terms)
+    if carried.dropped:
+        return None
+    if carried.phrases:
+        quoted = CARRIED_INTRO + "; ".join(f"«{p}»" for p in carried.phrases)
+        cut = rewrite(entry, f"{said} [...{quoted}]", EDIT, ctx)
     return cut if cut.tokens < entry.tokens else None
 
 

@@ -152,6 +152,10 @@ async def _compact(history: EffectiveHistory, ctx: StageContext) -> CompactionRe
             break
         with tracing.span(f"{tracing.STAGE_SPAN}.{stage.name}", {"compaction.stage": stage.name}) as span:
             out = await stage(draft, ctx)
+            if out.short_of_room and ctx is not whole:
+                # The state's reservation left the summary no room: its items give way before the
+                # target does (invariant 5); what the stage leaves, the state takes back at the commit.
+                out, ctx = await _state_gives_way(stage, draft, out, run, whole)
             if out.short_of_room:
                 # What must stay leaves the summary no room under the target: a summary under a
                 # ceiling (invariant 5) keeps more than the last resort would under the target.
@@ -174,6 +178,22 @@ async def _compact(history: EffectiveHistory, ctx: StageContext) -> CompactionRe
     if reaches_target(draft, ctx):
         return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, UNDER_THE_TARGET])
     return await off_loop(run.result, Outcome.NOOP, run.start, [*run.errors, NO_STAGE_REACHES])
+
+
+async def _state_gives_way(
+    stage: Stage, draft: Draft, out: StageOutcome, run: _Run, whole: StageContext
+) -> tuple[StageOutcome, StageContext]:
+    """``stage`` again with half the state's reservation, then none, until it has room; the outcome and
+    the context the run goes on with (``out`` and the run's own when it never has)."""
+    reserve, spent = whole.limits.target - run.ctx.limits.target, out.usage
+    for left in (reserve // 2, 0):
+        aim = replace(whole, limits=replace(whole.limits, target=whole.limits.target - left))
+        retry = await stage(draft, aim)
+        spent = add_usage(spent, retry.usage)
+        if not retry.short_of_room:
+            run.ctx = aim
+            return replace(retry, usage=spent), aim
+    return replace(out, usage=spent), run.ctx
 
 
 async def _aim_higher(stage: Stage, draft: Draft, out: StageOutcome, run: _Run) -> StageOutcome:

@@ -123,11 +123,11 @@ class _Span:
         # passes on, and the last piece gets all that remains. A chained piece has all of it.
         whole = stop >= len(self.head) or self.chain
         space = self.space + carried if whole else self.share(start, stop)
-        # The ledger's identifiers rank above the summary's narrative (strategies/allocation.py): they may
-        # take the room beyond a minimal summary, but at most half of what the chunk replaces (the
-        # chunk must save tokens).
+        # The ledger takes at most half of what is left beyond a minimal summary, both of the room and of
+        # what the chunk replaces: a summary asked for in a few dozen tokens is one no model writes (its
+        # identifiers ask the allocation for more room instead: strategies/allocation.py).
         allowance = self.fold_allowance if folded and not carried else self.allowance
-        cap = max(0, min(space - 2 * MIN_SUMMARY_TOKENS, (replaced - MIN_SUMMARY_TOKENS) // 2))
+        cap = max(0, (min(space, replaced) - MIN_SUMMARY_TOKENS) // 2)
         ledger_budget, ledger = plan_ledger(
             messages, folded, allowance=allowance, cap=cap, count=count, terms=ctx.terms
         )
@@ -523,7 +523,6 @@ def _arrange(
             keeps=keeps,
             task=task,
             whole=whole,
-            stated=stated,
             entries=draft.entries,
             ctx=ctx,
         )
@@ -554,7 +553,6 @@ def _fit(
     keeps: Keeps,
     task: Entry | None,
     whole: Entry | None,
-    stated: Entry | None,
     entries: Sequence[Entry],
     ctx: StageContext,
 ) -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...]]:
@@ -568,8 +566,12 @@ def _fit(
     if task is not None and whole is not None and task in pinned:
         if whole.tokens <= keeps.task:
             fitted: Entry | None = whole
-        elif stated is not None and stated.tokens <= keeps.task:
-            fitted = stated  # its statement: the sentences that ask for work, without the remarks
+        elif (
+            whole.tokens <= ctx.limits.task_max_tokens  # over its own budget, its head and tail (cut_kept)
+            and (stated := statement(whole, ctx, keeps.task)) is not None
+            and stated.tokens <= keeps.task
+        ):
+            fitted = stated  # its statement: the sentences that ask for work, the rest's terms carried
         else:
             fitted = (cut := cut_kept(whole, keeps.task, ctx)) and cut[0]
         if fitted and fitted.tokens != task.tokens:

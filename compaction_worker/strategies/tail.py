@@ -43,9 +43,13 @@ def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) ->
 
 def newest_step(entries: Sequence[Entry]) -> int | None:
     """Where the newest step starts: its assistant message (with the tool results or the observation
-    after it), at the last clean boundary; None when that is the whole history or there is none."""
+    after it, and the reply that reads them), at the last clean boundary; None when that is the whole
+    history or there is none."""
     points = split_points(entries)
     start = max((p for p in points if entries[p].role == "assistant"), default=max(points, default=0))
+    if start and not entries[start].message.get("tool_calls") and entries[start - 1].role == "tool":
+        # A reply right after tool results ends the step that called them: the call is the action.
+        start = max((p for p in points if p < start and entries[p].role == "assistant"), default=start)
     return start or None
 
 

@@ -53,7 +53,9 @@ SUPERSEDED_TITLE = "No longer current (superseded):"
 STYLES: Final = ("full", "titled", "bare")
 """How the state renders, richest first: intro, titles by kind and turn labels; titles only; one line
 an item. :func:`render` picks the richest that keeps as many items as the barest does."""
-FACT_MAX_WORDS = 30
+ITEM_MAX_WORDS = 30
+"""A longer sentence is prose that mentions things (a budget, a deadline, a name), not an item to keep word
+for word: the rules, limits and facts people set are said in a few words."""
 MAX_SENTENCE_CHARS = 400
 """A longer sentence is prose or pasted content, not a stated rule: it is not an item."""
 
@@ -89,6 +91,8 @@ _DIRECTIVE = re.compile(
     r"|\bstays? (?:out of|away from)\b",
     _FLAGS,
 )
+# "About the CI pipeline: ..." — a topic label counts no words of the sentence it introduces.
+_LABELLED = re.compile(r"^[^:]{1,40}:\s+")
 _CONDITION = re.compile(r"^(?:if|when|whenever|once|should) [^,;]{3,80}[,;]\s*(?:then\s+)?", _FLAGS)
 _EPISTEMIC = re.compile(r"\bmust(?:n'?t)? (?:have|be \w+ing)\b", _FLAGS)
 # An instruction that holds beyond one turn: "Get Priya's sign-off before any change to the schema."
@@ -252,6 +256,8 @@ def classify(sentence: str) -> Kind | None:  # noqa: PLR0911  # one return per k
     """The kind of item ``sentence`` states, or None when it states none (a question, chatter)."""
     if len(sentence) > MAX_SENTENCE_CHARS or len(sentence) < 8 or sentence.rstrip().endswith("?"):
         return None
+    if len(_LABELLED.sub("", sentence).split()) > ITEM_MAX_WORDS:
+        return None
     if _DECISION.search(sentence):
         return "decision"
     rule = _RULE.search(sentence) is not None and _DIRECTIVE.search(sentence) is not None
@@ -277,8 +283,6 @@ def classify(sentence: str) -> Kind | None:  # noqa: PLR0911  # one return per k
         return "fact"
     if _REQUEST.search(sentence) or _TRANSIENT.search(sentence):
         return None
-    if len(sentence.split()) > FACT_MAX_WORDS:
-        return None  # a long sentence is prose that mentions things, not a fact to keep word for word
     if _SPECIFIC.search(sentence) or _MID_CAPITAL.search(sentence):
         return "fact"
     return None
@@ -531,14 +535,14 @@ def render(
     the part of it kept when it was cut holds the sentence): the current ones are there already and
     are not repeated. What goes first when space is short: superseded items whose message is gone
     (history now), then by :data:`TIERS` from the last (facts and preferences, then goals and
-    decisions, then constraints and rules), within a tier the costliest first (value per token). A
+    decisions, then constraints and rules), within a tier the least value per token first (:func:`value`). A
     superseded item whose message is still verbatim ranks with its kind: without its mark the old
     value reads as current beside the new.
     """
     listed = [i for i in items if not (i.current and i in shown)]
     gone = [i for i in listed if not i.current and i not in shown]
     rest = [i for i in listed if i.current or i in shown]
-    by_value = sorted(rest, key=lambda i: (-TIERS[i.kind], -count(i.text), i.seq, i.n))
+    by_value = sorted(rest, key=lambda i: (-TIERS[i.kind], value(i) / max(1, count(i.text)), i.seq, i.n))
     ranked = gone + by_value
     best: Rendered | None = None
     for style in STYLES:
@@ -546,6 +550,19 @@ def render(
         if fitted is not None and (best is None or len(fitted.kept) > len(best.kept)):
             best = fitted
     return best or Rendered("", (), tuple(listed))
+
+
+# What names one thing exactly: a ticket, a host, a path, a channel, an address, a date.
+_IDENTIFIER = re.compile(
+    r"[A-Za-z][\w.-]*[-_./:#@][\w.-]*\d|\d[\w]*[-_./:@][A-Za-z]|(?<![\w#])#\w|\w@\w|(?<!\w)/\w+/|\d+[./-]\d+[./-]\d+"
+)
+
+
+def value(item: Item) -> int:
+    """What an item is worth beside others of its tier, before its cost: a preference says how to answer
+    and a fact that names something exactly (a ticket, a host, a date) is worth twice a remark with a
+    small number ("Version 2 of the client fixed the bug.")."""
+    return 2 if item.kind != "fact" or _IDENTIFIER.search(item.text) else 1
 
 
 def _fewest_drops(

@@ -171,7 +171,14 @@ def check_events(
         assert [c.error for c in done if c.outcome is Outcome.FAILED] == [], cid
         compacted = [c for c in done if c.outcome is Outcome.COMPACTED]
         assert compacted, f"{cid} was never compacted"
-        assert all(c.tokens_after <= c.target < c.tokens_before for c in compacted), cid
+        assert all(c.tokens_after <= c.target < c.tokens_before for c in compacted), (
+            cid,
+            [
+                (c.trigger, c.tokens_before, c.target, c.tokens_after, c.stages, c.notes, c.error)
+                for c in compacted
+                if not c.tokens_after <= c.target < c.tokens_before
+            ],
+        )
         # Summarized by the LLM, by the extractive fallback (when the LLM's summary failed
         # validation), or not at all (the cheap stages alone reached the target).
         assert all(

@@ -49,7 +49,7 @@ def test_the_conversations_compact_as_real_traffic_does(measured: list[Measured]
 def test_artifacts_dropped_is_what_the_history_lost(measured: list[Measured]) -> None:
     """Invariant 12: each compaction's ``artifacts_dropped`` is what it let go; over the run, within 10% of
     the identifiers (planted, or named by a tool) the history held before a compaction and not after."""
-    assert sum(m.identifiers_lost for m in measured) > 0
+    # Nothing lost, nothing reported; what loses something at 4K is tests/state/test_archive.py.
     for m in measured:
         assert abs(m.reported - m.identifiers_lost) <= m.identifiers_lost / 10, (
             m.label,
@@ -58,12 +58,6 @@ def test_artifacts_dropped_is_what_the_history_lost(measured: list[Measured]) ->
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured at 4e2e887: 28 of 60 (47%) of the 24 kinds and 22 of 30 (73%) of the held-out kinds; "
-    "the standing state's reservation shrinks the fold's ledger and tool-named paths outrank prose terms "
-    "(docs/fidelity.md, 'Kinds no list names, through the broker')",
-)
 def test_unlisted_kinds_survive_ten_compactions(measured: list[Measured]) -> None:
     """At least 95% of what was stated in prose, of kinds no list names, is in ``Client.messages`` verbatim."""
     assert [m.label for m in measured if m.fraction < TARGET] == []
