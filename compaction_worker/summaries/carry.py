@@ -108,7 +108,7 @@ def line_terms(line: str) -> Iterator[tuple[str, str]]:
         else:
             i += 1
             continue
-        term = " ".join([*words[i:last], words[last].strip(_EDGES)]).lstrip(_EDGES)
+        term = _trimmed(" ".join([*words[i:last], words[last].rstrip(_EDGES)]))
         low = max(0, i - CONTEXT_WORDS)
         high = min(len(words) - 1, last + CONTEXT_WORDS)
         yield term, " ".join(words[low : high + 1])
@@ -155,6 +155,16 @@ def _is_unit(raw: str) -> bool:
     if not word.isalpha() or word.lower() in _NOT_UNITS:
         return False
     return 0 < len(word) <= 4 or (word.islower() and word.endswith("s") and len(word) <= 14)
+
+
+_COMPARISON: Final = re.compile(r"^(?:[<>!=~]=(?=[\w.])|[<>](?=\d))")
+
+
+def _trimmed(term: str) -> str:
+    """``term`` without the punctuation around it, but a comparison that opens it (">=5.0,<7.0" is a
+    version range, not "=5.0,<7.0")."""
+    opening = _COMPARISON.match(term)
+    return term if opening else term.lstrip(_EDGES)
 
 
 @functools.lru_cache(maxsize=1 << 15)
