@@ -45,3 +45,8 @@ class ConcurrentUpdateError(CompactionWorkerError):
 
     Transient: the turn is delivered again (runtime/turns.is_outage counts it as an outage).
     """
+
+
+class LostMessageError(CompactionWorkerError):
+    """A compaction's result would leave a message neither an entry nor covered by a chunk: it is not
+    committed (docs/design.md, invariant 1), and the failure names the messages."""

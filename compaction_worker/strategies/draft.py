@@ -279,6 +279,10 @@ def make_chunk(
     lasts = [(c.last_n, c.last_seq) for c in folded] + [(e.n, e.seq) for e in covered]
     first_n, first_seq = min(firsts)
     last_n, last_seq = max(lasts)
+    # What a folded chunk kept stays kept, unless it is covered now or another folded chunk covered it
+    # (a kept ordinal names an entry that stayed, inside the span; none outside it is recorded).
+    carried = {n for c in folded for n in c.kept if not any(o.covers(n) for o in folded)}
+    kept_now = {n for n in {e.n for e in kept} | (carried - {e.n for e in covered}) if first_n <= n <= last_n}
     chunk = SummaryChunk(
         id=uuid.uuid4().hex,
         text=text,
@@ -292,10 +296,7 @@ def make_chunk(
         stages=tuple(stages),
         level=(max(c.level for c in folded) + 1) if folded else 0,
         artifacts=tuple(artifacts),
-        # What a folded chunk kept stays kept, unless it is covered now (no longer pinned).
-        kept=tuple(
-            sorted({e.n for e in kept} | ({n for c in folded for n in c.kept} - {e.n for e in covered}))
-        ),
+        kept=tuple(sorted(kept_now)),
     )
     return replace(chunk, tokens=count(chunk.render_text()))
 

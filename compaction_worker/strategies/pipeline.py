@@ -8,6 +8,7 @@ from typing import Any
 
 from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import EffectiveHistory, render
+from compaction_worker.errors import LostMessageError
 from compaction_worker.observability import tracing
 from compaction_worker.offload import off_loop
 from compaction_worker.settings import PipelineSettings
@@ -221,6 +222,14 @@ async def _aim_higher(stage: Stage, draft: Draft, out: StageOutcome, run: _Run) 
     return out
 
 
+def accounted(draft: Draft) -> set[int]:
+    """The transcript ordinals a draft accounts for: its entries, and what its chunks cover."""
+    seen = {e.n for e in draft.entries if not e.synthetic}
+    for chunk in draft.chunks:
+        seen.update(n for n in range(chunk.first_n, chunk.last_n + 1) if chunk.covers(n))
+    return seen
+
+
 def instruction_tokens(history: EffectiveHistory, limits: Limits) -> int:
     """What no stage may compact: the system prompt, system messages and tool schemas."""
     return limits.fixed_tokens + sum(e.tokens for e in history.entries if e.role == "system")
@@ -307,6 +316,12 @@ class _Run:
             before = {c.id for c in self.start.chunks}
             written = {c.id for c in final.chunks if c.id not in before and "summarize" in c.stages}
             final = restore_state(self.standing, final, self.ctx, most, narrative=written)
+        lost = sorted(accounted(self.start) - accounted(final))
+        if lost:
+            raise LostMessageError(
+                f"{self.ctx.conversation_id or 'the conversation'}: the compaction would leave messages "
+                f"{lost[:10]} neither kept nor summarized; nothing is committed"
+            )
         return self.result(Outcome.COMPACTED, final, self.errors if errors is None else errors)
 
     def result(self, outcome: Outcome, draft: Draft, errors: Sequence[str]) -> CompactionResult:

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from compaction_worker.bench.short_sessions import session as short_session
+from compaction_worker.bench.standing import MODEL
+from compaction_worker.budget.tokens import counter_for
+from compaction_worker.contracts.events import Outcome
+from compaction_worker.contracts.history import STANDING, EffectiveHistory, render, text_of
+from compaction_worker.settings import BudgetSettings
+from compaction_worker.strategies import Draft, Limits, compact
 from compaction_worker.strategies.allocation import (
     MIN_FLOOR,
     TASK_HEAD_TOKENS,
@@ -14,6 +23,11 @@ from compaction_worker.strategies.allocation import (
     allocate,
     pack,
 )
+from compaction_worker.summaries.contract import Summarizer
+from compaction_worker.summaries.extractive import ExtractiveSummarizer as Extractive
+from compaction_worker.summaries.standing import TIERS, extract, merge, says_nothing_new
+
+from .test_standing_state import Down
 
 
 class TestPack:
@@ -93,3 +107,69 @@ class TestAllocate:
         # The task is never cut below its head here; the rest fits beside the floor.
         assert keeps.user_words + keeps.tail <= max(0, free - MIN_FLOOR)
         assert keeps.task >= min(wants.keeps.task, TASK_HEAD_TOKENS, max(0, free - MIN_FLOOR))
+
+
+class TestTheOrderOnEveryPath:
+    """Invariant 13, end to end: on a short session of typed items among remarks (bench/short_sessions.py)
+    held to a tenth and a fifth of its tokens, whatever the path (threshold, forced, reactive, the LLM
+    down, a compaction of the compacted history), no item is let go while one of a lower tier is shown in
+    the standing state, and no remark stays verbatim while an item is let go."""
+
+    PATHS = ("threshold", "forced", "reactive", "fallback", "again")
+
+    @pytest.mark.parametrize("path", PATHS)
+    @pytest.mark.parametrize("share", [0.1, 0.2])
+    @pytest.mark.parametrize("seed", [7, 9])
+    async def test_what_stays_follows_the_order_of_value(self, path: str, share: float, seed: int) -> None:
+        counter = counter_for(MODEL, BudgetSettings())
+        s = short_session(seed, counter)
+        history = EffectiveHistory((), tuple(s.entries))
+        target = int(share * s.tokens)
+        ceilings = () if path in ("forced", "reactive", "fallback", "again") else (int(1.2 * target),)
+        limits = Limits(
+            target=target,
+            fixed_tokens=0,
+            window=128_000,
+            tail_max_messages=6,
+            tail_max_tokens=32_000,
+            max_summary_tokens=2_048,
+            chunk_budget=max(1, target // 2),
+            force=path != "threshold",
+            task_max_tokens=20_000,
+            user_words_max_tokens=12_800,
+            ceilings=ceilings,
+        )
+        summarizers: list[Summarizer] = [Extractive(counter.text)]
+        if path == "fallback":
+            summarizers.insert(0, Down())
+        result = await compact(history, limits, summarizers, counter)
+        assert result.outcome is Outcome.COMPACTED, result.error
+        if path == "again":
+            history = history.with_parts(result.draft.chunks, result.draft.entries)
+            result = await compact(history, limits, summarizers, counter)
+            assert result.outcome in (Outcome.COMPACTED, Outcome.NOOP), result.error
+            if result.outcome is Outcome.NOOP:
+                result = replace(result, draft=Draft(history.chunks, history.entries))
+        assert counter.messages(render(EffectiveHistory(result.draft.chunks, result.draft.entries))) <= target
+        items = [
+            i
+            for i in merge(
+                [],
+                [x for e in s.entries if e.role == "user" for x in extract(text_of(e.message), e.seq, e.n)],
+            )
+            if i.current
+        ]
+        shown = "\n".join(
+            text_of(m) for m in render(EffectiveHistory(result.draft.chunks, result.draft.entries))
+        )
+        state = "\n".join(text_of(e.message) for e in result.draft.entries if e.edit == STANDING)
+        verbatim = "\n".join(text_of(e.message) for e in result.draft.entries if e.edit != STANDING)
+        lost = [i for i in items if i.text not in shown]
+        listed = [i for i in items if i.text in state and i.text not in verbatim]
+        for item in lost:
+            below = [b.text for b in listed if TIERS[b.kind] > TIERS[item.kind]]
+            assert not below, (path, item.kind, item.text, below)
+        if lost:
+            # Filler gives way first: no remark that names nothing is kept as a verbatim user line.
+            users = [text_of(e.message) for e in result.draft.entries if e.role == "user" and e.edit is None]
+            assert not [u for u in users if says_nothing_new(u)], (path, users)

@@ -13,6 +13,7 @@ from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.repair import open_call_index
 from compaction_worker.strategies.tail import (
     choose_tail,
+    is_filler_message,
     newest_step,
     observations,
     partition,
@@ -22,6 +23,7 @@ from compaction_worker.strategies.tail import (
     task_index,
     user_words_indexes,
 )
+from compaction_worker.testing import Chat
 from tests.trajectories import load_trajectories
 
 from .conversations import CALL_IDS, Conversation, conversations
@@ -489,3 +491,37 @@ def test_the_task_of_every_published_trajectory_is_its_first_request_even_after_
         assert es[at].message is first[at], run.name
         shown = entries(*first[:at], demo, *first[at:], ("assistant", 5))
         assert task_index(shown) == at + 1, run.name
+
+
+class TestFiller:
+    """Issue 53: a remark that names nothing, or an acknowledgment, is no task, no words and no step."""
+
+    def test_a_remark_is_no_task_the_first_message_that_says_something_is(self) -> None:
+        chat = Chat()
+        chat.user("The webhook retries three times before dead-lettering.").assistant("Acknowledged.")
+        chat.user("Please move the billing exports onto the new queue.").assistant("On it.")
+        assert task_index(chat.entries) == 2
+
+    def test_the_users_words_pass_over_remarks_and_with_a_state_its_items(self) -> None:
+        chat = Chat()
+        chat.user("Please port the exporter.").assistant("ok")
+        chat.user("Never push to main. Cache invalidation is event-driven.").assistant("Noted.")
+        chat.user("Dashboards refresh every few minutes anyway.").assistant("Acknowledged.")
+        chat.user("Why did the smoke test fail on run 12?").assistant("Looking.")
+        words = user_words_indexes(chat.entries, 10_000)
+        assert words == {0, 2, 6}
+        assert user_words_indexes(chat.entries, 10_000, carried=True) == {0, 6}
+
+    def test_an_acknowledgment_is_filler_a_reply_with_code_is_not(self) -> None:
+        chat = Chat().assistant("Acknowledged. Continuing with the plan.")
+        chat.assistant("Flag found. Submitting it now.\n```\nsubmit 'HTB{x}'\n```")
+        chat.calls(("call_0", "read_file", {"path": "a.py"}))
+        first, code, call = chat.entries
+        assert is_filler_message(first)
+        assert not is_filler_message(code)
+        assert not is_filler_message(call)
+
+    def test_the_newest_step_is_the_call_its_results_and_the_reply(self) -> None:
+        chat = Chat().user("Please check a.py.").calls(("call_0", "read_file", {"path": "a.py"}))
+        chat.add({"role": "tool", "tool_call_id": "call_0", "content": "print(1)"}).assistant("It prints 1.")
+        assert newest_step(chat.entries) == 1
