@@ -14,7 +14,7 @@ by value, in this order (:class:`Tier`):
 6. the task's bulk and the user's recent words;
 7. the summary's narrative and the older tail;
 8. filler: acknowledgments and remarks that state nothing needed, which give way first (they are
-   never offered: ``summaries.standing.is_filler``).
+   never offered: ``summaries.sentences.is_filler``).
 
 :func:`pack` grants the room tier by tier; within a tier, whole parts cheapest first (value per
 token), then the parts that can be cut share what is left in proportion to their size. The

@@ -20,7 +20,7 @@ from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome
 from compaction_worker.strategies.edits import PLACEHOLDER_EDITS, EditStage, outcome, rewrite
 from compaction_worker.strategies.tail import task_index
 from compaction_worker.summaries.carry import carry, distinctive_terms
-from compaction_worker.summaries.standing import asking
+from compaction_worker.summaries.sentences import asking
 
 EDIT = "truncated"
 STAGE = "truncate_oversized"

@@ -24,17 +24,8 @@ from compaction_worker.strategies.allocation import MIN_FLOOR, MIN_SUMMARY_TOKEN
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.oversized import statement
 from compaction_worker.strategies.tail import is_filler_message, newest_step, observations, task_index
-from compaction_worker.summaries.standing import (
-    KINDS,
-    TIERS,
-    Item,
-    accepted,
-    extract,
-    is_prose,
-    merge,
-    render,
-    values,
-)
+from compaction_worker.summaries.sentences import KINDS, is_prose
+from compaction_worker.summaries.standing import TIERS, Item, accepted, extract, merge, render, values
 
 FIELD = "standing_state"
 CARRY_MAX = 500

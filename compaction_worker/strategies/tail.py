@@ -17,7 +17,7 @@ from compaction_worker.contracts.toolpairs import tool_pairs
 from compaction_worker.strategies.draft import plural
 from compaction_worker.strategies.repair import call_ids, open_call_index
 from compaction_worker.summaries.prompts import piece_boundaries
-from compaction_worker.summaries.standing import says_nothing_new
+from compaction_worker.summaries.sentences import says_nothing_new
 
 
 def split_points(entries: Sequence[Entry]) -> list[int]:
@@ -69,7 +69,7 @@ def observations(entries: Sequence[Entry]) -> set[int]:
 
 def is_filler_message(entry: Entry) -> bool:
     """Whether a message says nothing a later call needs: no tool call or result, and every sentence
-    filler (an acknowledgment, a remark with nothing named: ``summaries.standing.is_filler``)."""
+    filler (an acknowledgment, a remark with nothing named: ``summaries.sentences.is_filler``)."""
     if entry.role not in ("user", "assistant") or entry.pinned or entry.message.get("tool_calls"):
         return False
     return says_nothing_new(text_of(entry.message))

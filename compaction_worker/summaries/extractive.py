@@ -23,7 +23,7 @@ from compaction_worker.summaries.contract import (
 )
 from compaction_worker.summaries.instructions import Terms, instruction_terms, matches
 from compaction_worker.summaries.prompts import SECTIONS, render_content
-from compaction_worker.summaries.standing import asking, asks_for_work, says_nothing_new
+from compaction_worker.summaries.sentences import asking, asks_for_work, says_nothing_new
 
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?])\s+")
 _DECISION: Final = re.compile(

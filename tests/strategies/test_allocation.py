@@ -25,7 +25,8 @@ from compaction_worker.strategies.allocation import (
 )
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer as Extractive
-from compaction_worker.summaries.standing import TIERS, extract, merge, says_nothing_new
+from compaction_worker.summaries.sentences import says_nothing_new
+from compaction_worker.summaries.standing import TIERS, extract, merge
 
 from .test_standing_state import Down
 

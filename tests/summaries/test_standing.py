@@ -2,62 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
-
 from compaction_worker.summaries.standing import (
     STANDING_HEADER,
     SUPERSEDED_TITLE,
     Item,
     accepted,
-    classify,
     extract,
     merge,
     quoted,
     render,
-    sentences,
 )
 from compaction_worker.testing import WordCounter
 
 COUNT = WordCounter().text
-
-
-@pytest.mark.parametrize(
-    ("sentence", "kind"),
-    [
-        ("Never execute shell commands without explicit approval.", "rule"),
-        ("ALWAYS run the tests before you push.", "rule"),
-        ("do not touch the billing tables", "rule"),
-        ("From now on, reply in French.", "rule"),
-        ("Spend at most $200 on the cloud bill.", "constraint"),
-        ("The deadline is Friday.", "constraint"),
-        ("Python 3.11 only, do not use 3.12 features.", "constraint"),
-        ("No more than 3 retries per call.", "constraint"),
-        ("I prefer terse answers.", "preference"),
-        ("Please use metric units.", "preference"),
-        ("We're migrating auth from sessions to JWT.", "goal"),
-        ("The task is to cut p99 latency in half.", "goal"),
-        ("We decided to use Postgres 16.", "decision"),
-        ("Let's go with the blue-green rollout.", "decision"),
-        ("Our team is called bluefin.", "fact"),
-        ("The on-call number is 0151 123 4567.", "fact"),
-        ("We sent 80738 messages last week.", "fact"),
-    ],
-)
-def test_each_kind_is_read_from_the_words_the_user_uses(sentence: str, kind: str) -> None:
-    assert classify(sentence) == kind
-
-
-@pytest.mark.parametrize(
-    "sentence",
-    ["Can you look at the logs?", "Look at part 37 please", "ok", "Thanks, that works.", "x" * 500],
-)
-def test_questions_requests_chatter_and_pasted_prose_are_no_items(sentence: str) -> None:
-    assert classify(sentence) is None
-
-
-def test_code_blocks_tables_and_quotes_are_not_read() -> None:
-    text = "Run this:\n```\n# never do this\nrm -rf /\n```\n| never | a table |\n> quoted line\nAlways ask first."
-    assert sentences(text) == ["Run this:", "quoted line", "Always ask first."]
 
 
 def states(*said: tuple[int, str]) -> list[Item]:
