@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import ast
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import redis.asyncio
 
+import compaction_worker
 from compaction_worker import strategies
 from compaction_worker.contracts.events import ContextStatus, Outcome, Trigger
 from compaction_worker.conversation.status import LISTED, Status, read_status, read_statuses
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
-from compaction_worker.state.jobs import JOB_PRIORITY, JobQueue
+from compaction_worker.state.jobs import JOB_FIELDS, JOB_PRIORITY, JobQueue
 from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.meta import Meta, write_field
@@ -172,7 +176,7 @@ class TestReadStatus:
         as ``Proposal.matches`` says of a snapshot."""
         await turns(store, "c", 3)
         snapshot = await store.snapshot("c")
-        proposal = _proposal(snapshot.meta, snapshot.entry_count)
+        proposal = proposal_from(snapshot.meta, snapshot.entry_count)
         await Proposals(store).put("c", proposal)
 
         light = await status_of(store, queue, "c")
@@ -203,13 +207,13 @@ class TestReadStatus:
         snapshot = await store.snapshot("c")
         assert snapshot.listed == 2
         assert snapshot.entry_count == 4
-        await Proposals(store).put("c", _proposal(snapshot.meta, snapshot.entry_count))
+        await Proposals(store).put("c", proposal_from(snapshot.meta, snapshot.entry_count))
 
         waiting = (await status_of(store, queue, "c", proposal=True)).proposal
 
         assert waiting is not None
         assert not waiting.stale
-        await Proposals(store).put("c", _proposal(snapshot.meta, snapshot.entry_count + 1))
+        await Proposals(store).put("c", proposal_from(snapshot.meta, snapshot.entry_count + 1))
         waiting = (await status_of(store, queue, "c", proposal=True)).proposal
         assert waiting is not None
         assert waiting.stale
@@ -244,7 +248,8 @@ class TestReadStatus:
         }
 
 
-def _proposal(meta: Meta, entry_count: int) -> Proposal:
+def proposal_from(meta: Meta, entry_count: int) -> Proposal:
+    """A proposal computed from a conversation at ``meta`` with ``entry_count`` verbatim entries (90 -> 20 tokens)."""
     result = strategies.CompactionResult(
         outcome=Outcome.COMPACTED,
         draft=strategies.Draft((), ()),
@@ -268,3 +273,71 @@ def _proposal(meta: Meta, entry_count: int) -> Proposal:
         duration_ms=1,
         result=result,
     )
+
+
+# --- no caller reads the meta hash's fields itself -----------------------------------------
+
+ROOT = Path(compaction_worker.__file__).parent
+HASH_READS = frozenset({"hget", "hmget", "hgetall", "hexists", "hstrlen"})
+META_FIELDS = frozenset({f.name for f in fields(Meta)} | set(JOB_FIELDS))
+
+
+def raw_meta_reads(source: str) -> Iterator[tuple[int, str]]:
+    """Each hash read in ``source`` that names a meta field (a literal, or a module-level tuple or
+    list of them), or reads a key named ``meta``: (line, what)."""
+    tree = ast.parse(source)
+    named: dict[str, set[str]] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign | ast.AnnAssign) and statement.value is not None:
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            texts = {
+                c.value
+                for c in ast.walk(statement.value)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            }
+            named |= {target.id: texts for target in targets if isinstance(target, ast.Name)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in HASH_READS:
+            continue
+        found: set[str] = set()
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            for part in ast.walk(arg):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    found |= {part.value} & META_FIELDS
+                elif isinstance(part, ast.Name):
+                    found |= named.get(part.id, set()) & META_FIELDS
+        if found:
+            yield node.lineno, f"{node.func.attr} names {', '.join(sorted(found))}"
+        elif node.args and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "meta":
+            yield node.lineno, f"{node.func.attr} reads the meta hash itself"
+
+
+class TestOneStatus:
+    """The client and the inspector ask the status (or the store's ``Meta``), never the hash's fields."""
+
+    @pytest.mark.parametrize("package", ["client", "inspector"])
+    def test_no_raw_meta_field_reads(self, package: str) -> None:
+        found = [
+            f"{path.relative_to(ROOT)}:{line}: {what}"
+            for path in sorted((ROOT / package).rglob("*.py"))
+            for line, what in raw_meta_reads(path.read_text())
+        ]
+        assert not found, "read the status (compaction_worker/conversation/status.py) instead:\n" + "\n".join(
+            found
+        )
+
+    def test_the_check_catches_a_raw_read(self) -> None:
+        """What ``Client._reached`` and the inspector's list did before the status, each caught."""
+        before = """
+LIST_FIELDS = ("last_seq", "profile")
+
+async def reached(pipe, keys, redis, key):
+    pipe.hmget(keys.meta, "version", "last_seq", "retry_after", "job_id")
+    pipe.hmget(key, list(LIST_FIELDS))
+    await redis.hget(key, "job_trigger")
+    await redis.hgetall(keys.meta)
+    await redis.hget(keys.fingerprints, "3")
+"""
+        assert [line for line, _ in raw_meta_reads(before)] == [5, 6, 7, 8]
