@@ -24,7 +24,7 @@ PACKAGE = "compaction_worker"
 
 PURE = ("contracts", "budget", "summaries", "strategies", "formats")
 """Logic over plain data: it must run without Redis, Kafka or a worker."""
-IMPURE = ("state", "runtime", "client", "local", "cli")
+IMPURE = ("state", "conversation", "runtime", "client", "local", "cli")
 """What the pure packages may not import: the Redis state, the runtime, the edges."""
 
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("budget", "formats"),
     ("summaries",),
     ("strategies",),
-    ("state",),
+    ("state", "conversation"),
     ("recall",),
     ("runtime", "testing"),
     ("client", "replay"),

@@ -1,0 +1,1 @@
+"""One conversation: its keys, meta, the turn's decision, its status."""
