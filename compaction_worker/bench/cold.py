@@ -4,8 +4,8 @@ KEDA adds a worker because of lag, so a new worker starts with a backlog waiting
 publishes ``BACKLOG`` turns (no compaction due) to a fresh topic, then starts one
 ``compaction-worker run`` with an LLM summarizer set (the fake LLM, never called) and counts
 the turns stored in Redis from the first: its rate over the first ``FIRST_SECONDS`` and over
-the whole backlog. Then the same process, warm, takes a second backlog of the same shape,
-counted the same way. py-spy (when installed: it is not a dependency)
+the whole backlog. Then the same process, warm, is sent a second backlog of the same shape,
+counted from when it is all published (its sending would otherwise weigh on the warm rate alone). py-spy (when installed: it is not a dependency)
 samples the process meanwhile with ``--gil``: each sample is the thread holding the
 interpreter, and the share inside an import is what a cold start takes from the turns. With
 ``--baseline-source`` the other checkout's worker runs the same, in the same rounds.
@@ -119,14 +119,20 @@ def import_share(raw: str) -> float | None:
     return imports / total if total else None
 
 
-async def _drain(counter: StoredCounter, total: int, alive: Callable[[], None], sampler: Sampler) -> Drain:
-    """Count ``total`` turns stored, the rates from the first turn stored.
+async def _drain(
+    counter: StoredCounter,
+    total: int,
+    alive: Callable[[], None],
+    sampler: Sampler,
+    start: tuple[float, int] | None = None,
+) -> Drain:
+    """Count ``total`` turns stored, the rates from ``start`` (a time and the count then), else
+    from the first turn stored.
 
     py-spy samples from the first turn stored, if not before (attaching to a process that is not
     yet running Python fails), to the last.
     """
     deadline = time.monotonic() + 120 + total / 50  # a floor of 50 turns/s: slower is a failure
-    start: tuple[float, int] | None = None
     at_first: tuple[float, int] | None = None
     while True:
         now, stored = time.monotonic(), await counter.stored()
@@ -182,7 +188,10 @@ async def _one_run(env: BenchEnv, cold: Input, warm: Input, name: str, source: W
             warm_counter = StoredCounter(env, prefix, warm.conversations)
             sampler.start()
             await batches.send(topic, warm_built)
-            second = await _drain(warm_counter, warm.total, worker.check_alive, sampler)
+            sent = (time.monotonic(), await warm_counter.stored())
+            if sent[1] > warm.total // 2:
+                raise BenchError(f"{sent[1]} of {warm.total} turns were stored while they were sent")
+            second = await _drain(warm_counter, warm.total, worker.check_alive, sampler, sent)
             return _Run(first, second)
     finally:
         worker.stop()
@@ -207,9 +216,18 @@ async def cold_backlog_rows(env: BenchEnv, progress: Progress) -> list[Row]:
     return [row for label, _ in sources for row in _rows(label, runs[label], shape, env.repeat)]
 
 
+def _median_run(runs: list[_Run], of: Callable[[Drain], float]) -> _Run:
+    """The run whose cold/warm ratio is the median (the lower of the middle two): a row shows its
+    two rates, so that its ratio is the median ratio of runs that each compare within themselves."""
+    ordered = sorted(runs, key=lambda r: of(r.cold) / of(r.warm))
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def _rows(label: str, runs: list[_Run], shape: str, repeat: int) -> list[Row]:
     def ratios(of: Callable[[Drain], float]) -> str:
         return " ".join(f"{of(r.cold) / of(r.warm):.2f}" for r in runs)
+
+    first, whole = _median_run(runs, lambda d: d.first), _median_run(runs, lambda d: d.whole)
 
     def rates(of: Callable[[Drain], float]) -> str:
         return ", ".join(f"{of(r.cold):,.0f}/{of(r.warm):,.0f}" for r in runs)
@@ -219,20 +237,20 @@ def _rows(label: str, runs: list[_Run], shape: str, repeat: int) -> list[Row]:
     rows = [
         Row(
             f"cold worker / warm, first {FIRST_SECONDS:g} s of a backlog ({label})",
-            statistics.median(r.cold.first for r in runs),
+            first.cold.first,
             "turns/s",
-            statistics.median(r.warm.first for r in runs),
+            first.warm.first,
             "the same worker warm",
             target=COLD_TARGET,
             at_least=True,
-            note=f"{shape}, an LLM summarizer set; cold/warm turns/s run by run: {rates(lambda d: d.first)}; "
-            f"ratios {ratios(lambda d: d.first)} ({repeat} runs)",
+            note=f"{shape}, an LLM summarizer set; the run of the median ratio; cold/warm turns/s run by "
+            f"run: {rates(lambda d: d.first)}; ratios {ratios(lambda d: d.first)} ({repeat} runs)",
         ),
         Row(
             f"cold worker / warm, whole backlog ({label})",
-            statistics.median(r.cold.whole for r in runs),
+            whole.cold.whole,
             "turns/s",
-            statistics.median(r.warm.whole for r in runs),
+            whole.warm.whole,
             "the same worker warm",
             target=COLD_TARGET,
             at_least=True,
