@@ -129,8 +129,8 @@ async def _drain(
     """Count ``total`` turns stored, the rates from ``start`` (a time and the count then), else
     from the first turn stored.
 
-    py-spy samples from the first turn stored, if not before (attaching to a process that is not
-    yet running Python fails), to the last.
+    py-spy samples from the first turn stored (attaching to a process that is not yet running
+    Python fails), or from ``start``, to the last.
     """
     deadline = time.monotonic() + 120 + total / 50  # a floor of 50 turns/s: slower is a failure
     at_first: tuple[float, int] | None = None
@@ -186,9 +186,9 @@ async def _one_run(env: BenchEnv, cold: Input, warm: Input, name: str, source: W
             first = await _drain(cold_counter, cold.total, worker.check_alive, sampler)
             await _settled(worker.process.pid)  # whatever the start left running (an import on a thread) ends
             warm_counter = StoredCounter(env, prefix, warm.conversations)
-            sampler.start()
             await batches.send(topic, warm_built)
             sent = (time.monotonic(), await warm_counter.stored())
+            sampler.start()  # where the cold phase's started: its attaching weighs on both alike
             if sent[1] > warm.total // 2:
                 raise BenchError(f"{sent[1]} of {warm.total} turns were stored while they were sent")
             second = await _drain(warm_counter, warm.total, worker.check_alive, sampler, sent)
