@@ -48,6 +48,7 @@ from compaction_worker.summaries.contract import (
 )
 from compaction_worker.summaries.ledger import finalize_ledger, ledger_need, plan_ledger
 from compaction_worker.summaries.prompts import piece_boundaries, piece_end, transcript_costs
+from compaction_worker.summaries.sentences import classify
 from compaction_worker.summaries.standing import Item, quoted
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,7 @@ class _Span:
             ]
             items, text = quoted(summary.text, said)
             self.items.extend(items)
+            self.items.extend(_stated(summary.items, request, entries))
             if text != summary.text:
                 summary = replace(summary, text=text, tokens=count(text))
         # Pinned entries go with the piece before them, as with a single chunk.
@@ -328,6 +330,30 @@ async def _write_chunks(span: _Span) -> tuple[_Attempts, str | None]:
         await off_loop(span.add, piece, summary)
         start = stop
     return attempts, None
+
+
+def _stated(items: Sequence[str], request: SummaryRequest, entries: Sequence[Entry]) -> list[Item]:
+    """The goals and constraints a summary's model stated as new items, as standing items in its wording
+    (checked against the turns they cite like every item; ``summaries.schema``)."""
+    before = set(request.items)
+    where = {e.seq: e.n for e in entries}
+    out = []
+    for raw in items:
+        item = schema.Item.decode(raw)
+        if raw in before or item.section != "goals" or item.resolved or not item.cites:
+            continue
+        seq = max(item.cites)
+        kind = classify(item.text)
+        out.append(
+            Item(
+                kind if kind in ("rule", "constraint", "goal") else "goal",
+                item.text,
+                seq,
+                where.get(seq, 0),
+                model=True,
+            )
+        )
+    return out
 
 
 def ledger_allowance(ctx: StageContext) -> int:
