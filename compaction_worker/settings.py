@@ -339,6 +339,13 @@ class SummarizerSettings(_Section):
     prompt: str | None = Field(default=None, description="Replaces the built-in instructions.")
     prompt_file: Path | None = None
     temperature: float = 0.0
+    output: Literal["auto", "schema", "json", "markdown"] = Field(
+        default="auto",
+        description="What the model is asked to write: 'schema', checked items as JSON with response_format; "
+        "'json', the same asked for in the prompt; 'markdown', sections of prose; 'auto', schema where "
+        "LiteLLM says the model supports response_format, else json (markdown with a custom prompt). A "
+        "JSON reply that cannot be used is asked again as Markdown.",
+    )
 
 
 class WorkerSettings(_Section):

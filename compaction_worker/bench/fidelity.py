@@ -27,7 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from compaction_worker import strategies
 from compaction_worker.budget.tokens import compute_budget, counter_for
@@ -558,7 +558,13 @@ async def unlisted(cycles: int = 10, seed: int = 7, *, shapeless: bool = False) 
 
 
 async def real_model(
-    model: str, api_base: str | None, api_key: str | None, *, cycles: int = 5, seed: int = 7
+    model: str,
+    api_base: str | None,
+    api_key: str | None,
+    *,
+    cycles: int = 5,
+    seed: int = 7,
+    output: Literal["auto", "schema", "json", "markdown"] = "auto",
 ) -> Run:
     """Issue 19's real-model case: 12 facts of seeded kinds over about 60 turns on a 6K window, summarized by ``model``.
 
@@ -568,7 +574,9 @@ async def real_model(
     """
     counter = counter_for(PROSE_MODEL, Settings().budget)
     summarizer = LiteLLMSummarizer(
-        SummarizerSettings(model=model, api_base=api_base, api_key=api_key, timeout_seconds=900),
+        SummarizerSettings(
+            model=model, api_base=api_base, api_key=api_key, timeout_seconds=900, output=output
+        ),
         counter.text,
         retry=RetrySettings(llm_attempts=2).llm,
     )
@@ -629,9 +637,13 @@ async def _main(cycles: int, seed: int) -> None:
     print(format_runs(runs))
 
 
-async def _real(model: str, api_base: str | None, api_key: str | None, cycles: int, seed: int) -> None:
-    print(f"Facts of seeded kinds kept verbatim, summarized by {model}: 6K window, one fact every fifth turn")
-    run = await real_model(model, api_base, api_key, cycles=cycles, seed=seed)
+async def _real(
+    model: str, api_base: str | None, api_key: str | None, cycles: int, seed: int, *, output: Any = "auto"
+) -> None:
+    print(
+        f"Facts of seeded kinds kept verbatim, summarized by {model} ({output}): 6K window, one fact every fifth turn"
+    )
+    run = await real_model(model, api_base, api_key, cycles=cycles, seed=seed, output=output)
     print(format_runs([run]))
     for cycle in run.cycles:
         print(f"  cycle {cycle.cycle}: {', '.join(cycle.stages)}; {cycle.chunks} chunk(s)")
@@ -648,8 +660,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--api-base", help="the model's API base, e.g. a local server's http://127.0.0.1:8765/v1"
     )
     parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
+    parser.add_argument(
+        "--output",
+        choices=["auto", "schema", "json", "markdown"],
+        default="auto",
+        help="what the model is asked to write (summarizer.output): checked items as JSON, or Markdown",
+    )
     args = parser.parse_args(argv)
     if args.model:
-        asyncio.run(_real(args.model, args.api_base, args.api_key, args.cycles or 5, args.seed))
+        asyncio.run(
+            _real(args.model, args.api_base, args.api_key, args.cycles or 5, args.seed, output=args.output)
+        )
     else:
         asyncio.run(_main(args.cycles or 10, args.seed))

@@ -346,6 +346,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model")
     parser.add_argument("--api-base")
     parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
+    parser.add_argument(
+        "--output",
+        choices=["auto", "schema", "json", "markdown"],
+        default="auto",
+        help="what the model is asked to write (summarizer.output): checked items as JSON, or Markdown",
+    )
     parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS))
     parser.add_argument("--budgets", type=float, nargs="+", default=list(BUDGETS))
     parser.add_argument(
@@ -361,7 +367,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 async def _report(args: argparse.Namespace) -> None:
     summarizers = [args.only] if args.only else ["extractive", "lossy"] + (["llm"] if args.model else [])
-    llm = {"model": args.model, "api_base": args.api_base, "api_key": args.api_key} if args.model else {}
+    llm = (
+        {"model": args.model, "api_base": args.api_base, "api_key": args.api_key, "output": args.output}
+        if args.model
+        else {}
+    )
     rows: list[dict[str, Any]] = []
     for name in summarizers:
         for window in args.windows:

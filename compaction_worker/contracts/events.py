@@ -450,6 +450,18 @@ class CompactionCompleted(_Event):
         "them stay retrievable (`compaction-worker artifacts` lists every archived one and whether the "
         "history still carries it).",
     )
+    summary_items_refused: int = Field(
+        default=0,
+        ge=0,
+        description="Items of the model's summary that the turns they cite do not support (an identifier or "
+        "number they do not hold): dropped before the commit, so no such item enters the history.",
+    )
+    summary_items_let_go: int = Field(
+        default=0,
+        ge=0,
+        description="Items of the summary that did not fit its budget, the oldest resolved first: dropped "
+        "(their turns stay in the transcript, which recall searches).",
+    )
     standing_state: StandingStateReport | None = Field(
         default=None,
         description="The user's standing rules, constraints, preferences, goals, decisions and facts: how many "

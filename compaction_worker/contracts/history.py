@@ -107,6 +107,9 @@ class SummaryChunk:
     """Exact paths, commands, errors, URLs and ids from the span, kept verbatim."""
     kept: tuple[int, ...] = field(default=())
     """Ordinals inside ``first_n..last_n`` that are not covered: pinned messages kept as entries."""
+    items: tuple[str, ...] = field(default=())
+    """The summary as checked items (``summaries.schema.Item``, each encoded), when its summarizer wrote
+    items: ``text`` renders them. An additive chunk holds the items it adds or changes; a fold, all."""
 
     def covers(self, n: int) -> bool:
         """Whether transcript message ``n`` is represented by this chunk.
@@ -117,12 +120,15 @@ class SummaryChunk:
         return n >= 1 and self.first_n <= n <= self.last_n and n not in self.kept
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        data = asdict(self)
+        if not self.items:
+            del data["items"]  # a chunk without items is stored as before they existed
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> SummaryChunk:
         data = json.loads(raw)
-        for key in ("stages", "artifacts", "kept"):  # stored as JSON arrays
+        for key in ("stages", "artifacts", "kept", "items"):  # stored as JSON arrays
             data[key] = tuple(data.get(key, ()))
         return cls(**data)
 

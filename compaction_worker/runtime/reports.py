@@ -93,6 +93,8 @@ class Run:
             circuit_open=self.circuit_open,
             llm_failures=llm_failures,
             artifacts_dropped=artifacts_dropped,
+            summary_items_refused=compacted.items_refused if compacted else 0,
+            summary_items_let_go=compacted.items_let_go if compacted else 0,
             standing_state=compacted.standing if compacted else None,
             notes=list(result.notes) if result else [],
             instructions=self.instructions,

@@ -154,6 +154,10 @@ class StageOutcome:
     items: tuple[Item, ...] = ()
     """The user's sentences its summarizer quoted as standing items, each found in a user message
     (``summaries.standing.quoted``): the run adds them to the standing state."""
+    items_refused: int = 0
+    """Summary items its summarizer stated that the turns they cite do not support: dropped."""
+    items_let_go: int = 0
+    """Summary items that did not fit the chunk's budget (the oldest resolved first): dropped."""
     short_of_room: bool = False
     """It wrote nothing because what must stay left no room for a summary (no summarizer failed):
     a higher aim may succeed where the target did not (``pipeline._compact``)."""
@@ -218,6 +222,10 @@ class CompactionResult:
     user turn, a span was summarized in pieces, earlier summaries were shortened."""
     standing: StandingStateReport | None = None
     """What the committed draft keeps of the user's standing state, by kind."""
+    items_refused: int = 0
+    """Summary items refused by the check against the turns they cite (``summaries.schema``)."""
+    items_let_go: int = 0
+    """Summary items let go for the budget, the oldest resolved first."""
 
     @property
     def shrinks(self) -> bool:
@@ -268,6 +276,7 @@ def make_chunk(
     count: CountText,
     artifacts: Sequence[str] = (),
     kept: Sequence[Entry] = (),
+    items: Sequence[str] = (),
 ) -> SummaryChunk:
     """A summary chunk covering the folded chunks (if any) and the covered entries.
 
@@ -297,6 +306,7 @@ def make_chunk(
         level=(max(c.level for c in folded) + 1) if folded else 0,
         artifacts=tuple(artifacts),
         kept=tuple(sorted(kept_now)),
+        items=tuple(items),
     )
     return replace(chunk, tokens=count(chunk.render_text()))
 

@@ -344,4 +344,6 @@ class _Run:
             summarizer_failures=self.failures,
             notes=tuple(note for out in applied for note in out.notes),
             standing=report(self.standing, draft) if self.standing and outcome is Outcome.COMPACTED else None,
+            items_refused=sum(out.items_refused for out in applied),
+            items_let_go=sum(out.items_let_go for out in applied),
         )

@@ -37,6 +37,7 @@ from compaction_worker.strategies.tail import (
     split_points,
     task_index,
 )
+from compaction_worker.summaries import schema
 from compaction_worker.summaries.contract import (
     InputTooLargeError,
     Summarizer,
@@ -47,6 +48,7 @@ from compaction_worker.summaries.contract import (
 )
 from compaction_worker.summaries.ledger import finalize_ledger, ledger_need, plan_ledger
 from compaction_worker.summaries.prompts import piece_boundaries, piece_end, transcript_costs
+from compaction_worker.summaries.sentences import classify
 from compaction_worker.summaries.standing import Item, quoted
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,12 @@ class _Span:
     chunks: list[SummaryChunk] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
     """The user's sentences the summaries quoted as standing items, each found in a user message."""
+    anchor: tuple[SummaryChunk, ...] = ()
+    """The chunks that stay (no fold): their items are the memory an additive chunk's changes apply to."""
+    refused: int = 0
+    """Summary items the check refused (``summaries.schema``)."""
+    let_go: int = 0
+    """Summary items that did not fit their chunk's budget."""
 
     def carried(self, start: int) -> tuple[SummaryChunk, ...]:
         """The earlier summaries a piece starting at ``start`` rewrites: the chunks it folds (the first
@@ -139,10 +147,18 @@ class _Span:
             heading, ledger_tokens = chunk_frame(entries, folded, ledger, count)
         if min(ctx.limits.max_summary_tokens, space - ledger_tokens) < MIN_SUMMARY_TOKENS:
             return f"no room for a summary: {space} tokens left under the target"
+        # The memory's items: the folded chunks' (their summary rewritten), else those of the chunks that
+        # stay (the new chunk holds what changed).
+        layers = folded if folded else (*self.anchor, *self.chunks)
+        current = schema.merge([[schema.Item.decode(raw) for raw in c.items] for c in layers])
         request = SummaryRequest(
             conversation_id=ctx.conversation_id,
             messages=messages,
             previous_summaries=[c.text for c in folded],
+            itemized=[bool(c.items) for c in folded],
+            items=[item.encode() for item in current],
+            folds=bool(folded),
+            seqs=[e.seq for e in entries],
             # The chunk is heading, summary and ledger: the summary gets what the other two leave.
             max_summary_tokens=min(ctx.limits.max_summary_tokens, space - ledger_tokens - heading),
             # The whole chunk must be smaller than what it replaces; 0 would mean "unknown".
@@ -171,6 +187,7 @@ class _Span:
             ]
             items, text = quoted(summary.text, said)
             self.items.extend(items)
+            self.items.extend(_stated(summary.items, request, entries))
             if text != summary.text:
                 summary = replace(summary, text=text, tokens=count(text))
         # Pinned entries go with the piece before them, as with a single chunk.
@@ -215,7 +232,10 @@ class _Span:
             count=count,
             artifacts=ledger,
             kept=kept,
+            items=summary.items,
         )
+        self.refused += summary.refused
+        self.let_go += summary.let_go
         if chained:
             # One chunk rewritten, not a fold: its level is the one it carries.
             chunk = replace(chunk, level=max((c.level for c in piece.folded), default=0))
@@ -312,6 +332,30 @@ async def _write_chunks(span: _Span) -> tuple[_Attempts, str | None]:
     return attempts, None
 
 
+def _stated(items: Sequence[str], request: SummaryRequest, entries: Sequence[Entry]) -> list[Item]:
+    """The goals and constraints a summary's model stated as new items, as standing items in its wording
+    (checked against the turns they cite like every item; ``summaries.schema``)."""
+    before = set(request.items)
+    where = {e.seq: e.n for e in entries}
+    out = []
+    for raw in items:
+        item = schema.Item.decode(raw)
+        if raw in before or item.section != "goals" or item.resolved or not item.cites:
+            continue
+        seq = max(item.cites)
+        kind = classify(item.text)
+        out.append(
+            Item(
+                kind if kind in ("rule", "constraint", "goal") else "goal",
+                item.text,
+                seq,
+                where.get(seq, 0),
+                model=True,
+            )
+        )
+    return out
+
+
 def ledger_allowance(ctx: StageContext) -> int:
     """What a chunk's ledger may take before room runs out (see ``summarize`` for the room).
 
@@ -327,10 +371,16 @@ def ledger_allowance(ctx: StageContext) -> int:
 
 def _limit(span: _Span, summarizer: Summarizer, start: int, cap: int | None) -> int | None:
     """The transcript tokens a piece starting at ``start`` may take with ``summarizer``."""
+    folded = span.carried(start)
+    layers = folded if folded else (*span.anchor, *span.chunks)
+    current = schema.merge([[schema.Item.decode(raw) for raw in c.items] for c in layers])
     probe = SummaryRequest(
         conversation_id=span.ctx.conversation_id,
         messages=(),
-        previous_summaries=[c.text for c in span.carried(start)],
+        previous_summaries=[c.text for c in folded],
+        itemized=[bool(c.items) for c in folded],
+        items=[item.encode() for item in current],  # listed in the prompt: they take room too
+        folds=bool(folded),
         # The largest reply a piece may ask for: the limit found holds for any piece.
         max_summary_tokens=span.ctx.limits.max_summary_tokens,
         conversation_model=span.ctx.conversation_model,
@@ -410,6 +460,7 @@ async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
         # A fold merges every chunk's ledger: it may keep up to half the chunk budget, so
         # that the folded chunk still leaves half for the additive chunks to come.
         fold_allowance=max(allowance, limits.chunk_budget // 2 - reserve) if allowance else 0,
+        anchor=kept_chunks,
     )
     attempts, stopped = await _write_chunks(span)
     tried, failures = len(attempts.asked), attempts.current
@@ -440,6 +491,8 @@ async def summarize(draft: Draft, ctx: StageContext) -> StageOutcome:
         summarizer=writers,
         summary_tokens=summary_tokens,
         items=tuple(span.items),
+        items_refused=span.refused,
+        items_let_go=span.let_go,
         usage=attempts.usage,
         errors=tuple(attempts.errors),
         tried=tried,

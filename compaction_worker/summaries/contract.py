@@ -65,6 +65,16 @@ class SummaryRequest:
     """
     instructions: str | None = None
     """What the runtime asked this summary to keep first (``summaries.instructions``); None: nothing."""
+    items: Sequence[str] = ()
+    """The memory's current items (``summaries.schema.Item``, encoded), which a summarizer that writes
+    items changes rather than rewrites; one that does not reads them in ``previous_summaries``."""
+    itemized: Sequence[bool] = ()
+    """For each of ``previous_summaries``: whether it is the rendering of items among ``items``."""
+    folds: bool = False
+    """Whether the summary replaces the chunks that hold ``items`` (a fold): then its items are all of
+    them; else (an additive chunk) the items it adds or changes, the others staying where they are."""
+    seqs: Sequence[int] = ()
+    """The ``turn_seq`` of each of ``messages`` (the turns an item cites); empty: their positions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +85,13 @@ class SummaryResult:
     model: str
     tokens: int
     usage: LlmUsage
+    items: tuple[str, ...] = ()
+    """The memory's items after this summary (``summaries.schema.Item``, encoded), when it wrote items:
+    ``text`` is their rendering; an item that did not change has the bytes it had."""
+    refused: int = 0
+    """Items the reply stated that the turns they cite do not support: dropped, never stored."""
+    let_go: int = 0
+    """Items that did not fit the summary's budget (the oldest resolved first): dropped."""
 
 
 class Summarizer(Protocol):

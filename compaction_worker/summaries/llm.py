@@ -29,6 +29,7 @@ from compaction_worker.observability import metrics, tracing
 from compaction_worker.offload import off_loop
 from compaction_worker.retry import RetryPolicy
 from compaction_worker.settings import SummarizerSettings
+from compaction_worker.summaries import schema
 from compaction_worker.summaries.contract import (
     CountTokens,
     InputTooLargeError,
@@ -117,11 +118,26 @@ class _Asked:
     """Long tool outputs cut to head and tail."""
     shorter: int = 0
     """Times a shorter summary was asked for (its output was cut off)."""
+    markdown: bool = False
+    """A JSON reply was refused (it did not parse, cited turns outside its span, kept no item): the
+    model is asked for Markdown instead."""
 
 
-_ADAPTED: Final = RetryPolicy(CUT_OFF_RETRIES + 2, base_seconds=0.0, cap_seconds=0.0)
-"""The asks of one try: the first, once more with tool outputs cut, and a shorter summary up to
-:data:`CUT_OFF_RETRIES` times; at once (nothing failed)."""
+_ADAPTED: Final = RetryPolicy(CUT_OFF_RETRIES + 3, base_seconds=0.0, cap_seconds=0.0)
+"""The asks of one try: the first, once more with tool outputs cut, once as Markdown after a refused
+JSON reply, and a shorter summary up to :data:`CUT_OFF_RETRIES` times; at once (nothing failed)."""
+
+Output = str
+"""How a model is asked: ``schema`` (JSON, ``response_format`` sent), ``json`` (JSON asked in the
+prompt) or ``markdown``."""
+
+
+@functools.cache
+def _supports_schema(model: str) -> bool:
+    try:
+        return bool(_litellm.load().supports_response_schema(model=model))
+    except Exception:  # a model LiteLLM's map does not know
+        return False
 
 
 @dataclass(slots=True)
@@ -235,14 +251,16 @@ class LiteLLMSummarizer:
         """
         try:
             model = self._models(request)[0]
-            system = self._instructions(request)
+            output = self._output(model, _Asked())
+            system = self._system(request, output, _Asked(), self._instructions(request))
         except SummarizerError:
             return None  # summarize() fails the same way, without a call
         limit = self._input_limit(model, request)
         if limit is None:
             return None
+        frame = compose_prompt(request, system, [], items=self._listing(request, output))
         # A little headroom: token counts of blocks do not add up exactly to the whole.
-        return max(0, int(limit * 0.97) - self._tokens(compose_prompt(request, system, [])))
+        return max(0, int(limit * 0.97) - self._tokens(frame))
 
     def _models(self, request: SummaryRequest) -> list[str]:
         primary = self.settings.model or ""
@@ -254,6 +272,34 @@ class LiteLLMSummarizer:
                 "no summarizer model: 'conversation' was configured but the request names none"
             )
         return models
+
+    def _output(self, model: str, asked: _Asked) -> Output:
+        """How ``model`` is asked this time (``settings.output``; Markdown after a refused JSON reply)."""
+        output = self.settings.output
+        if asked.markdown:
+            return "markdown"
+        if output == "auto":
+            if self.settings.prompt or self.settings.prompt_file is not None:
+                return "markdown"  # a deployment's own prompt asks for what it asks for
+            return "schema" if _supports_schema(model) else "json"
+        return output
+
+    def _system(self, request: SummaryRequest, output: Output, asked: _Asked, markdown: str) -> str:
+        if output == "markdown":
+            return (
+                markdown + shorter_note(request.max_summary_tokens, asked.shorter)
+                if asked.shorter
+                else markdown
+            )
+        return schema.instructions(
+            schema.Limits.for_room(request.max_summary_tokens), anchored=bool(request.items)
+        )
+
+    @staticmethod
+    def _listing(request: SummaryRequest, output: Output) -> str:
+        if output == "markdown" or not request.items:
+            return ""
+        return schema.listing([schema.Item.decode(raw) for raw in request.items])
 
     def _instructions(self, request: SummaryRequest) -> str:
         if self.settings.prompt:
@@ -305,11 +351,10 @@ class LiteLLMSummarizer:
         :class:`_Again` to ask again at once on an adapted prompt, :class:`_Transient` for a failure
         worth a backoff, :class:`_ModelFailed` to give the model up."""
         limit = self._input_limit(model, request)
+        output = self._output(model, asked)
+        instructions = self._system(request, output, asked, system)
         # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
-        instructions = (
-            system + shorter_note(request.max_summary_tokens, asked.shorter) if asked.shorter else system
-        )
-        prompt = await off_loop(self._prompt, request, instructions, clamped=asked.clamped)
+        prompt = await off_loop(self._prompt, request, instructions, clamped=asked.clamped, output=output)
         size = await off_loop(self._tokens, prompt)
         if limit is not None and size > limit:
             if not asked.clamped:
@@ -319,7 +364,7 @@ class LiteLLMSummarizer:
                 f"the summarizer's input ({size} tokens) is over its limit ({limit})", too_large=True
             )
         try:
-            response: Any = await self._call(model, prompt, request, usage)
+            response: Any = await self._call(model, prompt, request, usage, output)
         except Exception as e:
             self._scrub(e)
             overflow = detect_overflow(e)
@@ -336,6 +381,14 @@ class LiteLLMSummarizer:
                 raise _Transient(self._describe(e)) from e
             raise _ModelFailed(self._describe(e)) from e
         text, finish = _reply(response)
+        if output != "markdown" and "{" in text:  # else a Markdown answer, read as one
+            try:
+                return await off_loop(self._items, model, request, text, finish in _CUT_OFF, usage)
+            except schema.ReplyRefused as e:
+                # Refused like any invalid summary, with the reason; the same model writes Markdown next.
+                log.warning("summary by %s refused (%s); asking for Markdown", model, e)
+                asked.markdown = True
+                raise _Again from e
         problem = summary_problem(text, self._count(text), request)
         if finish in _CUT_OFF:
             if asked.shorter < CUT_OFF_RETRIES:
@@ -352,8 +405,52 @@ class LiteLLMSummarizer:
         reason, transient = problem
         raise _Transient(reason) if transient else _ModelFailed(reason)
 
+    def _items(
+        self, model: str, request: SummaryRequest, text: str, cut: bool, usage: _Usage
+    ) -> SummaryResult:
+        """The summary a JSON reply gives: its items checked against the turns they cite, applied to the
+        current ones, fitted to the budget and rendered; raises :class:`schema.ReplyRefused`."""
+        limits = schema.Limits.for_room(request.max_summary_tokens)
+        data = schema.parse(text, cut=cut)
+        blocks = transcript_blocks(request.messages)
+        seqs = list(request.seqs) if len(request.seqs) == len(blocks) else list(range(1, len(blocks) + 1))
+        current = [schema.Item.decode(raw) for raw in request.items]
+        changes = schema.read_changes(data, blocks, seqs, current, limits)
+        for refused, why in changes.refused:
+            log.info("summary item by %s refused: %s (%r)", model, why, refused[:80])
+        budget = request.max_summary_tokens
+        if request.replaced_tokens > 0:
+            budget = min(budget, request.replaced_tokens - 1)
+        after = schema.apply(current, changes)
+        if not request.folds:
+            # An additive chunk holds what changed; the current items stay in their chunks, bytes and all.
+            prior = set(request.items)
+            after = [item for item in after if item.encode() not in prior]
+        items, dropped = schema.fit(after, budget, self._count)
+        if not items or (request.folds and not any(not item.resolved for item in items)):
+            refused = f"; {len(changes.refused)} refused by the check" if changes.refused else ""
+            raise schema.ReplyRefused(f"the reply holds no usable item{refused}")
+        rendered = schema.render(items)
+        problem = summary_problem(rendered, self._count(rendered), request)
+        if problem is not None:
+            raise schema.ReplyRefused(problem[0])
+        return SummaryResult(
+            rendered,
+            model,
+            self._count(rendered),
+            usage.event(),
+            items=tuple(item.encode() for item in items),
+            refused=len(changes.refused),
+            let_go=len(dropped),
+        )
+
     async def _call(
-        self, model: str, prompt: list[dict[str, str]], request: SummaryRequest, usage: _Usage
+        self,
+        model: str,
+        prompt: list[dict[str, str]],
+        request: SummaryRequest,
+        usage: _Usage,
+        output: Output = "markdown",
     ) -> Any:
         """One LLM call, traced and measured (GenAI conventions); its usage is added to ``usage``."""
         attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
@@ -364,7 +461,9 @@ class LiteLLMSummarizer:
             usage.calls += 1
             started = time.perf_counter()
             try:
-                response = await _litellm.load().acompletion(**self._call_args(model, prompt, request))
+                response = await _litellm.load().acompletion(
+                    **self._call_args(model, prompt, request, output)
+                )
             except Exception as e:
                 metrics.record_llm_call(model, time.perf_counter() - started, error=type(e).__name__)
                 tracing.fail(span, e, record=False)
@@ -390,13 +489,22 @@ class LiteLLMSummarizer:
             )
             return response
 
-    def _call_args(self, model: str, prompt: list[dict[str, str]], request: SummaryRequest) -> dict[str, Any]:
+    def _call_args(
+        self, model: str, prompt: list[dict[str, str]], request: SummaryRequest, output: Output = "markdown"
+    ) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if output == "schema":
+            extra["response_format"] = schema.response_format(
+                schema.Limits.for_room(request.max_summary_tokens)
+            )
         return {
+            **extra,
             "model": model,
             "messages": prompt,
             "api_base": self.settings.api_base,
             "api_key": self._key,
             "timeout": self.settings.timeout_seconds,
+            # The same limit as a Markdown summary's: the schema's counts and lengths are set to fit it.
             "max_tokens": request.max_summary_tokens,
             "temperature": self.settings.temperature,
             # Retries are ours (LiteLLM's and the provider SDK's are off), so backoff, fallbacks
@@ -430,10 +538,14 @@ class LiteLLMSummarizer:
         # A prompt of ``size`` tokens was refused, whatever the numbers claim.
         self._learned[model] = min(learned, size - 1, self._learned.get(model, size))
 
-    def _prompt(self, request: SummaryRequest, system: str, *, clamped: bool) -> list[dict[str, str]]:
+    def _prompt(
+        self, request: SummaryRequest, system: str, *, clamped: bool, output: Output = "markdown"
+    ) -> list[dict[str, str]]:
         """The prompt, with every long tool output cut to its head and tail when ``clamped``."""
         messages = [clamp_tool_output(m) for m in request.messages] if clamped else request.messages
-        return compose_prompt(request, system, transcript_blocks(messages))
+        return compose_prompt(
+            request, system, transcript_blocks(messages), items=self._listing(request, output)
+        )
 
     def _tokens(self, prompt: Sequence[Mapping[str, str]]) -> int:
         return sum(self._count(m["content"]) + _PER_MESSAGE_TOKENS for m in prompt)

@@ -107,6 +107,9 @@ class Item:
     """The transcript ordinal of the message that said it."""
     superseded_by: int | None = None
     """The turn whose later sentence changed it; None while it holds."""
+    model: bool = False
+    """Stated by the summarizer's model (a checked summary item, ``summaries.schema``), in its wording,
+    not the user's: shown as such, and it never changes an item the user set."""
 
     @property
     def current(self) -> bool:
@@ -263,7 +266,10 @@ def merge(earlier: Iterable[Item], found: Iterable[Item]) -> list[Item]:
         # One word in common is enough when it is the whole of a short subject (``changes``: contained).
         least = 1 if len(subject(item.text)) <= 4 else 2
         candidates = sorted(p for p, n in shared.items() if n >= least)
-        at = next((p for p in candidates if changes(items[p], item)), None)
+        # The model's wording never changes what the user set (only a later model item may change its own).
+        at = next(
+            (p for p in candidates if (item.model or not items[p].model) and changes(items[p], item)), None
+        )
         if at is None:
             out.append(item)
             continue
@@ -350,6 +356,9 @@ def _fewest_drops(
     return Rendered(_text(kept, style), tuple(kept), tuple(ranked[:low]))
 
 
+_MODEL: Final = ", the summary's wording"
+
+
 def _text(items: Sequence[Item], style: str = "full") -> str:
     if not items:
         return ""
@@ -357,7 +366,7 @@ def _text(items: Sequence[Item], style: str = "full") -> str:
     sections = [STANDING_HEADER, INTRO] if full else [STANDING_HEADER]
     for kind in KINDS:
         lines = [
-            f"- [turn {i.seq}] {i.text}" if full else f"- {i.text}"
+            (f"- [turn {i.seq}{_MODEL if i.model else ''}] {i.text}" if full else f"- {i.text}")
             for i in items
             if i.kind == kind and i.current
         ]

@@ -34,7 +34,8 @@ __all__ = ["FakeLLMServer", "Responder"]
 
 Responder = Callable[[dict[str, Any]], str | dict[str, Any]]
 """Makes the reply from a request body (see :meth:`FakeLLMServer.set_responder`): its text, or an
-assistant message (``content`` and ``tool_calls``, OpenAI's shape) for a reply that calls tools."""
+assistant message (``content`` and ``tool_calls``, OpenAI's shape) for a reply that calls tools; a
+``finish_reason`` key in it (``"length"``: cut at the limit) is the choice's, not the message's."""
 
 
 def _error_body(message: str, type_: str, param: str | None = None) -> dict[str, Any]:
@@ -259,9 +260,12 @@ class FakeLLMServer:
                 status=400,
             )
         message: dict[str, Any] | None = None
+        finish: str | None = None
         if responder is not None:
             answer = responder(body)
-            message = answer if isinstance(answer, dict) else None
+            message = dict(answer) if isinstance(answer, dict) else None
+            if message is not None:
+                finish = message.pop("finish_reason", None)  # e.g. "length": a reply cut at its limit
             text = answer if isinstance(answer, str) else str(answer.get("content") or "")
         elif reply is not None:
             text = reply
@@ -279,7 +283,8 @@ class FakeLLMServer:
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": text, **(message or {})},
-                        "finish_reason": "tool_calls" if message and message.get("tool_calls") else "stop",
+                        "finish_reason": finish
+                        or ("tool_calls" if message and message.get("tool_calls") else "stop"),
                         "logprobs": None,
                     }
                 ],

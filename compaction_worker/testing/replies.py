@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
@@ -17,7 +17,14 @@ from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.history import text_of
 from compaction_worker.settings import BudgetSettings
 
-__all__ = ["OVERFLOW_PROVIDERS", "default_summary", "provider_overflow_error"]
+__all__ = [
+    "OVERFLOW_PROVIDERS",
+    "asks_for_json",
+    "default_summary",
+    "provider_overflow_error",
+    "schema_reply",
+    "schema_summary",
+]
 
 # --- provider errors -----------------------------------------------------------------
 
@@ -159,7 +166,8 @@ def _bullet(role: str | None, text: str) -> str:
 
 
 def default_summary(body: dict[str, Any]) -> str:
-    """The fake's deterministic summary of a chat-completions request body.
+    """The fake's deterministic summary of a chat-completions request body (:func:`schema_summary`
+    when the request asks for JSON).
 
     One bullet (first sentence, at most 12 words) per message found in the transcript,
     under the headings a real summary has; at most ~300 words and at most half the
@@ -167,6 +175,8 @@ def default_summary(body: dict[str, Any]) -> str:
     compacting is clearly shorter than what it covers; and within the request's
     ``max_tokens``, as a model asked for that many writes to fit them.
     """
+    if asks_for_json(body):
+        return schema_summary(body)
     transcript = _transcript_of(body)
     entries = _entries(transcript)
     if not entries:
@@ -232,3 +242,68 @@ def _within(lines: list[str], words: int) -> list[str]:
         kept.append(line)
         used += len(parts)
     return kept
+
+
+# --- replies against the summary schema ----------------------------------------------------
+
+_BLOCK = re.compile(r"^\[(?P<n>\d+)\] (?P<role>system|user|assistant|tool)\b[^\n]*:$", re.MULTILINE)
+_PER_SECTION = re.compile(r"At most (\d+) items a list")
+_MAX_CHARS = re.compile(r"at most (\d+) characters")
+
+
+def asks_for_json(body: dict[str, Any]) -> bool:
+    """Whether a request asks for the summary schema: ``response_format``, or a prompt that asks for JSON."""
+    if body.get("response_format"):
+        return True
+    system = next((text_of(m) for m in body.get("messages") or [] if m.get("role") == "system"), "")
+    return "Reply with one JSON object" in system
+
+
+def blocks_of(body: dict[str, Any]) -> list[tuple[int, str, str]]:
+    """The numbered transcript blocks a summary request carries: ``(n, role, text)``."""
+    transcript = _transcript_of(body)
+    found = list(_BLOCK.finditer(transcript))
+    out = []
+    for i, match in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(transcript)
+        out.append((int(match.group("n")), match.group("role"), transcript[match.end() : end].strip()))
+    return out
+
+
+def schema_reply(sections: dict[str, list[tuple[str, list[int]]]], resolved: Sequence[str] = ()) -> str:
+    """A reply against the summary schema: ``{"goals": [("text", [turns]), ...], ...}``."""
+    data: dict[str, Any] = {
+        key: [{"text": text, "turns": turns} for text, turns in sections.get(key, [])]
+        for key in ("goals", "decisions", "artifacts", "facts", "errors", "state", "next")
+    }
+    data["resolved"] = list(resolved)
+    return json.dumps(data)
+
+
+def schema_summary(body: dict[str, Any]) -> str:
+    """The fake's deterministic reply against the summary schema: the first user block as a goal, the
+    last as the next step, the others' first sentences as the current state, each citing its block,
+    within the counts, lengths and ``max_tokens`` the request sets."""
+    blocks = [b for b in blocks_of(body) if b[2]]
+    system = next((text_of(m) for m in body.get("messages") or [] if m.get("role") == "system"), "")
+    per = int(m.group(1)) if (m := _PER_SECTION.search(system)) else 4
+    chars = int(m.group(1)) if (m := _MAX_CHARS.search(system)) else 140
+    if not blocks:
+        return schema_reply({})
+    first = next((b for b in blocks if b[1] == "user"), blocks[0])
+    last = blocks[-1]
+    middle = [b for b in blocks if b is not first and b is not last]
+
+    def item(block: tuple[int, str, str]) -> tuple[str, list[int]]:
+        return f"{block[1]}: {_snippet(block[2])}"[:chars], [block[0]]
+
+    sections: dict[str, list[tuple[str, list[int]]]] = {"goals": [item(first)]}
+    sections["state"] = [item(b) for b in middle[-per:]]
+    if last is not first:
+        sections["next"] = [item(last)]
+    reply = schema_reply(sections)
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+    while isinstance(max_tokens, int) and sections["state"] and _o200k().text(reply) > max_tokens * _FIT:
+        sections["state"] = sections["state"][1:]
+        reply = schema_reply(sections)
+    return reply

@@ -62,7 +62,9 @@ class TestLiteLLMCalls:
     async def test_call_parameters(self, fake_llm: FakeLLMServer) -> None:
         """max_tokens, temperature and the built prompt reach the provider."""
         fake_llm.set_reply(GOOD_SUMMARY)
-        await summarizer(fake_llm, temperature=0.3).summarize(request(max_summary_tokens=777))
+        await summarizer(fake_llm, temperature=0.3, output="markdown").summarize(
+            request(max_summary_tokens=777)
+        )
         body = fake_llm.requests[0]
         assert body["model"] == "fake-summarizer"
         assert body["max_tokens"] == 777
@@ -153,7 +155,7 @@ class TestLiteLLMCalls:
 
         monkeypatch.setattr(litellm, "acompletion", first_cut_off)
         summ = LiteLLMSummarizer(
-            SummarizerSettings(model="openai/m"), count, retry=llm_retry(), sleep=Sleeps()
+            SummarizerSettings(model="openai/m", output="markdown"), count, retry=llm_retry(), sleep=Sleeps()
         )
 
         result = await summ.summarize(request())
