@@ -339,9 +339,11 @@ class SummarizerSettings(_Section):
     prompt: str | None = Field(default=None, description="Replaces the built-in instructions.")
     prompt_file: Path | None = None
     temperature: float = 0.0
-    output: Literal["auto", "schema", "json", "markdown"] = Field(
+    output: Literal["auto", "schema", "grammar", "json", "markdown"] = Field(
         default="auto",
-        description="What the model is asked to write: 'schema', checked items as JSON with response_format; "
+        description="What the model is asked to write: 'schema', checked items as JSON with response_format "
+        "(OpenAI's json_schema shape); 'grammar', the same schema as {'type': 'json_object', 'schema': ...}, "
+        "the shape llama.cpp's server enforces as a grammar; "
         "'json', the same asked for in the prompt; 'markdown', sections of prose; 'auto', schema where "
         "LiteLLM says the model supports response_format, else json (markdown with a custom prompt). A "
         "JSON reply that cannot be used is asked again as Markdown.",

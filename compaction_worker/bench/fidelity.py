@@ -564,7 +564,7 @@ async def real_model(
     *,
     cycles: int = 5,
     seed: int = 7,
-    output: Literal["auto", "schema", "json", "markdown"] = "auto",
+    output: Literal["auto", "schema", "grammar", "json", "markdown"] = "auto",
 ) -> Run:
     """Issue 19's real-model case: 12 facts of seeded kinds over about 60 turns on a 6K window, summarized by ``model``.
 
@@ -662,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
     parser.add_argument(
         "--output",
-        choices=["auto", "schema", "json", "markdown"],
+        choices=["auto", "schema", "grammar", "json", "markdown"],
         default="auto",
         help="what the model is asked to write (summarizer.output): checked items as JSON, or Markdown",
     )

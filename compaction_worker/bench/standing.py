@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--api-key", default="none", help="the model's API key, if it needs one")
     parser.add_argument(
         "--output",
-        choices=["auto", "schema", "json", "markdown"],
+        choices=["auto", "schema", "grammar", "json", "markdown"],
         default="auto",
         help="what the model is asked to write (summarizer.output): checked items as JSON, or Markdown",
     )

@@ -128,7 +128,8 @@ _ADAPTED: Final = RetryPolicy(CUT_OFF_RETRIES + 3, base_seconds=0.0, cap_seconds
 JSON reply, and a shorter summary up to :data:`CUT_OFF_RETRIES` times; at once (nothing failed)."""
 
 Output = str
-"""How a model is asked: ``schema`` (JSON, ``response_format`` sent), ``json`` (JSON asked in the
+"""How a model is asked: ``schema`` (JSON, ``response_format`` sent), ``grammar`` (the same schema in
+the ``json_object`` shape local servers enforce as a grammar), ``json`` (JSON asked in the
 prompt) or ``markdown``."""
 
 
@@ -493,9 +494,9 @@ class LiteLLMSummarizer:
         self, model: str, prompt: list[dict[str, str]], request: SummaryRequest, output: Output = "markdown"
     ) -> dict[str, Any]:
         extra: dict[str, Any] = {}
-        if output == "schema":
+        if output in ("schema", "grammar"):
             extra["response_format"] = schema.response_format(
-                schema.Limits.for_room(request.max_summary_tokens)
+                schema.Limits.for_room(request.max_summary_tokens), grammar=output == "grammar"
             )
         return {
             **extra,

@@ -100,8 +100,11 @@ def json_schema(limits: Limits) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(KEYS)}
 
 
-def response_format(limits: Limits) -> dict[str, Any]:
-    """``response_format`` as LiteLLM passes it on (OpenAI's structured outputs shape)."""
+def response_format(limits: Limits, *, grammar: bool = False) -> dict[str, Any]:
+    """``response_format`` as LiteLLM passes it on: OpenAI's structured outputs shape, or with
+    ``grammar`` the ``json_object`` shape with its schema, which llama.cpp's server turns into a grammar."""
+    if grammar:
+        return {"type": "json_object", "schema": json_schema(limits)}
     return {
         "type": "json_schema",
         "json_schema": {"name": "conversation_summary", "schema": json_schema(limits), "strict": False},

@@ -121,6 +121,15 @@ class TestSummarizer:
         assert goals["maxItems"] == schema.Limits.for_room(350).per_section == 4
         assert result.items
 
+    async def test_grammar_sends_the_schema_in_the_json_object_shape(self, fake_llm: FakeLLMServer) -> None:
+        """``output=grammar``: the same schema as ``{"type": "json_object", "schema": ...}``, the shape
+        llama.cpp's server enforces as a grammar (it ignores OpenAI's json_schema shape), through LiteLLM."""
+        result = await summarizer(fake_llm, output="grammar").summarize(request(max_summary_tokens=350))
+        sent = fake_llm.requests[0]["response_format"]
+        assert sent["type"] == "json_object"
+        assert sent["schema"] == schema.json_schema(schema.Limits.for_room(350))
+        assert result.items
+
     async def test_a_malformed_reply_is_refused_then_markdown_is_asked(self, fake_llm: FakeLLMServer) -> None:
         """A reply that does not parse is refused; the same model writes Markdown next."""
         replies = iter(['{"goals": [{"text": broken', None])
