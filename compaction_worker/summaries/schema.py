@@ -253,13 +253,16 @@ def read_changes(
                 raise ReplyRefused(f"an item cites turns outside its span (1-{len(blocks)}): {outside}")
             text = " ".join(text.split())[: limits.max_chars]
             replaced = known.get(replaces) if replaces else None
-            source = "\n".join(blocks[t - 1] for t in turns)
-            if replaced is not None:
-                source += "\n" + replaced.text
-            missing = unsupported(text, source)
+            earlier = replaced.text if replaced is not None else ""
+            missing = unsupported(text, "\n".join([*(blocks[t - 1] for t in turns), earlier]))
             if missing:
-                refused.append((text, f"not in the turns it cites: {', '.join(missing[:3])}"))
-                continue
+                # A small model often cites the wrong turn, or none: what the span says is kept, cited
+                # where it is said; what the span never says is refused.
+                nowhere = unsupported(text, "\n".join([*blocks, earlier]))
+                if nowhere:
+                    refused.append((text, f"not in the turns it summarizes: {', '.join(nowhere[:3])}"))
+                    continue
+                turns = sorted({*turns, *_saying(missing, blocks)})
             numbers[key] = numbers.get(key, 0) + 1
             added.append(
                 Item(
@@ -277,6 +280,11 @@ def read_changes(
         else ()
     )
     return Changes(tuple(added), ids, tuple(refused))
+
+
+def _saying(terms: Sequence[str], blocks: Sequence[str]) -> set[int]:
+    """The blocks (numbered from 1) where each term is first said (one the replaced item held: none)."""
+    return {i for term in terms for i in [next((i for i, b in enumerate(blocks, 1) if term in b), 0)] if i}
 
 
 def _fields(entry: Any) -> tuple[str, list[int], str | None]:

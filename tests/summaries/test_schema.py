@@ -174,6 +174,24 @@ class TestSummarizer:
         assert "8443" not in result.text
         assert "src/api/app.py" in result.text
 
+    async def test_a_wrong_or_missing_cite_is_corrected_not_refused(self, fake_llm: FakeLLMServer) -> None:
+        """A small model cites the wrong turn, or none: an item whose identifiers the span holds is kept,
+        cited where they are said; one the span never says is still refused."""
+        fake_llm.set_reply(
+            schema_reply(
+                {
+                    "goals": [("Add a /health endpoint to src/api/app.py", [3])],
+                    "artifacts": [("Wrote /etc/made-up/settings.py", [])],
+                }
+            )
+        )
+        result = await summarizer(fake_llm).summarize(request(max_summary_tokens=300))
+        (kept,) = [Item.decode(raw) for raw in result.items]
+        assert "src/api/app.py" in kept.text
+        assert 1 in kept.cites
+        assert result.refused == 1
+        assert "made-up" not in result.text
+
     async def test_changes_to_the_current_items(self, fake_llm: FakeLLMServer) -> None:
         """A later summary sends the current items with ids and gets changes: unchanged items keep their
         bytes (a fold holds them all), a replaced one leaves, a resolved one is marked."""
