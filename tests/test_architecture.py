@@ -24,7 +24,7 @@ PACKAGE = "compaction_worker"
 
 PURE = ("contracts", "budget", "summaries", "strategies", "formats")
 """Logic over plain data: it must run without Redis, Kafka or a worker."""
-IMPURE = ("state", "runtime", "client", "local", "cli")
+IMPURE = ("state", "conversation", "runtime", "client", "local", "cli")
 """What the pure packages may not import: the Redis state, the runtime, the edges."""
 
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("budget", "formats"),
     ("summaries",),
     ("strategies",),
-    ("state",),
+    ("state", "conversation"),
     ("recall",),
     ("runtime", "testing"),
     ("client", "replay"),
@@ -43,7 +43,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 """The package's layers, lowest first: a module imports only from its own layer or lower ones
-("" is the package's own ``__init__``). Each names top-level modules or packages."""
+("" is the package's own ``__init__``). Each names top-level modules or packages. The conversation
+core shares the state's layer: the state's structures use its keys and meta, and its one write
+uses the state's script runner and jobs index (no module cycle: test_no_cycles)."""
 
 Scope = Literal["module", "type-checking", "function"]
 

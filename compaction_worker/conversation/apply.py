@@ -1,13 +1,11 @@
-"""The per-turn script's contract: one call decides and stores a run of turns (lua/turn.lua); one turn is a run of one.
+"""A turn's one write: the per-turn script (lua/turn.lua, the only definition of a turn's effect on
+Redis), then the index entry of the job it made due. One turn is a run of one.
 
-The turn handler (runtime/turns.py) computes every meta field an append changes from the
-meta it knows, and sends that meta's revision with them: the script stores the turn only if
-the revision is still the stored one, and otherwise writes nothing and returns the stored
-meta (``stale``). So every decision stays in Python, in one place. Duplicates and holds
-behind a gap depend on the stored sequence alone, so the script settles them whatever revision
-the caller knew. On a single Redis a plain append (the common case) is made without the
-script, as the same writes in a transaction once a read under ``WATCH`` confirms it is one
-(:class:`PlainAppend`): two round trips, and well under half the script's Redis CPU.
+The decision (decide.py) computes every meta field an append changes from the meta the caller
+knows, and sends that meta's revision with them: the script stores the turn only if the revision
+is still the stored one, and otherwise writes nothing and returns the stored meta (``stale``). So
+every decision stays in Python, in one place. Duplicates and holds behind a gap depend on the
+stored sequence alone, so the script settles them whatever revision the caller knew.
 
 A run (lua/turn_run.lua) is consecutive turns of one conversation in one call, each turn's
 fields computed from the meta the turn before it leaves: the script decides them in order, and
@@ -17,14 +15,20 @@ whose next turn is held behind a gap. A single turn is a run of one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from compaction_worker.state.scripts import as_text, encode
+from compaction_worker.conversation.keys import conversation_keys
+from compaction_worker.conversation.meta import JobRequest, Meta, read_meta, recorded
+from compaction_worker.errors import ConcurrentUpdateError
+from compaction_worker.state.connection import RedisClient
+from compaction_worker.state.index import ShardedIndex
+from compaction_worker.state.scripts import Pipeline, PositionalScript, Script, as_text, encode
 
-TURN_LUA = ("push.lua", "expiry.lua", "held.lua", "turn.lua", "turn_run.lua")
+TURN_LUA = ("push.lua", "expiry.lua", "held.lua", "conversation:turn.lua", "conversation:turn_run.lua")
 """The per-turn script: its libraries, then its loop over a call's turns (called by position:
 scripts.PositionalScript)."""
 
@@ -70,16 +74,18 @@ class TurnWrite:
     """The ordinal of the first message: the message count the caller knew, plus one."""
     fields: Mapping[str, str]
     """The meta fields the append changes, as stored text (last_seq, msg_count and totals among
-    them, and the job it records: jobs.recorded)."""
+    them, and the job it records: meta.recorded)."""
     rev: int
     """The meta revision the fields were computed from (:data:`UNKNOWN_REV`: none)."""
     now: float
     fingerprint: str
     """The turn's content fingerprint (``TurnEvent.fingerprint``): a redelivery with another conflicts."""
     held: bytes | None = None
-    """The turn's held form (gaps.held_value), sent when the caller expects a gap."""
+    """The turn's held form (state/gaps.py: ``held_value``), sent when the caller expects a gap."""
     first: bool = False
     """Whether this is the conversation's first append (its keys are created now)."""
+    due: bool = False
+    """Whether the job the fields record is to be indexed once they are stored (decide.py: ``AppendPlan.due``)."""
 
 
 @dataclass(slots=True)
@@ -94,11 +100,11 @@ class AppendReply:
     next_held: bool = False
     """After an append: turn ``seq + 1`` is held; after a duplicate: turn ``last_seq + 1`` is."""
     job: bool = False
-    """After a duplicate: a job is pending (index it: the crash may have come before its writer did)."""
+    """After a duplicate: a job is pending (indexed again: the crash may have come before its entry was written)."""
     kept: str | None = None
     """For a conflict: the fingerprint of the turn stored or held first."""
-    meta: Mapping[str, str] | None = None
-    """When stale: the stored meta hash."""
+    meta: Meta | None = None
+    """When stale: the stored meta."""
 
 
 def first_fields(now: float) -> dict[str, str]:
@@ -160,92 +166,6 @@ def run_args(
     return args
 
 
-@dataclass(slots=True)
-class PlainAppend:
-    """Turns whose append is a plain one, made as a transaction instead of the script when a read says so.
-
-    Most stored turns are plain appends: the next seq, computed from the stored revision, no
-    turn held. The script's work for those is a few writes, and on a single
-    Redis running them through Lua costs two to four times what the same writes cost as
-    commands (docs/performance.md, "Redis at agent pace"). So the turn path reads the meta
-    under ``WATCH`` (:attr:`read`) and, if it shows a plain append, makes exactly the writes
-    the script would (:meth:`writes_for`) in ``MULTI``/``EXEC``, answering as the script
-    would (:meth:`reply`). Any other turn, or a meta that changed between the read and the
-    ``EXEC`` (which then writes nothing), goes to the script, which decides as always.
-    ``tests/state/test_store.py`` holds the two equal, key by key.
-    """
-
-    keys: Sequence[str]
-    """The per-turn script's KEYS (lua/turn.lua): the meta first, then those its writes touch."""
-    writes: Sequence[TurnWrite]
-    records: Sequence[Sequence[str]]
-    """Each write's transcript records (:func:`records_of`)."""
-    retention_ms: int
-
-    @classmethod
-    def of(
-        cls,
-        keys: Sequence[str],
-        writes: Sequence[TurnWrite],
-        records: Sequence[Sequence[str]],
-        retention_ms: int,
-    ) -> PlainAppend | None:
-        """The plain append of these consecutive writes, or None if the caller knows no meta. Nothing
-        is built until a read confirms it (:meth:`writes_for`)."""
-        first = writes[0]
-        if first.rev == UNKNOWN_REV:  # the script answers with the meta
-            return None
-        for i, write in enumerate(writes):
-            if write.seq != first.seq + i or write.rev != first.rev + i:
-                return None
-        return cls(keys, writes, records, retention_ms)
-
-    @property
-    def watched(self) -> str:
-        """The meta hash: every writer of the conversation's state bumps its revision."""
-        return self.keys[0]
-
-    @property
-    def read(self) -> tuple[str, ...]:
-        return ("HMGET", self.keys[0], "rev", "last_seq", "expires_at", "held")
-
-    def writes_for(self, stored: Sequence[Any]) -> tuple[tuple[str, ...], ...] | None:
-        """The script's writes, if the meta read (``rev, last_seq, expires_at, held``) makes the
-        turns plain appends: the transcript, the meta, the fingerprints, then the deadlines (lua/turn.lua, flush)."""
-        first = self.writes[0]
-        rev, last, deadline = (int(value or 0) for value in stored[:3])
-        if stored[3] is not None or rev != first.rev or last != first.seq - 1:
-            return None
-        kept = deadline
-        for write in self.writes:  # lua/expiry.lua, renewed
-            now_ms = int(write.now * 1000)
-            if self.retention_ms > 0 and kept - now_ms < self.retention_ms / 2:
-                kept = now_ms + self.retention_ms
-        meta, transcript, fingerprints = self.keys[0], self.keys[1], self.keys[4]
-        pushed = [record for turn in self.records for record in turn]
-        merged = {"rev": str(rev + len(self.writes))}
-        fingerprinted: list[str] = []
-        for write in self.writes:  # a field a later turn writes again: its value is the one kept
-            merged |= write.fields
-            fingerprinted += [str(write.seq), write.fingerprint]
-        fields = [text for pair in merged.items() for text in pair]
-        if kept != deadline:  # every key that exists (PEXPIREAT leaves a missing one missing)
-            fields += ["expires_at", str(kept)]
-            expired: Sequence[str] = self.keys
-        else:  # a new conversation's keys (turn.lua's WRITTEN), if it has a deadline
-            expired = (meta, transcript, fingerprints) if first.first else ()
-        return (
-            ("RPUSH", transcript, *pushed),
-            ("HSET", meta, *fields),
-            ("HSET", fingerprints, *fingerprinted),
-            *(("PEXPIREAT", key, str(kept)) for key in expired if kept > 0),
-        )
-
-    def reply(self) -> Any:
-        """What the script would have answered: each turn's reply."""
-        return [["appended", write.seq, write.rev + 1, 0] for write in self.writes]
-
-
 def reply_of(raw: Sequence[Any]) -> AppendReply:
     """Read the script's reply."""
     status, last_seq = AppendStatus(as_text(raw[0])), int(raw[1])
@@ -258,6 +178,68 @@ def reply_of(raw: Sequence[Any]) -> AppendReply:
             return AppendReply(status, last_seq, kept=as_text(raw[2]))
         case AppendStatus.STALE:
             flat = raw[2]
-            stored = {as_text(k): as_text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
-            return AppendReply(status, last_seq, meta=stored)
+            return AppendReply(
+                status, last_seq, meta=Meta.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+            )
     return AppendReply(status, last_seq)
+
+
+class Appends:
+    """A conversation's turns written: the per-turn script, then the jobs index's entry of a job made due.
+
+    The index's buckets live outside the conversation's slot (state/index.py), so the entry is
+    written after the script, not in it: a crash between the two is repaired by the turn's
+    redelivery, a duplicate whose job is pending (its entry is written again). On a single Redis
+    the calls go through one :class:`Pipeline` (``pipeline``: concurrent calls share round trips).
+    """
+
+    def __init__(
+        self, redis: RedisClient, prefix: str, retention_seconds: int | None, jobs: ShardedIndex | None = None
+    ) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.retention_ms = (retention_seconds or 0) * 1000
+        self.jobs = jobs
+        """The jobs index (None: entries are not written; the tests of the script alone)."""
+        self.pipeline = Pipeline(redis)
+        self._script = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
+
+    def keys(self, conversation_id: str) -> list[str]:
+        """The script's keys (lua/turn.lua names them)."""
+        keys = conversation_keys(conversation_id, self.prefix)
+        return list(keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints))
+
+    async def apply(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
+        """Store consecutive turns of one conversation in one script call: each turn's reply, in order,
+        up to the first that is not appended, or the one after which a turn is held; then the job
+        entry, if a turn made its job due or a duplicate found one pending."""
+        records = [records_of(write) for write in writes]
+        raw = await self._script(self.keys(conversation_id), run_args(writes, self.retention_ms, records))
+        replies = [reply_of(reply) for reply in raw]
+        if self.jobs is not None and any(
+            (reply.status is AppendStatus.APPENDED and write.due) or reply.job
+            for write, reply in zip(writes, replies, strict=False)
+        ):
+            await self.jobs.add(conversation_id, int(time.time() * 1000))
+        return replies
+
+
+REQUEST_TRIES = 3
+"""Writes a request made outside a turn may try while other writers keep changing the meta."""
+
+
+async def record_request(redis: RedisClient, key: str, request: JobRequest) -> bool:
+    """Record a compaction request made outside a turn onto the meta hash ``key``, as a turn's is
+    decided (meta.recorded) and written only onto the revision it was decided on; whether it is
+    the job now. Such a request carries no instructions: a job it replaces hands its own on."""
+    for _ in range(REQUEST_TRIES):
+        meta = await read_meta(redis, key)
+        fields, new = recorded(request, meta, time.time())
+        if not fields:
+            return new
+        flat = [text for pair in fields.items() for text in pair]
+        if await Script(redis, "conversation:meta_set.lua")([key], {"fields": flat}, rev=str(meta.rev)):
+            return new
+    raise ConcurrentUpdateError(
+        f"{key}: the meta changed under every one of {REQUEST_TRIES} tries of a request"
+    )
