@@ -152,7 +152,7 @@ class TurnHandler:
             turn_seq=event.turn_seq if event else None,
         ):
             outcome = await self._tried(
-                lambda: self._turn(where),
+                lambda: self._turn(where, event),
                 lambda error, tries: self._poisoned(where, error=error, tries=tries),
                 self.failed_in_run.pop(raw, 0) if self.failed_in_run else 0,
             )
@@ -160,10 +160,10 @@ class TurnHandler:
         metrics.record_turn(_METRIC_STATUS.get(outcome.status, outcome.status.value), outcome.reason)
         return outcome
 
-    async def _turn(self, where: _Where) -> TurnOutcome:
-        """Parse, decide and apply, act; a bad event, or a conflicting duplicate, is dead-lettered."""
+    async def _turn(self, where: _Where, parsed: TurnEvent | None) -> TurnOutcome:
+        """Parse (unless ``parsed``), decide and apply, act; a bad event, or a conflicting duplicate, is dead-lettered."""
         try:
-            event = self.parse(where.raw, where.key)
+            event = parsed or self.parse(where.raw, where.key)
         except BadEventError as bad:
             await self.dead_letters.send(*where, bad=bad)
             return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)

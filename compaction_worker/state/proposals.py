@@ -4,7 +4,7 @@ The compactor stores what its run computed, whole, so that ``Client.apply`` comm
 history the runtime was shown (an LLM's summary is not computed twice); and the conversation it
 was computed from (``version``, ``last_seq``, the entry count), so that a proposal the history
 has moved past is recomputed, never applied stale. One proposal per conversation, in its own
-key (keys.py), written and removed under the conversation's lock.
+key (conversation/keys.py), written and removed under the conversation's lock.
 """
 
 from __future__ import annotations

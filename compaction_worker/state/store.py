@@ -261,7 +261,7 @@ class Store:
         to the compaction log. ``outbox`` is an event (field, payload) stored with the commit,
         in the same script: it is published afterwards and, if the worker dies first, by
         another (outbox.py). ``floor_tokens`` and ``compacted_seq`` are the threshold rule's marks
-        (state/meta.py); a rewind leaves them 0. Raises StaleFenceError when the fence moved, the lock expired, or
+        (conversation/meta.py); a rewind leaves them 0. Raises StaleFenceError when the fence moved, the lock expired, or
         another compaction committed since the snapshot: nothing is written then.
         """
         keys = self.keys(conversation_id)

@@ -113,7 +113,7 @@ class TestAppend:
         assert again == AppendReply(AppendStatus.DUPLICATE, last_seq=2, next_held=True, job=False)
 
     async def test_a_turns_job_is_decided_on_the_meta_and_stored_with_the_append(self, store: Store) -> None:
-        """Issue 34: a turn's job is decided in Python on the meta it is planned on (jobs.recorded) and
+        """Issue 34: a turn's job is decided in Python on the meta it is decided on (meta.recorded) and
         written with the append, as meta fields; the script decides nothing of it. A recorded request
         is the job; a weaker one, with a stronger job pending, writes nothing."""
         reactive = JobRequest(Trigger.REACTIVE, "prompt is too long")

@@ -1,4 +1,4 @@
--- Library (appends.py): decides and stores one turn; turn_run.lua calls it for each turn of a call
+-- Library (conversation/apply.py): decides and stores one turn; turn_run.lua calls it for each turn of a call
 -- (one, or several consecutive turns of one conversation: a single turn is a run of one).
 -- KEYS: meta, transcript, entries, pending, fingerprints, then the conversation's other keys
 --   that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq, proposal):
@@ -9,7 +9,7 @@
 --   it must still be the stored one: every writer of the meta bumps it),
 --   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
 --   append), then a count and that many meta field/value texts (what the append changes, the
---   job it records among them: runtime/plan.py decides it), then the message count n and
+--   job it records among them: decide.py decides it), then the message count n and
 --   n transcript records (the history's verbatim tail is read from them: store.py), then the
 --   turn's held form if the caller expects a gap.
 -- Replies, by what the stored sequence says of the turn:

@@ -1,4 +1,4 @@
--- The per-turn script (appends.py): the turns of one call, in order (ARGV[1] of them, each its
+-- The per-turn script (conversation/apply.py): the turns of one call, in order (ARGV[1] of them, each its
 -- argument count then its arguments: turn.lua), consecutive turns of one conversation, each
 -- decided as turn.lua says on the meta the one before it leaves. A single turn is a run of one.
 -- It stops after the first turn that is not appended (nothing written for it but its hold) and
