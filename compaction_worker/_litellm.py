@@ -3,19 +3,23 @@
 Importing this module is cheap: it fixes the environment LiteLLM and tiktoken read (the
 local model map, the bundled tokenizer files) without importing LiteLLM, which takes
 seconds. ``model_map()`` reads LiteLLM's bundled model map without importing it (the window
-registry needs nothing else); ``load()`` imports LiteLLM the first time an LLM call needs it
-(a worker starts that on a thread once it consumes, ``runtime.worker.start_loading_litellm``,
-and ``loaded()`` waits for it off the event loop).
+registry needs nothing else); ``load()`` imports LiteLLM the first time an LLM call needs it,
+and ``loaded()`` waits for that import off the event loop. A worker imports it at its first LLM
+summary, never before: consuming turns needs none of it, and a worker started under a backlog
+would otherwise share its CPU with the import (``bench --only cold_backlog``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import gc
 import importlib
 import importlib.util
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -65,25 +69,51 @@ def model_map() -> dict[str, dict[str, Any]]:
     return {k: v for k, v in entries.items() if "alias_of" not in v and v}
 
 
+class _Import:
+    """The one import of LiteLLM in this process, on a thread of its own, once :func:`loaded` asks for it."""
+
+    lock = threading.Lock()
+    future: concurrent.futures.Future[Any] | None = None
+
+
 @functools.cache
 def load() -> Any:
-    """LiteLLM, imported on first use (seconds: off the event loop, see :func:`loaded`)."""
+    """LiteLLM, imported on first use (seconds: off the event loop, see :func:`loaded`).
+
+    A process that froze what it held (a serving worker, ``runtime.worker.tune_gc``) freezes
+    LiteLLM's objects too: ~300K that live as long as it, which full collections then skip.
+    """
     module = importlib.import_module("litellm")
     # "Provider List: ..." banners on stdout for every unmapped model otherwise.
     module.suppress_debug_info = True  # type: ignore[attr-defined]  # LiteLLM's flag, not in ModuleType
+    if gc.get_freeze_count():
+        gc.freeze()
     return module
 
 
 async def loaded() -> Any:
     """LiteLLM, imported on a thread the first time so that the event loop keeps running.
 
-    A worker starts the import once it consumes (``runtime.worker.start_loading_litellm``); a
-    compaction that needs LiteLLM before it ends waits here for it instead of importing it on the
-    loop (which stalled lock renewals for seconds).
+    Every caller waits for the same import, on a thread of its own: a summary due in many
+    conversations at once does not fill the loop's default executor with threads waiting on
+    the import lock. A caller cancelled while it waits leaves the import running for the others.
     """
     if load.cache_info().currsize:
         return load()
-    return await asyncio.to_thread(load)
+    with _Import.lock:
+        started = _Import.future
+        if started is None or (started.done() and started.exception() is not None):
+            started = _Import.future = concurrent.futures.Future()
+            started.set_running_or_notify_cancel()  # a waiter's cancellation does not cancel it
+            threading.Thread(target=_run_import, args=(started,), name="load-litellm", daemon=True).start()
+    return await asyncio.wrap_future(started)
+
+
+def _run_import(future: concurrent.futures.Future[Any]) -> None:
+    try:
+        future.set_result(load())
+    except BaseException as e:  # the waiting summary reports it (and falls back)
+        future.set_exception(e)
 
 
 def __getattr__(name: str) -> Any:

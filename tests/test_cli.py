@@ -24,9 +24,15 @@ from click.testing import CliRunner
 from compaction_worker.bench.environment import START_CEILING
 from compaction_worker.cli import SCHEMAS_DIR, main
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.conversation.meta import write_field
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
+from compaction_worker.state.jobs import JobQueue
+from compaction_worker.state.lock import Locks
+from compaction_worker.state.proposals import Proposals
+from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes
+from tests.conversation.test_status import proposal_from
 from tests.orchestration import Published, make_parts
 from tests.runtime.test_compactor import compact_mentions
 from tests.trajectories import DATA, load_trajectories
@@ -117,9 +123,51 @@ def test_status_and_compact(conversation: str) -> None:
     assert status["usage_ratio"] == round(status["tokens"] / status["window"], 4)
     assert status["available"] < status["window"]
     assert status["should_compact"] is False
+    assert (status["profile"], status["pending_job"], status["proposal"]) == (None, None, None)
     assert CliRunner().invoke(main, ["compact", conversation]).exit_code == 0
     status = _json_output(["status", conversation, "--json"], "status")
     assert status["pending_compaction"] == "manual"
+    job = status["pending_job"]
+    assert (job["trigger"], job["running"], job["backing_off_until"]) == ("manual", False, None)
+    assert job["due_at"] == pytest.approx(time.time(), abs=30)
+
+
+async def test_status_shows_the_profile_the_job_and_a_waiting_proposal(
+    conversation: str, redis_client: redis.asyncio.Redis
+) -> None:
+    """Issue 56: status shows the profile, the pending job (backing off after a failed run) and a
+    waiting proposal, stale once a turn arrived after it; in --json and for a person."""
+    settings = Settings()
+    store = Store(redis_client, settings.redis.key_prefix, 3600)
+    await write_field(redis_client, store.keys(conversation).meta, "profile", "tight", 0)
+    jobs = JobQueue(redis_client, store.prefix, Locks(redis_client, 30), shards=settings.redis.index_shards)
+    await jobs.schedule(conversation, Trigger.REACTIVE, "too long", delay_seconds=60)
+    until = time.time() + 60
+    await store.set_meta(conversation, retry_after=until, failures=1)
+    snapshot = await store.snapshot(conversation)
+    proposal = proposal_from(snapshot.meta, snapshot.entry_count)
+    await Proposals(store).put(conversation, proposal)
+
+    status = await asyncio.to_thread(_json_output, ["status", conversation, "--json"], "status")
+
+    assert (status["profile"], status["pending_compaction"], status["failures"]) == ("tight", "reactive", 1)
+    job = status["pending_job"]
+    assert (job["trigger"], job["running"], job["backing_off_until"]) == ("reactive", False, until)
+    assert status["proposal"] == {
+        "compaction_id": str(proposal.compaction_id),
+        "trigger": "threshold",
+        "tokens_before": 90,
+        "tokens_after": 20,
+        "stale": False,
+        "turns_since": 0,
+    }
+    handler = make_parts(redis_client, settings, _noop_publish).turns
+    await handler.handle(turn_bytes(conversation, 4, [{"role": "user", "content": "and b.py"}]), b"cli-conv")
+    text = (await asyncio.to_thread(CliRunner().invoke, main, ["status", conversation])).output
+    assert "profile: tight" in text
+    assert "pending_job: trigger reactive, running False, due_at" in text
+    assert f"proposal: compaction_id {proposal.compaction_id}, trigger threshold" in text
+    assert "stale True, turns_since 1" in text
 
 
 def test_unknown_conversation_is_a_clear_error(conversation: str) -> None:

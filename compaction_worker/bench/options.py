@@ -12,6 +12,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 SCENARIO_NAMES = (
     "startup",
+    "cold_backlog",
     "throughput",
     "head_of_line",
     "per_turn",

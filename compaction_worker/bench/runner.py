@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from compaction_worker.bench import costs
 from compaction_worker.bench.cache import cache_rows
+from compaction_worker.bench.cold import cold_backlog_rows
 from compaction_worker.bench.environment import BenchEnv, BenchError
 from compaction_worker.bench.recall import recall_rows
 from compaction_worker.bench.replays import replay_rows
@@ -35,6 +36,7 @@ def cost_scenario(scenario: Scenario) -> Scenario:
 
 SCENARIOS: dict[str, Scenario] = {
     "startup": startup_rows,
+    "cold_backlog": cold_backlog_rows,
     "throughput": throughput_rows,
     "head_of_line": head_of_line_rows,
     **{scenario.__name__.removesuffix("_rows"): cost_scenario(scenario) for scenario in costs.ROWS},

@@ -65,7 +65,7 @@ async def startup_rows(env: BenchEnv, progress: Progress) -> Sequence[Row]:
             max(0.0, start - join),
             "s",
             target=OWN_START_TARGET,
-            note="imports, wiring, tokenizers, Redis and broker connections; LiteLLM loads on a thread after",
+            note="imports, wiring, tokenizers, Redis and broker connections; LiteLLM loads at the first LLM summary",
         ),
     ]
 

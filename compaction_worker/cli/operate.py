@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -83,7 +84,7 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
-    """Show a conversation's budget, token totals, version and pending compaction."""
+    """Show a conversation's budget, token totals, version, profile, pending compaction and waiting proposal."""
     settings = settings_of(ctx)
 
     async def go() -> None:
@@ -91,10 +92,13 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
         from compaction_worker.contracts import cli_output
 
         async with Client.connect(settings, kafka=False) as client:
-            meta = await _stored_meta(client, conversation_id)
-            job = await client.job(conversation_id)
+            found = await client.status(conversation_id, proposal=True)
+            if not found.stored:
+                _missing(client, conversation_id)
+            meta, job, waiting = found.meta, found.job, found.proposal
             stats = context_stats(conversation_id, meta, settings)
             health = await _breaker(client, settings.for_profile(meta.profile).summarizer, meta.model)
+            now = time.time()
             output = cli_output.Status.of(
                 stats,
                 last_seq=meta.last_seq,
@@ -105,12 +109,19 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
                 llm_failures=health.failures,
                 circuit_open=health.open,
                 pending_compaction=job.trigger if job else None,
+                profile=meta.profile or None,
+                pending_job=(
+                    cli_output.JobStatus.of(job, backing_off_until=job.backing_off_until(now))
+                    if job
+                    else None
+                ),
+                proposal=cli_output.ProposalStatus.of(waiting) if waiting else None,
             )
             if as_json:
                 click.echo(json_output(output))
             else:
                 for k, v in output.model_dump(mode="json").items():
-                    click.echo(f"{k:>20}: {v}")
+                    click.echo(f"{k:>20}: {_flat(v) if k in ('pending_job', 'proposal') else v}")
 
     run_async(go())
 
@@ -246,8 +257,19 @@ async def _stored_meta(client: Client, conversation_id: str) -> Meta:
     """The conversation's metadata; a clear error when Redis holds no such conversation."""
     meta = await client.meta(conversation_id)
     if meta.last_seq == 0:
-        raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")
+        _missing(client, conversation_id)
     return meta
+
+
+def _flat(value: Mapping[str, Any] | None) -> str | None:
+    """A nested part of the output on one line: ``name value, ...`` (nulls left out)."""
+    if value is None:
+        return None
+    return ", ".join(f"{name} {v}" for name, v in value.items() if v is not None)
+
+
+def _missing(client: Client, conversation_id: str) -> NoReturn:
+    raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")
 
 
 async def _breaker(client: Client, settings: SummarizerSettings, conversation_model: str) -> BreakerState:

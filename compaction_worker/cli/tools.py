@@ -40,23 +40,49 @@ def schemas(check: bool, directory: Path) -> None:
 
 
 @click.command()
-@click.option("--check", is_flag=True, help="Fail if the page differs from the code.")
-@click.option("--path", type=FILE, default=None, help="The page (default: docs/operations.md).")
-def docs(check: bool, path: Path | None) -> None:
-    """Write the generated tables of docs/operations.md: every setting, metric and span."""
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Fail if a page differs from the code, or a command the docs quote does not exist.",
+)
+@click.option(
+    "--path",
+    type=FILE,
+    default=None,
+    help="Only this page's settings, metrics and spans (default: docs/operations.md and docs/reference.md, "
+    "and every command quoted in README.md and docs/).",
+)
+@click.pass_context
+def docs(ctx: click.Context, check: bool, path: Path | None) -> None:
+    """Write the docs' generated tables (every setting, metric, span and command) and check every
+    `compaction-worker ...` line quoted in README.md and docs/*.md against the commands and options."""
+    from compaction_worker.cli import reference
     from compaction_worker.observability import operations
 
-    page = path or operations.OPERATIONS_PAGE
+    pages = {path or operations.OPERATIONS_PAGE: operations.default_regions()}
+    quoted: list[str] = []
+    root = ctx.find_root().command
+    if path is None and isinstance(root, click.Group):
+        cli = reference.commands(root)
+        pages[operations.REFERENCE_PAGE] = {"cli": reference.markdown(cli)}
+        quoted = reference.check(cli, reference.documents(operations.REPOSITORY))
     if check:
-        drift = operations.check(page, operations.default_regions())
-        for line in drift:
+        drift = [line for page, regions in pages.items() for line in operations.check(page, regions)]
+        for line in drift + quoted:
             click.echo(line, err=True)
         if drift:
-            raise click.ClickException(f"{page} is out of date: run `compaction-worker docs`")
-        click.echo(f"{page} is up to date")
+            raise click.ClickException("the docs are out of date: run `compaction-worker docs`")
+        if quoted:
+            raise click.ClickException("the docs quote commands the CLI does not have")
+        click.echo(f"{', '.join(map(str, pages))} up to date; every quoted command exists")
         return
-    operations.write(page)
-    click.echo(f"wrote {page}")
+    for page, regions in pages.items():
+        operations.write(page, regions)
+        click.echo(f"wrote {page}")
+    for line in quoted:
+        click.echo(line, err=True)
+    if quoted:
+        raise click.ClickException("the docs quote commands the CLI does not have")
 
 
 @click.command()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from compaction_worker.contracts.events import (
     TurnEvent,
 )
 from compaction_worker.conversation.meta import Job, Meta, write_field, write_instructions
+from compaction_worker.conversation.status import Status, read_status
 from compaction_worker.errors import ConfigError, WaitTimeoutError
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
@@ -48,7 +48,6 @@ from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import carried
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.proposals import Proposals
 from compaction_worker.state.restore import Version, versions
 from compaction_worker.state.store import Snapshot, Store
 
@@ -299,27 +298,18 @@ class Client:
             await completions.stop()
 
     async def _reached(self, conversation_id: str, version: int | None, seq: int) -> int | None:
-        """The current version if the wait is over, else None."""
+        """The current version if the wait is over, else None (:meth:`Status.reached`)."""
+        return (await self.status(conversation_id)).reached(version, seq)
+
+    async def status(self, conversation_id: str, *, proposal: bool = False) -> Status:
+        """The conversation's status in one round trip: its meta (version, last seq, context status,
+        profile, token totals), its pending job (trigger, running, due, backing off), whether a
+        proposal waits; with ``proposal``, the waiting proposal itself and whether it is stale
+        (:mod:`compaction_worker.conversation.status`)."""
         keys = self.store.keys(conversation_id)
-        async with self.store.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.meta, "version", "last_seq", "retry_after", "job_id")
-            pipe.exists(keys.lock)
-            pipe.zscore(self.parts.jobs.index.key_of(conversation_id), conversation_id)
-            (current, last_seq, retry_after, job), locked, due_ms = await pipe.execute()
-        reached = int(float(current or 0))
-        if int(float(last_seq or 0)) < seq:
-            return None
-        if version is not None:
-            return reached if reached >= version else None
-        if not job:
-            # A run finishes its job, then may schedule the next one, then lets the lock go: a held
-            # lock is a compaction still under way (and a rewind or pin now would be refused).
-            return None if locked else reached
-        # A failed run's retry waits out its backoff (the compactor indexes it for later):
-        # no compaction is running or due until then.
-        now = time.time()
-        backing_off = not locked and due_ms is not None and due_ms > now * 1000
-        return reached if backing_off and float(retry_after or 0) > now else None
+        return await read_status(
+            self.store.redis, conversation_id, keys, self.parts.jobs.index, proposal=proposal
+        )
 
     async def snapshot(self, conversation_id: str) -> Snapshot:
         """Metadata and the effective history, read consistently."""
@@ -397,7 +387,7 @@ class Client:
 
     async def context_stats(self, conversation_id: str) -> ContextStats:
         """The context meter: window, tokens by part, usage ratio, whether it will compact."""
-        return context_stats(conversation_id, await self.store.meta(conversation_id), self.settings)
+        return context_stats(conversation_id, (await self.status(conversation_id)).meta, self.settings)
 
     async def fit_files(self, conversation_id: str, files: Mapping[str, str]) -> list[FittedFile]:
         """Files (text by name) fitted to the room the conversation's next turn has (reference 004).
@@ -451,12 +441,12 @@ class Client:
         and after; None when none waits. Its ``compaction_id`` is the one ``compaction.proposed``
         carries. It is shown as proposed, counts and messages alike, also once turns have moved the
         history past it: then ``stale`` is set, ``turns_since`` counts them, and apply recomputes it."""
-        pending = await Proposals(self.store).get(conversation_id)
-        if pending is None:
+        waiting = (await self.status(conversation_id, proposal=True)).proposal
+        if waiting is None:
             return None
         snapshot = await self.store.snapshot(conversation_id)
         settings = self.settings.for_profile(snapshot.meta.profile)
-        return proposal_preview(conversation_id, pending, snapshot, settings)
+        return proposal_preview(conversation_id, waiting.proposal, snapshot, settings)
 
     async def apply(self, conversation_id: str, proposal_id: uuid.UUID | str) -> CompactionCompleted | None:
         """Apply a proposed compaction (``compaction.proposed``): while the conversation is as it was,

@@ -105,6 +105,7 @@ class SyncClient:
     snapshot = _blocking(Client.snapshot)
     span_attributes = _blocking(Client.span_attributes)
     meta = _blocking(Client.meta)
+    status = _blocking(Client.status)
     context_stats = _blocking(Client.context_stats)
     fit_files = _blocking(Client.fit_files)
     job = _blocking(Client.job)

@@ -101,8 +101,35 @@ class History(_Output):
     messages: list[Message] = Field(description="What the model gets, summaries rendered in.")
 
 
+class JobStatus(_Output):
+    """A conversation's pending compaction, as ``status`` shows it."""
+
+    trigger: Trigger
+    running: bool = Field(description="A run holds the conversation's lock: it is under way.")
+    due_at: float | None = Field(
+        description="When the workers look at it next, Unix time in seconds; null when not indexed yet."
+    )
+    backing_off_until: float | None = Field(
+        description="A failed run's retry waits until then (Unix seconds); null when it is not backing off."
+    )
+
+
+class ProposalStatus(_Output):
+    """A compaction waiting for approval (``pipeline.approval: manual``), as ``status`` shows it."""
+
+    compaction_id: uuid.UUID = Field(description="The id compaction.proposed carries: apply or discard it.")
+    trigger: Trigger
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    stale: bool = Field(
+        description="The history has moved past it (turns arrived, or another commit): applying it recomputes it."
+    )
+    turns_since: int = Field(ge=0, description="Turns stored after it was computed.")
+
+
 class Status(_Output):
-    """``status --json``: a conversation's budget, token totals, version and pending compaction."""
+    """``status --json``: a conversation's budget, token totals, version, profile, pending compaction
+    and waiting proposal."""
 
     conversation_id: str
     model: str
@@ -135,6 +162,11 @@ class Status(_Output):
         description="The summarizer's model is being skipped for now, by every conversation."
     )
     pending_compaction: Trigger | None = Field(description="The trigger of a scheduled compaction, if any.")
+    profile: str | None = Field(
+        description="The settings profile it compacts under; null: the deployment's settings."
+    )
+    pending_job: JobStatus | None = Field(description="The scheduled compaction, if any.")
+    proposal: ProposalStatus | None = Field(description="A compaction waiting for approval, if any.")
 
 
 class ArchivedArtifact(_Output):

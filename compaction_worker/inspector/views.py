@@ -18,46 +18,30 @@ from compaction_worker.client.client import Artifact, Client, ContextStats, cont
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
 from compaction_worker.conversation.keys import is_meta_key, meta_key_pattern
-from compaction_worker.conversation.meta import Job, Meta
+from compaction_worker.conversation.meta import Meta
+from compaction_worker.conversation.status import Status, read_statuses
 from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import Settings
 from compaction_worker.state.restore import versions
 from compaction_worker.state.store import Snapshot
 from compaction_worker.summaries.artifacts import item_kind
 
-LIST_FIELDS = (
-    "last_seq",
-    "msg_count",
-    "model",
-    "profile",
-    "history_tokens",
-    "system_tokens",
-    "tools_tokens",
-    "overhead_tokens",
-    "version",
-    "context_status",
-    "calibration",
-    "floor_tokens",
-    "window",
-    "threshold",
-    "max_output_tokens",
-    "context_window",
-    "observed_window",
-    "updated_at",
-)
-"""The meta fields a list row needs (not the system prompt or the tool schemas): its figures
-(client.context_stats) are computed under the conversation's settings profile."""
 ARTIFACTS_SHOWN = 500
 """Archived artifacts a conversation page lists, newest first seen (the archive is unbounded)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One conversation in a list."""
+    """One conversation in a list: its status (its meta without the long texts) and its meter,
+    computed under the conversation's settings profile."""
 
     conversation_id: str
-    meta: Meta
+    status: Status
     stats: ContextStats
+
+    @property
+    def meta(self) -> Meta:
+        return self.status.meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +129,8 @@ class ConversationView:
     """Each chunk with its ledger by kind (``term`` items are those carried by shape)."""
     log: list[dict[str, Any]]
     artifacts: list[Artifact]
-    job: Job | None
+    status: Status
+    """Its pending job (running or not) and its waiting proposal, if any."""
     rewinds: list[tuple[int, str, str]]
     """(version, trigger, the command that rewinds it), newest first."""
 
@@ -170,17 +155,13 @@ async def listing(client: Client, settings: Settings, search: str | None) -> Lis
         if len(keys) >= limit:
             complete = False
             break
-    rows: list[Row] = []
-    async with redis.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.hmget(key, list(LIST_FIELDS))
-        values = await pipe.execute() if keys else []
-    for key, raw in zip(keys, values, strict=True):
-        meta = Meta.from_hash({f: v for f, v in zip(LIST_FIELDS, raw, strict=True) if v is not None})
-        if meta.last_seq == 0:
-            continue  # expired between the scan and the read, or a sequence handed out and never used
-        cid = key[len(prefix) + 2 : -len("}:meta")]
-        rows.append(Row(cid, meta, context_stats(cid, meta, settings)))
+    cids = [key[len(prefix) + 2 : -len("}:meta")] for key in keys]
+    rows = [
+        Row(status.conversation_id, status, context_stats(status.conversation_id, status.meta, settings))
+        for status in await read_statuses(redis, cids, prefix, client.parts.jobs.index)
+        # not stored: expired between the scan and the read, or a sequence handed out and never used
+        if status.stored
+    ]
     shown = settings.inspector.list_limit
     return Listing(
         recent=sorted(rows, key=lambda r: r.meta.updated_at, reverse=True)[:shown],
@@ -220,7 +201,7 @@ async def conversation(
         chunks=[(c, ledger_by_kind(c.artifacts)) for c in chunks],
         log=log,
         artifacts=await client.artifacts(conversation_id),
-        job=await client.job(conversation_id),
+        status=await client.status(conversation_id, proposal=True),
         rewinds=rewind_commands(conversation_id, log),
     )
 

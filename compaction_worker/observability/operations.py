@@ -1,8 +1,9 @@
-"""docs/operations.md's generated parts: every setting with its default and variable, every metric and span.
+"""The docs' generated parts: docs/operations.md's every setting with its default and variable,
+every metric and span; docs/reference.md's every command (its region made by ``cli/reference.py``).
 
-The page is prose with generated regions between markers; this module rewrites only the
+A page is prose with generated regions between markers; this module rewrites only the
 regions, so the prose stays hand-written and the tables cannot drift from the code.
-``compaction-worker docs [--check]`` writes or checks it.
+``compaction-worker docs [--check]`` writes or checks them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from compaction_worker.observability.metrics import METRICS, Instrument
 from compaction_worker.observability.tracing import SPANS, SpanInfo
 from compaction_worker.settings import Settings, env_name, literal_values
 
-OPERATIONS_PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "operations.md"
+REPOSITORY = Path(__file__).resolve().parent.parent.parent
+OPERATIONS_PAGE = REPOSITORY / "docs" / "operations.md"
+REFERENCE_PAGE = REPOSITORY / "docs" / "reference.md"
 
 _BEGIN = "<!-- generated: {name} (compaction-worker docs) -->"
 _END = "<!-- end generated: {name} -->"

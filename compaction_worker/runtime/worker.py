@@ -12,14 +12,12 @@ import asyncio
 import contextlib
 import gc
 import logging
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
-from compaction_worker import _litellm
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.observability.health import HealthServer
@@ -77,9 +75,9 @@ class Worker:
     async def serve(self, on_consuming: Callable[[], None] | None = None) -> None:
         """Run until SIGINT/SIGTERM, then shut down gracefully; ``on_consuming`` once the consumers run.
 
-        LiteLLM loads on a thread of its own once the worker consumes (``start_loading_litellm``), and the
-        garbage collector is tuned there once it has (a worker process's own choice: tests and the
-        demo run in a process of their own).
+        The garbage collector is tuned once the start has loaded what turns need (a worker
+        process's own choice: tests and the demo run in a process of their own); LiteLLM loads at
+        the first LLM summary (``_litellm.loaded``), never before.
         """
 
         self.tune_gc_at_start = True
@@ -187,9 +185,9 @@ def build_worker(
     async def consume() -> None:
         # After the broker: a turn's dead letter is published through it. The tokenizers load beside
         # the group join, off the loop (a load on the loop would stall a held lock's renewals: stale
-        # fence). LiteLLM, which only an LLM summary needs, goes on loading on its own thread.
-        await consumer.start(ready=asyncio.to_thread(warm_up, settings))
-        start_loading_litellm(settings, tune=worker.tune_gc_at_start)
+        # fence). LiteLLM, which only an LLM summary needs, loads at the first one: importing it
+        # here, even on a thread, took a third of a new worker's CPU from the turns of its backlog.
+        await consumer.start(ready=asyncio.to_thread(warm_up, settings, tune=worker.tune_gc_at_start))
         pool.start()
 
     @app.on_shutdown
@@ -202,31 +200,15 @@ def build_worker(
     return worker
 
 
-def warm_up(settings: Settings) -> None:
+def warm_up(settings: Settings, *, tune: bool = False) -> None:
     """Load what a first turn would otherwise load on the event loop: the common tokenizers
-    (o200k_base, cl100k_base) and LiteLLM's model map (the window registry)."""
+    (o200k_base, cl100k_base) and LiteLLM's model map (the window registry); then, with ``tune``,
+    tune the garbage collector over what the process holds (:func:`tune_gc`)."""
     for model in ("gpt-4o", "gpt-4"):
         counter_for(model, settings.budget).text("warm up")
     resolve_window("gpt-4o", settings.budget)
-
-
-def start_loading_litellm(settings: Settings, *, tune: bool = False) -> threading.Thread:
-    """Import LiteLLM when an LLM writes summaries (seconds, on a thread of its own, while turns
-    flow: ``_litellm.loaded`` makes a first compaction wait for it); then, with ``tune``, tune the
-    garbage collector over what the process holds (:func:`tune_gc`)."""
-
-    def load() -> None:
-        try:
-            if settings.summarizer.model is not None:
-                _litellm.load()
-        except Exception:  # the summarizer reports it (and falls back) at its first call
-            log.exception("LiteLLM did not load")
-        if tune:
-            tune_gc()
-
-    thread = threading.Thread(target=load, name="load-litellm", daemon=True)
-    thread.start()
-    return thread
+    if tune:
+        tune_gc()
 
 
 YOUNG_GC_THRESHOLD = 50_000
@@ -234,11 +216,11 @@ YOUNG_GC_THRESHOLD = 50_000
 
 
 def tune_gc() -> None:
-    """Exempt what the process holds at start (LiteLLM, when loaded) from garbage collection, and collect the young less often.
+    """Exempt what the process holds at start from garbage collection, and collect the young less often.
 
-    LiteLLM alone is ~300K objects that live as long as the process; every full collection
-    walked them all, which cost a 500K-token compaction about a quarter of its time
-    (bench: compaction cost). ``load()`` is a no-op when the summarizer imported it already.
+    What lives as long as the process (the tokenizers, the model map, and LiteLLM's ~300K
+    objects, which ``_litellm.load`` freezes when it loads later) was walked by every full
+    collection: it cost a 500K-token compaction about a quarter of its time (bench: compaction cost).
 
     A turn allocates ~100 objects that refcounting frees (its models, dicts, records), and a
     batch in flight holds thousands: at CPython's default a young collection ran every few

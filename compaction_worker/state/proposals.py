@@ -18,6 +18,7 @@ from typing import Any
 from compaction_worker import strategies
 from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.state.scripts import as_text
 from compaction_worker.state.store import Snapshot, Store
 
@@ -48,12 +49,12 @@ class Proposal:
 
     def matches(self, snapshot: Snapshot) -> bool:
         """Whether the conversation is still the one it was computed from (no turn, no commit since)."""
-        meta = snapshot.meta
-        return (meta.version, meta.last_seq, snapshot.entry_count) == (
-            self.version,
-            self.last_seq,
-            self.entry_count,
-        )
+        return self.made_from(snapshot.meta, snapshot.entry_count)
+
+    def made_from(self, meta: Meta, entry_count: int) -> bool:
+        """Whether a conversation at ``meta``, its history holding ``entry_count`` verbatim entries,
+        is the one it was computed from (a status knows the count without reading the history)."""
+        return (meta.version, meta.last_seq, entry_count) == (self.version, self.last_seq, self.entry_count)
 
     def to_json(self) -> str:
         result = self.result

@@ -15,8 +15,8 @@ def test_help_names_every_scenario_in_order() -> None:
 
 def test_every_cost_scenario_is_a_bench_scenario() -> None:
     assert (
-        len(SCENARIOS) == 3 + len(costs.ROWS) + 4
-    )  # startup, throughput, head_of_line; telemetry, recall, cache, replays
+        len(SCENARIOS) == 4 + len(costs.ROWS) + 4
+    )  # startup, cold_backlog, throughput, head_of_line; telemetry, recall, cache, replays
 
 
 def test_recall_is_a_scenario_of_its_own() -> None:
@@ -30,5 +30,7 @@ def test_only_picks_by_name_or_part_of_one_in_table_order() -> None:
 
 
 def test_only_with_an_unknown_name_says_which_exist() -> None:
-    with pytest.raises(ValueError, match="no scenario matches nope; scenarios: startup, throughput"):
+    with pytest.raises(
+        ValueError, match="no scenario matches nope; scenarios: startup, cold_backlog, throughput"
+    ):
         select(["nope"])

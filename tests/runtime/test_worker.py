@@ -255,27 +255,64 @@ def test_a_serving_worker_freezes_what_it_loaded_at_start_and_collects_the_young
         gc.set_threshold(*before)
 
 
-@pytest.mark.parametrize(("model", "loads"), [(None, False), ("openai/gpt-4o-mini", True)])
-def test_a_worker_imports_litellm_only_when_an_llm_writes_its_summaries(
-    model: str | None, loads: bool
-) -> None:
-    """Issue 32: what a first turn needs (tokenizers, the window registry) loads before the worker
-    consumes; LiteLLM (seconds) only when a summarizer model is set, and on a thread of its own."""
+def _python(code: str, **env: str) -> list[str]:
+    """What a fresh interpreter running ``code`` prints, word by word (this process has LiteLLM loaded)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **env},
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def test_a_worker_starts_without_litellm_even_when_an_llm_writes_its_summaries() -> None:
+    """Issue 54: what a first turn needs (tokenizers, the window registry) loads before the worker
+    consumes; LiteLLM (seconds of CPU, which a backlog's turns would share) not even on a thread."""
     code = (
-        "import os, sys\n"
-        "from compaction_worker.runtime.worker import start_loading_litellm, warm_up\n"
+        "import sys, threading\n"
+        "from compaction_worker.runtime.worker import warm_up\n"
         "from compaction_worker.settings import Settings\n"
         "settings = Settings()\n"
-        "warm_up(settings)\n"
-        "print('litellm' in sys.modules)\n"
-        "start_loading_litellm(settings).join()\n"
-        "print('litellm' in sys.modules)\n"
+        "assert settings.summarizer.model == 'openai/gpt-4o-mini'\n"
+        "warm_up(settings, tune=True)\n"
+        "print('litellm' in sys.modules, threading.active_count())\n"
     )
-    env = {**os.environ, "COMPACTION_SUMMARIZER__MODEL": model or ""}
-    if model is None:
-        env.pop("COMPACTION_SUMMARIZER__MODEL")
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env, check=True
-    )
+    assert _python(code, COMPACTION_SUMMARIZER__MODEL="openai/gpt-4o-mini") == ["False", "1"]
 
-    assert done.stdout.split() == ["False", str(loads)]
+
+def test_litellm_loaded_after_a_worker_froze_its_start_is_frozen_too() -> None:
+    """LiteLLM loads at the first LLM summary, after the start froze what the process held: its
+    objects are frozen then, so full collections still skip them; a process that froze nothing
+    (a test, a script) is left as it is."""
+    code = (
+        "import asyncio, gc\n"
+        "from compaction_worker import _litellm\n"
+        "from compaction_worker.runtime.worker import tune_gc\n"
+        "if {tune}:\n"
+        "    tune_gc()\n"
+        "before = gc.get_freeze_count()\n"
+        "asyncio.run(_litellm.loaded())\n"
+        "print(gc.get_freeze_count() - before > 100_000, gc.get_freeze_count() > 0)\n"
+    )
+    assert _python(code.format(tune=True)) == ["True", "True"]
+    assert _python(code.format(tune=False)) == ["False", "False"]
+
+
+def test_summaries_due_at_once_wait_for_one_import_and_survive_a_cancelled_waiter() -> None:
+    """Every waiter shares one import on a thread of its own; cancelling one does not cancel it."""
+    code = (
+        "import asyncio, sys, threading\n"
+        "from compaction_worker import _litellm\n"
+        "async def main():\n"
+        "    waiters = [asyncio.create_task(_litellm.loaded()) for _ in range(20)]\n"
+        "    await asyncio.sleep(0.05)\n"
+        "    names = sorted(t.name for t in threading.enumerate() if t.name != 'MainThread')\n"
+        "    waiters[0].cancel()\n"
+        "    done = await asyncio.gather(*waiters[1:])\n"
+        "    print(names, all(m is sys.modules['litellm'] for m in done))\n"
+        "asyncio.run(main())\n"
+    )
+    assert _python(code) == ["['load-litellm']", "True"]
