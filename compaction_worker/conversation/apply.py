@@ -139,7 +139,7 @@ def turn_args(write: TurnWrite, retention_ms: int, records: Sequence[str]) -> li
     fields = [text for pair in write.fields.items() for text in pair]
     args: list[str | bytes] = [
         str(write.seq),
-        str(write.seq + 1),
+        str(write.rev + 1),
         str(write.rev),
         str(int(write.now * 1000)),
         str(retention_ms),

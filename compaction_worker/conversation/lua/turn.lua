@@ -5,8 +5,9 @@
 --   their expiry moves with the rest (expiry.lua).
 -- A turn's arguments follow their count, ARGV[at], by position from ARGV[at + 1] (it runs for
 --   every turn: a JSON header to decode was a fifth of its time):
---   seq, next (seq + 1), rev (the meta revision the caller computed its fields from; -1: none;
---   it must still be the stored one: every writer of the meta bumps it),
+--   seq, next_rev (rev + 1: the revision an append leaves, stored as sent), rev (the meta
+--   revision the caller computed its fields from; -1: none; it must still be the stored one:
+--   every writer of the meta bumps it),
 --   now_ms, retention_ms, fingerprint, first ('1': the conversation's first
 --   append), then a count and that many meta field/value texts (what the append changes, the
 --   job it records among them: decide.py decides it), then the message count n and
@@ -16,8 +17,8 @@
 --   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
 --   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
 --   {'stale', last_seq, meta hash}: the caller's revision is not the stored one; nothing written
---   {'appended', seq, rev, next_held}
--- An append's writes to the conversation's lists and hashes are gathered in `w` (writes())
+--   {'appended', seq, rev, next_held} (rev as next_rev's text)
+-- An append's writes to the conversation's lists and hashes are gathered in `w`
 -- and made once per call by flush(): a run's turns cost one RPUSH of the transcript and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
 -- leaves, kept in `w`, not read again. A script is atomic: nobody sees the state between.
@@ -30,13 +31,18 @@
 -- a plain append makes four Redis calls: HMGET, RPUSH, HSET x2.
 -- Every turn is stored or held with its fingerprint: a redelivery with another is a conflict. A
 -- turn held behind a gap arrived first: a different turn with its seq is refused.
--- A call's gathered writes: the positions of the turns appended (`spans`), the meta once
--- appended (`state`, as turn() reads it: rev, last_seq, deadline, held; nil until a turn is
--- appended), whether the call found no turn held (`emptied`), the deadline it moved the
--- conversation's to (`renewed`), and the one in force before (`before`; 0: none yet).
-local function writes()
-  return {spans = {}}
-end
+-- A call's state, one table made per call (presized: every table and closure a call makes is a
+-- part of a lone turn's cost): the first three array slots, then three more per turn appended,
+-- hold each appended turn's argument positions (`at`, its records' and their count); `appended`
+-- counts those turns. Once a turn is appended, the meta as it leaves it (`rev`, its text: the
+-- caller sends the revision an append leaves; `last`, `deadline`, `holds`), kept here, not read
+-- again. `emptied`: the call found no turn held; `renewed`: the deadline it moved the
+-- conversation's to; `before`: the one in force before (0: none yet); `first`: the deadline at the
+-- conversation's first append.
+local w = {
+  false, false, false, appended = 0, rev = false, last = 0, deadline = 0, holds = false,
+  emptied = false, renewed = false, before = 0, first = false,
+}
 
 -- Pushes ARGV[from..to] onto a list, in batches (unpack has a C-stack limit).
 local function push_args(key, from, to)
@@ -47,57 +53,63 @@ local function push_args(key, from, to)
   end
 end
 
--- The keys an append writes, by their index in KEYS: meta, transcript, fingerprints. The
--- entries list is not one: the messages appended since a compaction are the transcript's.
-local WRITTEN = {true, true, false, false, true}
-
--- Makes a call's gathered writes: the transcript, the meta, the fingerprints, then the deadlines
--- (after the keys exist: an expiry on a missing key is lost). A field a later turn of a run
--- writes again is written twice in one HSET: the later value is the one kept.
-local function flush(w)
-  if not w.state then return end
+-- Makes the call's gathered writes: the transcript, the meta, the fingerprints, then the deadlines
+-- (after the keys exist: an expiry on a missing key is lost). A lone turn's are made straight from
+-- ARGV; a run's are gathered in tables first, each hash's in one HSET: a field a later turn
+-- writes again is written twice in it, and the later value is the one kept. The moved deadline
+-- goes before the turns' fields, which never name it.
+local function flush()
+  if w.appended == 0 then return end
   local meta, transcript, fingerprints = KEYS[1], KEYS[2], KEYS[5]
-  local fields = {'rev', string.format('%d', w.state[1])}
-  local fps = {}
-  if #w.spans == 1 then
-    local s = w.spans[1]
-    push_args(transcript, s.records, s.records + s.n - 1)
-  else
-    local records = {}
-    for _, s in ipairs(w.spans) do
-      for i = s.records, s.records + s.n - 1 do records[#records + 1] = ARGV[i] end
+  local renewed_text = w.renewed and string.format('%d', w.renewed)
+  if w.appended == 1 then
+    local at, records, n = w[1], w[2], w[3]
+    push_args(transcript, records, records + n - 1)
+    -- The turn's fields lie between its field count (ARGV[at + 8]) and its message count.
+    if renewed_text then
+      redis.call('HSET', meta, 'rev', w.rev, 'expires_at', renewed_text, unpack(ARGV, at + 9, records - 2))
+    else
+      redis.call('HSET', meta, 'rev', w.rev, unpack(ARGV, at + 9, records - 2))
     end
-    push(transcript, records)
+    redis.call('HSET', fingerprints, ARGV[at + 1], ARGV[at + 6])
+  else
+    local all, fields, fps = {}, {'rev', w.rev}, {}
+    if renewed_text then fields[3], fields[4] = 'expires_at', renewed_text end
+    for k = 1, 3 * w.appended, 3 do
+      local at, records, n = w[k], w[k + 1], w[k + 2]
+      for i = records, records + n - 1 do all[#all + 1] = ARGV[i] end
+      for i = at + 9, records - 2 do fields[#fields + 1] = ARGV[i] end
+      fps[#fps + 1] = ARGV[at + 1]
+      fps[#fps + 1] = ARGV[at + 6]
+    end
+    push(transcript, all)
+    redis.call('HSET', meta, unpack(fields))
+    redis.call('HSET', fingerprints, unpack(fps))
   end
-  for _, s in ipairs(w.spans) do
-    for i = s.fields, s.fields + s.fields_n - 1 do fields[#fields + 1] = ARGV[i] end
-    fps[#fps + 1] = ARGV[s.seq]
-    fps[#fps + 1] = ARGV[s.fingerprint]
-  end
-  if w.renewed then
-    fields[#fields + 1] = 'expires_at'
-    fields[#fields + 1] = string.format('%d', w.renewed)
-  end
-  redis.call('HSET', meta, unpack(fields))
   if w.emptied then redis.call('HDEL', meta, 'held') end
-  redis.call('HSET', fingerprints, unpack(fps))
   if w.first then
-    for _, key in ipairs({meta, transcript, fingerprints}) do expire_with(key, w.first) end
+    expire_with(meta, w.first)
+    expire_with(transcript, w.first)
+    expire_with(fingerprints, w.first)
   end
-  if w.renewed then expire_moved(KEYS, WRITTEN, w.before, w.renewed) end
+  -- The keys an append writes, by their index in KEYS: meta, transcript, fingerprints (the
+  -- entries list is not one: the messages appended since a compaction are the transcript's).
+  if w.renewed then expire_moved(KEYS, {true, true, false, false, true}, w.before, w.renewed) end
 end
 
-local function turn(at, w)
+local function turn(at)
   local meta, pending, fingerprints = KEYS[1], KEYS[4], KEYS[5]
   local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
-  local fields_at, fields_n = at + 9, tonumber(ARGV[at + 8])
-  local n = tonumber(ARGV[fields_at + fields_n])
-  local records_at = fields_at + fields_n + 1
-  local held_form = nil
-  if records_at + n <= at + tonumber(ARGV[at]) then held_form = ARGV[records_at + n] end
-  local state = w.state or redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'held')
-  local rev, last, deadline = tonumber(state[1] or '0'), tonumber(state[2] or '0'), tonumber(state[3] or '0')
-  local holds = state[4]
+  local fields_n = tonumber(ARGV[at + 8])
+  local n = tonumber(ARGV[at + 9 + fields_n])
+  local records = at + 10 + fields_n
+  local rev, last, deadline, holds
+  if w.appended > 0 then
+    rev, last, deadline, holds = w.rev, w.last, w.deadline, w.holds
+  else
+    local state = redis.call('HMGET', meta, 'rev', 'last_seq', 'expires_at', 'held')
+    rev, last, deadline, holds = state[1] or '0', tonumber(state[2] or '0'), tonumber(state[3] or '0'), state[4]
+  end
   local seq = tonumber(seq_text)
   if seq <= last then
     local stored = redis.call('HGET', fingerprints, seq_text)
@@ -108,6 +120,7 @@ local function turn(at, w)
     if holds then following = redis.call('HEXISTS', pending, string.format('%d', last + 1)) end
     return {'duplicate', last, redis.call('HEXISTS', meta, 'job_id'), following}
   end
+  local now_ms, retention_ms = tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
   if seq > last + 1 then
     local held = holds and redis.call('HGET', pending, seq_text)
     if held then
@@ -115,18 +128,20 @@ local function turn(at, w)
       if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
       return {'held', last}
     end
-    if not held_form then return {'need_held', last} end
-    redis.call('HSET', pending, seq_text, held_form)
+    -- The held form, if sent, follows the records, within the turn's ARGV[at] arguments.
+    if records + n > at + tonumber(ARGV[at]) then return {'need_held', last} end
+    redis.call('HSET', pending, seq_text, ARGV[records + n])
     if not holds then redis.call('HSET', meta, 'held', '1') end
-    expire_with(pending, keep_alive(KEYS, deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])))
+    expire_with(pending, keep_alive(KEYS, deadline, now_ms, retention_ms))
     return {'held', last}
   end
-  if tonumber(ARGV[at + 3]) ~= rev then
+  -- Revisions are integer texts (HINCRBY's, or the caller's): equal texts, equal revisions.
+  if ARGV[at + 3] ~= rev then
     return {'stale', last, redis.call('HGETALL', meta)}
   end
   local next_held = 0
   if holds then
-    local waiting = redis.call('HMGET', pending, seq_text, ARGV[at + 2])
+    local waiting = redis.call('HMGET', pending, seq_text, string.format('%d', seq + 1))
     if waiting[1] then
       local held_fp = held_fingerprint(waiting[1])
       if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
@@ -135,19 +150,18 @@ local function turn(at, w)
     if waiting[2] then
       next_held = 1
     elseif redis.call('HLEN', pending) == 0 then
-      holds, w.emptied = nil, true
+      holds, w.emptied = false, true
     end
   end
-  w.spans[#w.spans + 1] = {
-    records = records_at, n = n, fields = fields_at, fields_n = fields_n, seq = at + 1, fingerprint = at + 6,
-  }
-  rev = rev + 1
+  local k = 3 * w.appended
+  w[k + 1], w[k + 2], w[k + 3] = at, records, n
+  w.appended = w.appended + 1
   if ARGV[at + 7] == '1' then w.first = deadline end
-  local kept = renewed(deadline, tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]))
+  local kept = renewed(deadline, now_ms, retention_ms)
   if kept ~= deadline then
     if not w.renewed then w.before = deadline end
     w.renewed, deadline = kept, kept
   end
-  w.state = {rev, seq, deadline, holds}
-  return {'appended', seq, rev, next_held}
+  w.rev, w.last, w.deadline, w.holds = ARGV[at + 2], seq, deadline, holds
+  return {'appended', seq, ARGV[at + 2], next_held}
 end

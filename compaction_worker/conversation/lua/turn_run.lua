@@ -5,12 +5,12 @@
 -- after a turn whose next seq is held behind a gap (the caller applies that one first).
 -- Reply: each turn's reply, in order, up to the one it stopped at.
 -- The turns' writes are made once, after the last (turn.lua, flush).
-local replies, at, w = {}, 2, writes()
+local replies, at = {}, 2
 for _ = 1, tonumber(ARGV[1]) do
-  local reply = turn(at, w)
+  local reply = turn(at)
   replies[#replies + 1] = reply
   if reply[1] ~= 'appended' or reply[4] == 1 then break end
   at = at + 1 + tonumber(ARGV[at])
 end
-flush(w)
+flush()
 return replies
