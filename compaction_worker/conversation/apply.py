@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from compaction_worker.conversation.keys import conversation_keys
+from compaction_worker.conversation.keys import ConversationKeys, conversation_keys
 from compaction_worker.conversation.meta import JobRequest, Meta, read_meta, recorded
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.state.connection import RedisClient
@@ -31,6 +31,21 @@ from compaction_worker.state.scripts import Pipeline, PositionalScript, Script, 
 TURN_LUA = ("push.lua", "expiry.lua", "held.lua", "conversation:turn.lua", "conversation:turn_run.lua")
 """The per-turn script: its libraries, then its loop over a call's turns (called by position:
 scripts.PositionalScript)."""
+
+
+def _named(keys: ConversationKeys) -> list[str]:
+    """The keys a call names (lua/turn.lua's KEYS)."""
+    return [keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints]
+
+
+def _lasting_prelude() -> str:
+    """``LASTING`` for lua/turn.lua: the names of the conversation's other lasting keys (keys.py names
+    each after its field, at the end of the key), which the script derives from the meta's key."""
+    keys = conversation_keys("c")
+    named = _named(keys)
+    others = keys.lasting(*named)[len(named) :]
+    return f"local LASTING = '{' '.join(key.rpartition(':')[2] for key in others)}'\n"
+
 
 UNKNOWN_REV = -1
 """The revision to send when the caller knows no meta: an append is then ``stale``."""
@@ -166,18 +181,24 @@ def run_args(
     return args
 
 
-def reply_of(raw: Sequence[Any]) -> AppendReply:
-    """Read the script's reply."""
-    status, last_seq = AppendStatus(as_text(raw[0])), int(raw[1])
+def replies_of(raw: Any) -> list[AppendReply]:
+    """Read the script's reply: a line of text per turn, with the stored meta after a stale one."""
+    text, stored = (raw[0], raw[1]) if isinstance(raw, list) else (raw, None)
+    return [reply_of(line.split(" "), stored) for line in as_text(text).split("\n")]
+
+
+def reply_of(words: Sequence[str], stored: Sequence[Any] | None = None) -> AppendReply:
+    """Read one turn's reply line (its words), and the stored meta hash (flat) that goes with a stale one."""
+    status, last_seq = AppendStatus(words[0]), int(words[1])
     match status:
         case AppendStatus.APPENDED:
-            return AppendReply(status, last_seq, rev=int(raw[2]), next_held=bool(int(raw[3])))
+            return AppendReply(status, last_seq, rev=int(words[2]), next_held=words[3] == "1")
         case AppendStatus.DUPLICATE:
-            return AppendReply(status, last_seq, next_held=bool(int(raw[3])), job=bool(int(raw[2])))
+            return AppendReply(status, last_seq, next_held=words[3] == "1", job=words[2] == "1")
         case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
-            return AppendReply(status, last_seq, kept=as_text(raw[2]))
+            return AppendReply(status, last_seq, kept=words[2])
         case AppendStatus.STALE:
-            flat = raw[2]
+            flat = stored or []
             return AppendReply(
                 status, last_seq, meta=Meta.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
             )
@@ -202,12 +223,11 @@ class Appends:
         self.jobs = jobs
         """The jobs index (None: entries are not written; the tests of the script alone)."""
         self.pipeline = Pipeline(redis)
-        self._script = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
+        self._script = PositionalScript(redis, *TURN_LUA, prelude=_lasting_prelude(), pipeline=self.pipeline)
 
     def keys(self, conversation_id: str) -> list[str]:
         """The script's keys (lua/turn.lua names them)."""
-        keys = conversation_keys(conversation_id, self.prefix)
-        return list(keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints))
+        return _named(conversation_keys(conversation_id, self.prefix))
 
     async def apply(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
         """Store consecutive turns of one conversation in one script call: each turn's reply, in order,
@@ -215,7 +235,7 @@ class Appends:
         entry, if a turn made its job due or a duplicate found one pending."""
         records = [records_of(write) for write in writes]
         raw = await self._script(self.keys(conversation_id), run_args(writes, self.retention_ms, records))
-        replies = [reply_of(reply) for reply in raw]
+        replies = replies_of(raw)
         if self.jobs is not None and any(
             (reply.status is AppendStatus.APPENDED and write.due) or reply.job
             for write, reply in zip(writes, replies, strict=False)

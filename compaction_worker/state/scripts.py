@@ -204,8 +204,11 @@ class PositionalScript:
     the same one). A cluster client sends each call itself (its pipelines split by node).
     """
 
-    def __init__(self, redis: RedisClient, *files: str, pipeline: Pipeline | None = None) -> None:
-        self._script = redis.register_script(source(*files))
+    def __init__(
+        self, redis: RedisClient, *files: str, prelude: str = "", pipeline: Pipeline | None = None
+    ) -> None:
+        """``prelude``: Lua put before the files (constants that Python defines, such as key names)."""
+        self._script = redis.register_script(prelude + source(*files))
         self._cluster = is_cluster(redis)
         self._pipeline = pipeline or Pipeline(redis)
 

@@ -1,8 +1,9 @@
 -- Library (conversation/apply.py): decides and stores one turn; turn_run.lua calls it for each turn of a call
 -- (one, or several consecutive turns of one conversation: a single turn is a run of one).
--- KEYS: meta, transcript, entries, pending, fingerprints, then the conversation's other keys
---   that live as long as it does (chunks, compactions, fence, artifacts, outbox, seq, proposal):
---   their expiry moves with the rest (expiry.lua).
+-- KEYS: meta, transcript, entries, pending, fingerprints. The conversation's other keys that live
+--   as long as it does (chunks, compactions, fence, artifacts, outbox, seq, proposal) move their
+--   expiry with these (expiry.lua), seldom: they are named from the meta's key (lasting_keys), not
+--   passed: a key passed costs every call about as much as an HSET field.
 -- A turn's arguments follow their count, ARGV[at], by position from ARGV[at + 1] (it runs for
 --   every turn: a JSON header to decode was a fifth of its time):
 --   seq, next_rev (rev + 1: the revision an append leaves, stored as sent), rev (the meta
@@ -13,11 +14,13 @@
 --   job it records among them: decide.py decides it), then the message count n and
 --   n transcript records (the history's verbatim tail is read from them: store.py), then the
 --   turn's held form if the caller expects a gap.
--- Replies, by what the stored sequence says of the turn:
---   {'duplicate', last_seq, job_pending, next_held} / {'conflicting_duplicate', last_seq, fingerprint}
---   {'held', last_seq} / {'conflicting_held', last_seq, fingerprint} / {'need_held', last_seq}
---   {'stale', last_seq, meta hash}: the caller's revision is not the stored one; nothing written
---   {'appended', seq, rev, next_held} (rev as next_rev's text)
+-- A turn's reply is a line of text, words separated by a space, by what the stored sequence says
+--   of the turn (a text, not a table: a table reply costs Redis a 16 KB reply block a call):
+--   'duplicate last_seq job_pending next_held' / 'conflicting_duplicate last_seq fingerprint'
+--   'held last_seq' / 'conflicting_held last_seq fingerprint' / 'need_held last_seq'
+--   'stale last_seq': the caller's revision is not the stored one; nothing written (the stored
+--   meta hash goes with the call's reply: turn_run.lua)
+--   'appended seq rev next_held' (rev as next_rev's text); job_pending and next_held are 0 or 1.
 -- An append's writes to the conversation's lists and hashes are gathered in `w`
 -- and made once per call by flush(): a run's turns cost one RPUSH of the transcript and one HSET per
 -- hash, not one each, and each turn after the first is decided on the meta the one before it
@@ -39,10 +42,20 @@
 -- again. `emptied`: the call found no turn held; `renewed`: the deadline it moved the
 -- conversation's to; `before`: the one in force before (0: none yet); `first`: the deadline at the
 -- conversation's first append.
+-- `stale`: the stored meta hash, when a turn was stale.
 local w = {
   false, false, false, appended = 0, rev = false, last = 0, deadline = 0, holds = false,
-  emptied = false, renewed = false, before = 0, first = false,
+  emptied = false, renewed = false, before = 0, first = false, stale = false,
 }
+
+-- Every key of the conversation that lives as long as it does, meta first: KEYS, then the others,
+-- named as conversation/keys.py names them (its key, the meta's with its last part replaced by the
+-- key's name; LASTING, the names, comes from keys.py with the script: conversation/apply.py).
+local function lasting_keys()
+  local keys, base = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, string.sub(KEYS[1], 1, -5)
+  for name in string.gmatch(LASTING, '%S+') do keys[#keys + 1] = base .. name end
+  return keys
+end
 
 -- Pushes ARGV[from..to] onto a list, in batches (unpack has a C-stack limit).
 local function push_args(key, from, to)
@@ -94,9 +107,11 @@ local function flush()
   end
   -- The keys an append writes, by their index in KEYS: meta, transcript, fingerprints (the
   -- entries list is not one: the messages appended since a compaction are the transcript's).
-  if w.renewed then expire_moved(KEYS, {true, true, false, false, true}, w.before, w.renewed) end
+  if w.renewed then expire_moved(lasting_keys(), {true, true, false, false, true}, w.before, w.renewed) end
 end
 
+-- Decides one turn; its reply line (above), and whether the call goes on to the next turn (it
+-- was appended, and its next is not held).
 local function turn(at)
   local meta, pending, fingerprints = KEYS[1], KEYS[4], KEYS[5]
   local seq_text, fingerprint = ARGV[at + 1], ARGV[at + 6]
@@ -114,41 +129,42 @@ local function turn(at)
   if seq <= last then
     local stored = redis.call('HGET', fingerprints, seq_text)
     if stored and stored ~= fingerprint then
-      return {'conflicting_duplicate', last, stored}
+      return 'conflicting_duplicate ' .. string.format('%d', last) .. ' ' .. stored, false
     end
     local following = 0
     if holds then following = redis.call('HEXISTS', pending, string.format('%d', last + 1)) end
-    return {'duplicate', last, redis.call('HEXISTS', meta, 'job_id'), following}
+    return 'duplicate ' .. string.format('%d', last) .. ' ' .. redis.call('HEXISTS', meta, 'job_id') .. ' ' .. following, false
   end
   local now_ms, retention_ms = tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5])
   if seq > last + 1 then
     local held = holds and redis.call('HGET', pending, seq_text)
     if held then
       local held_fp = held_fingerprint(held)
-      if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
-      return {'held', last}
+      if held_fp ~= fingerprint then return 'conflicting_held ' .. string.format('%d', last) .. ' ' .. held_fp, false end
+      return 'held ' .. string.format('%d', last), false
     end
     -- The held form, if sent, follows the records, within the turn's ARGV[at] arguments.
-    if records + n > at + tonumber(ARGV[at]) then return {'need_held', last} end
+    if records + n > at + tonumber(ARGV[at]) then return 'need_held ' .. string.format('%d', last), false end
     redis.call('HSET', pending, seq_text, ARGV[records + n])
     if not holds then redis.call('HSET', meta, 'held', '1') end
-    expire_with(pending, keep_alive(KEYS, deadline, now_ms, retention_ms))
-    return {'held', last}
+    expire_with(pending, keep_alive(lasting_keys(), deadline, now_ms, retention_ms))
+    return 'held ' .. string.format('%d', last), false
   end
   -- Revisions are integer texts (HINCRBY's, or the caller's): equal texts, equal revisions.
   if ARGV[at + 3] ~= rev then
-    return {'stale', last, redis.call('HGETALL', meta)}
+    w.stale = redis.call('HGETALL', meta)
+    return 'stale ' .. string.format('%d', last), false
   end
-  local next_held = 0
+  local next_held = false
   if holds then
     local waiting = redis.call('HMGET', pending, seq_text, string.format('%d', seq + 1))
     if waiting[1] then
       local held_fp = held_fingerprint(waiting[1])
-      if held_fp ~= fingerprint then return {'conflicting_held', last, held_fp} end
+      if held_fp ~= fingerprint then return 'conflicting_held ' .. string.format('%d', last) .. ' ' .. held_fp, false end
       redis.call('HDEL', pending, seq_text)
     end
     if waiting[2] then
-      next_held = 1
+      next_held = true
     elseif redis.call('HLEN', pending) == 0 then
       holds, w.emptied = false, true
     end
@@ -163,5 +179,5 @@ local function turn(at)
     w.renewed, deadline = kept, kept
   end
   w.rev, w.last, w.deadline, w.holds = ARGV[at + 2], seq, deadline, holds
-  return {'appended', seq, ARGV[at + 2], next_held}
+  return 'appended ' .. seq_text .. ' ' .. ARGV[at + 2] .. (next_held and ' 1' or ' 0'), not next_held
 end
