@@ -42,11 +42,9 @@
 -- again. `emptied`: the call found no turn held; `renewed`: the deadline it moved the
 -- conversation's to; `before`: the one in force before (0: none yet); `first`: the deadline at the
 -- conversation's first append.
--- `stale`: the stored meta hash, when a turn was stale.
-local w = {
-  false, false, false, appended = 0, rev = false, last = 0, deadline = 0, holds = false,
-  emptied = false, renewed = false, before = 0, first = false, stale = false,
-}
+-- `stale`: the stored meta hash, when a turn was stale. The fields a lone append sets are made
+-- with the table (one allocation); the others, nil until set, only by a rarer call.
+local w = {false, false, false, appended = 0, rev = false, last = 0, deadline = 0, holds = false}
 
 -- Every key of the conversation that lives as long as it does, meta first: KEYS, then the others,
 -- named as conversation/keys.py names them (its key, the meta's with its last part replaced by the
