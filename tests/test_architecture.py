@@ -43,7 +43,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
 )
 """The package's layers, lowest first: a module imports only from its own layer or lower ones
-("" is the package's own ``__init__``). Each names top-level modules or packages."""
+("" is the package's own ``__init__``). Each names top-level modules or packages. The conversation
+core shares the state's layer: the state's structures use its keys and meta, and its one write
+uses the state's script runner and jobs index (no module cycle: test_no_cycles)."""
 
 Scope = Literal["module", "type-checking", "function"]
 

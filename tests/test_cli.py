@@ -24,11 +24,11 @@ from click.testing import CliRunner
 from compaction_worker.bench.environment import START_CEILING
 from compaction_worker.cli import SCHEMAS_DIR, main
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
+from compaction_worker.conversation.meta import write_field
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
 from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.meta import write_field
 from compaction_worker.state.proposals import Proposals
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes

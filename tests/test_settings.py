@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from compaction_worker.budget.tokens import budget_for
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.settings import Settings, load_settings
-from compaction_worker.state.meta import Meta
 
 
 @pytest.fixture(autouse=True)

@@ -25,10 +25,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from compaction_worker.conversation.keys import conversation_keys
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
 from compaction_worker.settings import Settings, load_settings
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import conversation_keys
 
 STORE = """
 redis.call('RPUSH', KEYS[1], ARGV[1])

@@ -16,11 +16,11 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from compaction_worker.bench.environment import BenchEnv, BenchError
+from compaction_worker.conversation.keys import conversation_keys
 from compaction_worker.formats import tool_call
 from compaction_worker.runtime.connections import kafka_client_args
 from compaction_worker.runtime.topics import create_topics
 from compaction_worker.state.connection import is_cluster
-from compaction_worker.state.keys import conversation_keys
 from compaction_worker.testing import turn_payload
 
 MODELS = (

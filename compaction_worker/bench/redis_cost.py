@@ -106,7 +106,7 @@ class TurnCost:
     """Redis CPU per stored turn on a busy shard in a backlog (phase 5; 0: not measured)."""
     shard_backlog_per_send: float
     shard_writes_cpu_usec: float
-    """Redis CPU per stored turn on a busy shard for the plain append's writes alone (phase 5; 0: not measured)."""
+    """Redis CPU per stored turn on a busy shard for an append's writes alone (phase 5; 0: not measured)."""
     connections: float
     """The Redis connections the worker process held after the backlog and the agent-pace phases (``CLIENT LIST``)."""
     idle_sent: float
@@ -354,7 +354,7 @@ def cost_rows(
                 "shard_writes_cpu_usec",
                 "µs",
                 None,
-                note="other conversations' turns at agent pace, each round's writes (the plain append's: "
+                note="other conversations' turns at agent pace, each round's writes (an append's: "
                 "RPUSH, HSET x2) in one MULTI/EXEC a store, with no read and no check: what storing "
                 "these turns costs at least",
                 alone=True,

@@ -5,15 +5,15 @@ CPU on a turn, so its sends carry a few turns each, and a turn's share of a send
 the request, waking up, answering) stays high. A shard in production carries a node's workers,
 and their sends grow as it gets busy (scripts.Pipeline). So this phase gives Redis a core of
 its own (cores.py) and sends it what workers would, without their CPU: each turn planned
-beforehand by the worker's own decision (plan.py's plan_turn) and written through the worker's
-Store by :data:`CLIENTS` stores (a connection and a pipeline each, as many workers):
+beforehand by the worker's own decision (conversation/decide.py) and written through the worker's
+Appends by :data:`CLIENTS` writers (a connection and a pipeline each, as many workers):
 
 - at agent pace: one turn per conversation at a time, each conversation's next turn once the
   one before it is stored (their first turns, which create their keys, go before the clock);
 - in a backlog: each conversation's turns as runs, as a worker sends a batch that holds them;
 - the writes alone: other conversations' turns at agent pace, each round's writes (those the
-  plain append makes: appends.PlainAppend) sent as one ``MULTI``/``EXEC`` a store, with no read
-  and no check. No worker can store these turns for less: the agent-pace figure over this one
+  script makes for an append that moves no deadline: :func:`_floor`) sent as one
+  ``MULTI``/``EXEC`` a writer, with no read and no check. No worker can store these turns for less: the agent-pace figure over this one
   is what the worker's reads and checks cost, whatever the size of the turns.
 
 What it gives is the shard's capacity: Redis CPU per stored turn while it is kept busy.
@@ -32,13 +32,13 @@ from compaction_worker.bench.load import delete_prefix, make_input
 from compaction_worker.bench.meter import Meter, Snapshot
 from compaction_worker.bench.report import Progress
 from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.conversation.apply import Appends, AppendStatus, TurnWrite, records_of
+from compaction_worker.conversation.decide import decide
+from compaction_worker.conversation.keys import conversation_keys
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.runtime.connections import connect_redis
-from compaction_worker.runtime.plan import plan_turn
 from compaction_worker.runtime.runs import RUN_MAX
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import AppendStatus, PlainAppend, TurnWrite, records_of
-from compaction_worker.state.meta import Meta
-from compaction_worker.state.store import Store
 
 CLIENTS = 4
 """Stores sending at once, each on its own connection: as many workers."""
@@ -67,7 +67,7 @@ def planned(settings: Settings, conversations: int, turns: int, name: str) -> di
     writes: dict[str, list[TurnWrite]] = {}
     for key, raw in make_input(conversations, turns, name).events:
         cid = key.decode()
-        turn = plan_turn(TurnEvent.model_validate_json(raw, strict=True), metas.get(cid, Meta()), settings)
+        turn = decide(metas.get(cid, Meta()), TurnEvent.model_validate_json(raw, strict=True), settings)
         writes.setdefault(cid, []).append(turn.write)
         metas[cid] = turn.plan.after
     return writes
@@ -85,7 +85,7 @@ async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Pro
         )
         prefix = env.unique("shard")
         stores = [
-            Store(connect_redis(env.settings.redis), prefix, env.settings.redis.retention_seconds)
+            Appends(connect_redis(env.settings.redis), prefix, env.settings.redis.retention_seconds)
             for _ in range(CLIENTS)
         ]
         try:
@@ -100,8 +100,7 @@ async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Pro
             )
             bare = planned(env.settings, PACED_CONVERSATIONS, PACED_TURNS, "bare")
             await _sent(stores, bare, lambda writes: writes[:1], runs=False)
-            deadlines = await _deadlines(stores[0], bare)
-            writes_cpu, writes_seconds = await meter.spent(_written(stores, bare, deadlines))
+            writes_cpu, writes_seconds = await meter.spent(_written(stores, bare))
         finally:
             for store in stores:
                 await store.redis.aclose()
@@ -118,7 +117,7 @@ async def busy_shard(env: BenchEnv, meter: Meter, idle_cpu: float, progress: Pro
 
 
 async def _measured(
-    meter: Meter, stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool
+    meter: Meter, stores: list[Appends], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool
 ) -> tuple[Snapshot, float, int]:
     """What Redis spent sending ``part`` of every conversation's writes, the seconds it took, and the sends made."""
     sends = sum(store.pipeline.sends for store in stores)
@@ -126,18 +125,20 @@ async def _measured(
     return spent, seconds, sum(store.pipeline.sends for store in stores) - sends
 
 
-async def _sent(stores: list[Store], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool) -> None:
+async def _sent(
+    stores: list[Appends], writes: dict[str, list[TurnWrite]], part: _Part, *, runs: bool
+) -> None:
     """Every conversation's ``part`` of its writes, conversations spread over the stores, each
     conversation's in order (one turn, or one run, at a time), all conversations at once."""
 
-    async def conversation(store: Store, cid: str, mine: list[TurnWrite]) -> None:
+    async def conversation(store: Appends, cid: str, mine: list[TurnWrite]) -> None:
         if runs:
             for at in range(0, len(mine), RUN_MAX):
-                replies = await store.write_run(cid, mine[at : at + RUN_MAX])
+                replies = await store.apply(cid, mine[at : at + RUN_MAX])
                 _appended(cid, [reply.status for reply in replies], len(mine[at : at + RUN_MAX]))
         else:
             for write in mine:
-                _appended(cid, [(await store.write_turn(cid, write)).status], 1)
+                _appended(cid, [reply.status for reply in await store.apply(cid, [write])], 1)
 
     await asyncio.gather(
         *(
@@ -147,33 +148,28 @@ async def _sent(stores: list[Store], writes: dict[str, list[TurnWrite]], part: _
     )
 
 
-async def _deadlines(store: Store, writes: dict[str, list[TurnWrite]]) -> dict[str, int]:
-    """Each conversation's stored deadline (``expires_at``), read before the clock."""
-    async with store.redis.pipeline(transaction=False) as pipe:
-        for cid in writes:
-            pipe.hget(store.keys(cid).meta, "expires_at")
-        return {cid: int(value or 0) for cid, value in zip(writes, await pipe.execute(), strict=True)}
+def _floor(prefix: str, cid: str, write: TurnWrite) -> tuple[tuple[str, ...], ...]:
+    """The writes the per-turn script makes for ``write`` when it moves no deadline (lua/turn.lua,
+    flush): the transcript, the meta, the fingerprints."""
+    keys = conversation_keys(cid, prefix)
+    fields = [text for pair in {"rev": str(write.rev + 1), **write.fields}.items() for text in pair]
+    return (
+        ("RPUSH", keys.transcript, *records_of(write)),
+        ("HSET", keys.meta, *fields),
+        ("HSET", keys.fingerprints, str(write.seq), write.fingerprint),
+    )
 
 
-async def _written(
-    stores: list[Store], writes: dict[str, list[TurnWrite]], deadlines: dict[str, int]
-) -> None:
+async def _written(stores: list[Appends], writes: dict[str, list[TurnWrite]]) -> None:
     """Every conversation's writes after its first, a round at a time (one turn of each), each
-    round's as the plain append makes them (PlainAppend.writes_for, on the meta they were
-    planned from) in one ``MULTI``/``EXEC`` a store: the conversations spread as :func:`_sent` spreads them."""
+    round's as the script makes them (:func:`_floor`) in one ``MULTI``/``EXEC`` a writer: the
+    conversations spread as :func:`_sent` spreads them."""
     mine = [list(writes.items())[at :: len(stores)] for at in range(len(stores))]
 
-    async def round_of(store: Store, conversations: list[tuple[str, list[TurnWrite]]], at: int) -> None:
+    async def round_of(store: Appends, conversations: list[tuple[str, list[TurnWrite]]], at: int) -> None:
         async with store.redis.pipeline(transaction=True) as pipe:
             for cid, each in conversations:
-                write = each[at]
-                plain = PlainAppend.of(store.turn_keys(cid), [write], [records_of(write)], store.retention_ms)
-                commands = (
-                    plain.writes_for([write.rev, write.seq - 1, deadlines[cid], None]) if plain else None
-                )
-                if commands is None:
-                    raise BenchError(f"{cid}: turn {write.seq} is not a plain append")
-                for command in commands:
+                for command in _floor(store.prefix, cid, each[at]):
                     pipe.execute_command(*command)
             await pipe.execute()
 

@@ -45,9 +45,9 @@ from compaction_worker.bench.standing import Lossy
 from compaction_worker.budget.tokens import TokenCounter, compute_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.settings import Settings
-from compaction_worker.state.meta import Meta
 from compaction_worker.summaries.contract import Summarizer
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 

@@ -35,9 +35,9 @@ from compaction_worker.budget.tokens import compute_budget, counter_for
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import Outcome
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.settings import Settings
-from compaction_worker.state.meta import Meta
 from compaction_worker.summaries.carry import distinctive_terms
 from compaction_worker.summaries.contract import SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer

@@ -12,10 +12,10 @@ from compaction_worker.cli.common import json_output, run_async, settings_of
 
 if TYPE_CHECKING:
     from compaction_worker.client.client import Client
+    from compaction_worker.conversation.meta import Meta
     from compaction_worker.runtime.preview import Preview
     from compaction_worker.settings import SummarizerSettings
     from compaction_worker.state.breaker import BreakerState
-    from compaction_worker.state.meta import Meta
 
 # Each command imports the client, Redis and the models it needs when it runs: `--help` and the
 # other commands start without them (docs/performance.md: start-up).

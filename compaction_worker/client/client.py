@@ -32,6 +32,7 @@ from compaction_worker.contracts.events import (
     ContextStatus,
     TurnEvent,
 )
+from compaction_worker.conversation.meta import Job, Meta, write_field, write_instructions
 from compaction_worker.conversation.status import Status, read_status
 from compaction_worker.errors import ConfigError, WaitTimeoutError
 from compaction_worker.formats.anthropic import AnthropicMessages
@@ -47,8 +48,6 @@ from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import carried
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.jobs import Job
-from compaction_worker.state.meta import Meta, write_field, write_instructions
 from compaction_worker.state.restore import Version, versions
 from compaction_worker.state.store import Snapshot, Store
 

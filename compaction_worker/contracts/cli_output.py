@@ -54,7 +54,7 @@ class TranscriptRecord(_Output):
 
     @classmethod
     def from_stored(cls, record: Mapping[str, Any]) -> TranscriptRecord:
-        """The readable form of a stored record (see ``compaction_worker.state.appends.encode_records``)."""
+        """The readable form of a stored record (see ``compaction_worker.conversation.apply.encode_records``)."""
         return cls(
             ordinal=record["n"],
             turn_seq=record["seq"],

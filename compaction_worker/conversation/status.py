@@ -19,11 +19,10 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
 
 from compaction_worker.contracts.events import ContextStatus, Trigger
+from compaction_worker.conversation.keys import ConversationKeys, conversation_keys
+from compaction_worker.conversation.meta import JOB_PRIORITY, Meta
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import ShardedIndex
-from compaction_worker.state.jobs import JOB_PRIORITY
-from compaction_worker.state.keys import ConversationKeys, conversation_keys
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.proposals import Proposal
 from compaction_worker.state.scripts import as_text
 

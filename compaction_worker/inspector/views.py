@@ -17,11 +17,11 @@ from urllib.parse import quote
 from compaction_worker.client.client import Artifact, Client, ContextStats, context_stats
 from compaction_worker.contracts.events import Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk, render
+from compaction_worker.conversation.keys import is_meta_key, meta_key_pattern
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.conversation.status import Status, read_statuses
 from compaction_worker.inspector.counts import TranscriptCounts
 from compaction_worker.settings import Settings
-from compaction_worker.state.keys import is_meta_key, meta_key_pattern
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.restore import versions
 from compaction_worker.state.store import Snapshot
 from compaction_worker.summaries.artifacts import item_kind

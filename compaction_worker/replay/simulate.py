@@ -24,14 +24,14 @@ from compaction_worker.budget.tokens import Budget, budget_for, conversation_bud
 from compaction_worker.budget.windows import resolve_window
 from compaction_worker.contracts.events import LlmUsage, Outcome, Trigger, TurnEvent, validation_summary
 from compaction_worker.contracts.history import EffectiveHistory, Entry, render, text_of
+from compaction_worker.conversation.decide import decide
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.replay.cache import PEERS, Block, CacheFigures, CacheMeter, block, message_blocks, peer
 from compaction_worker.replay.reader import Conversation, ReplayInputError
 from compaction_worker.runtime.compactor import Summarizers, applied, context_status
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.runtime.payoff import floor_of, paid
-from compaction_worker.runtime.plan import plan_turn
 from compaction_worker.settings import Settings
-from compaction_worker.state.meta import Meta
 from compaction_worker.strategies.draft import add_usage
 from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
 
@@ -358,10 +358,10 @@ class Replay:
         return calibrated_total(self.meta)
 
     async def turn(self, event: TurnEvent) -> None:
-        """Append one turn as the worker decides it (runtime/plan.py: ``plan_turn``, on the meta the
+        """Append one turn as the worker decides it (conversation/decide.py: ``decide``, on the meta the
         replay keeps), then run the compactions it sets off."""
         seq = event.turn_seq
-        planned = plan_turn(event, self.meta, self.settings, now=_NOW)
+        planned = decide(self.meta, event, self.settings, now=_NOW)
         plan = planned.plan
         entries = []
         for new in planned.write.messages:

@@ -24,6 +24,7 @@ from compaction_worker.contracts.events import (
     Trigger,
 )
 from compaction_worker.contracts.history import EffectiveHistory, render, summary_message_text
+from compaction_worker.conversation.meta import Job, Meta
 from compaction_worker.errors import ProposalError, StaleFenceError
 from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
@@ -35,9 +36,8 @@ from compaction_worker.runtime.reports import Run, context_status, llm_failed
 from compaction_worker.settings import Settings
 from compaction_worker.state.archive import Archive
 from compaction_worker.state.breaker import Breaker, BreakerState, breaker_model
-from compaction_worker.state.jobs import Claim, Job, JobQueue
+from compaction_worker.state.jobs import Claim, JobQueue
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.outbox import Outbox, event_field, pack
 from compaction_worker.state.proposals import Proposal, Proposals, replaced_count
 from compaction_worker.state.store import Snapshot, Store
@@ -144,8 +144,8 @@ class Compactor:
         cid = job.conversation_id
         started_at = time.monotonic()
         snapshot = await self.store.snapshot(cid)
-        if snapshot.meta.pins:  # pins turns asked for while a compaction held the lock: first
-            await apply_asked(self.store, None, cid, snapshot.meta.pins)
+        if snapshot.meta.pins:  # pins turns asked for since the lock was last held: first
+            await apply_asked(self.store, cid, snapshot.meta.pins)
             snapshot = await self.store.snapshot(cid)
         meta = snapshot.meta
         settings = self.settings.for_profile(meta.profile)  # the conversation's own terms

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import Publish
+from compaction_worker.conversation.apply import Appends
 from compaction_worker.observability import metrics
 from compaction_worker.observability.health import Liveness
 from compaction_worker.recall.search import Recall
@@ -37,6 +38,8 @@ class Components:
 
     settings: Settings
     store: Store
+    appends: Appends
+    """A conversation's turns written (the per-turn script and the job entries it makes due)."""
     jobs: JobQueue
     locks: Locks
     gaps: GapIndex
@@ -114,11 +117,13 @@ def build_components(
         wakes=wakes,
         liveness=liveness,
     )
-    turns = TurnHandler(settings, store, jobs, gaps, dead_letters, on_scheduled=pool.submit)
+    appends = Appends(redis, store.prefix, settings.redis.retention_seconds, jobs=jobs.index)
+    turns = TurnHandler(settings, appends, gaps, dead_letters, on_scheduled=pool.submit)
     rewinder = Rewinder(settings, store, locks=locks, archive=archive, publish=publish)
     return Components(
         settings=settings,
         store=store,
+        appends=appends,
         jobs=jobs,
         locks=locks,
         gaps=gaps,

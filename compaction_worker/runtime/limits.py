@@ -10,9 +10,8 @@ from compaction_worker.budget.threshold import scale_of
 from compaction_worker.budget.tokens import CALIBRATION_BOUNDS, Budget, TokenCounter, conversation_budget
 from compaction_worker.budget.windows import WindowInfo
 from compaction_worker.contracts.events import Trigger
+from compaction_worker.conversation.meta import Job, Meta
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import Job
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Snapshot
 
 

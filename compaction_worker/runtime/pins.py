@@ -9,9 +9,10 @@ history still carries can be pinned; one a summary already replaced cannot (rewi
 one a cheap stage edited (a pruned tool output) stays pinned as the history holds it.
 
 A runtime that only publishes pins with a turn's ``pin`` / ``unpin`` fields: the turn's append
-adds them to the meta's ``pins`` (runtime/plan.py), and whoever holds the lock next applies
-them (:func:`apply_asked`): the turn handler right after the append when no compaction runs,
-else that compaction, before it reads the history.
+adds them to the meta's ``pins``, in the same write, O(1) (conversation/decide.py), and the next
+holder of the lock applies them (:func:`apply_asked`): the next compaction, before it reads the
+history, or a ``Client.pin`` caller. The consumer path never takes the lock nor reads the
+transcript for them. A pin reads only its turn's records (``Store.turn_ordinals``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 import json
 import logging
 
+from compaction_worker.conversation.meta import clear_field_if
 from compaction_worker.errors import PinError, StaleFenceError
 from compaction_worker.state.lock import Locks
-from compaction_worker.state.meta import clear_field_if
 from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -34,25 +35,17 @@ async def set_pinned(
     when given); returns their transcript ordinals."""
     ordinals = await _ordinals(store, conversation_id, turn_seq, index)
     async with locks.exclusive(conversation_id, store.keys(conversation_id)):
+        asked = (await store.meta(conversation_id)).pins
+        if asked:  # turns asked for theirs first: applied in the order asked
+            await apply_asked(store, conversation_id, asked)
         await _write(store, conversation_id, turn_seq, ordinals, pinned=pinned)
     return ordinals
 
 
-async def apply_asked(store: Store, locks: Locks | None, conversation_id: str, asked: str) -> bool:
-    """Apply the pins turns asked for (the meta's ``pins``, ``asked``) and clear them; with ``locks``,
-    only if the conversation's lock is free now (None: the caller holds it). A pin of a message a
-    summary already replaced, or of no such message, is logged and dropped. Whether they were applied."""
-    if locks is None:
-        await _apply(store, conversation_id, asked)
-        return True
-    async with locks.held(conversation_id, store.keys(conversation_id)) as lease:
-        if lease is None:
-            return False  # the compaction running now applies them first
-        await _apply(store, conversation_id, asked)
-    return True
-
-
-async def _apply(store: Store, conversation_id: str, asked: str) -> None:
+async def apply_asked(store: Store, conversation_id: str, asked: str) -> None:
+    """Apply the pins turns asked for (the meta's ``pins``, ``asked``) and clear them; the caller holds
+    the conversation's lock. A pin of a message a summary already replaced, or of no such message,
+    is logged and dropped."""
     for turn_seq, index, pinned in json.loads(asked):
         try:
             ordinals = await _ordinals(store, conversation_id, turn_seq, index)
@@ -70,9 +63,7 @@ async def _apply(store: Store, conversation_id: str, asked: str) -> None:
 
 async def _ordinals(store: Store, conversation_id: str, turn_seq: int, index: int | None) -> list[int]:
     """The transcript ordinals of turn ``turn_seq``'s messages (its ``index``-th only, when given)."""
-    ordinals = [
-        record["n"] for record in await store.transcript(conversation_id) if record.get("seq") == turn_seq
-    ]
+    ordinals = await store.turn_ordinals(conversation_id, turn_seq)
     if not ordinals:
         raise PinError(f"{conversation_id} has no turn {turn_seq}")
     if index is not None:

@@ -24,10 +24,10 @@ from compaction_worker import strategies
 from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import Outcome, StandingStateReport, Trigger
 from compaction_worker.contracts.history import render, summary_message_text
+from compaction_worker.conversation.meta import Job
 from compaction_worker.runtime.compactor import applied
 from compaction_worker.runtime.limits import run_limits
 from compaction_worker.settings import Settings
-from compaction_worker.state.jobs import Job
 from compaction_worker.state.proposals import Proposal, replaced_count
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.summaries.factory import Summarizers, configured_summarizers

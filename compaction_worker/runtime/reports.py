@@ -21,7 +21,7 @@ from compaction_worker.contracts.events import (
     Trigger,
 )
 from compaction_worker.contracts.history import summary_message_text
-from compaction_worker.state.meta import Meta
+from compaction_worker.conversation.meta import Meta
 
 
 @dataclass(frozen=True, slots=True)

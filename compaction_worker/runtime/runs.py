@@ -2,8 +2,8 @@
 
 A partition's batch often holds several turns of a conversation in a row (a backlog, a fast
 agent loop). The per-turn path (turns.py) costs each a script call and a round trip. A run
-decides each turn on the meta the turn before it leaves (plan.py's ``plan_turn``, no I/O), and the
-per-turn script (state/appends.py; a single turn is a run of one) stores them in order, each
+decides each turn on the meta the turn before it leaves (conversation/decide.py, no I/O), and the
+per-turn script (conversation/apply.py; a single turn is a run of one) stores them in order, each
 on the meta the one before it leaves, and stops after the first it does not append, writing
 nothing for it. Whatever a run did not append goes through the per-turn path, which acts on
 everything else (duplicates, gaps, conflicts, a meta changed by another writer, failures and
@@ -19,12 +19,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from compaction_worker.contracts.events import BadEventError, TurnEvent
+from compaction_worker.conversation.apply import AppendStatus
+from compaction_worker.conversation.decide import Planned, decide
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
-from compaction_worker.runtime.plan import Planned, plan_turn
 from compaction_worker.runtime.turns import TurnHandler, TurnOutcome, is_outage
-from compaction_worker.state.appends import AppendStatus
-from compaction_worker.state.meta import Meta
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _planned(
         spans.append(span)
         try:
             with tracing.current(span):
-                turn = plan_turn(event, meta, handler.settings)
+                turn = decide(meta, event, handler.settings)
         except Exception as error:
             log.warning("turn %s failed in a run (%s: %s)", event.turn_seq, type(error).__name__, error)
             if len(handler.failed_in_run) >= RUN_MAX * 64:  # a bound: records never handled again
@@ -148,15 +148,20 @@ def _planned(
 async def _append(handler: TurnHandler, cid: str, planned: Sequence[Planned]) -> list[TurnOutcome]:
     # The script's verdict on the turn it stopped at (a duplicate, a gap, a stale meta) is the
     # per-turn path's to act on: nothing was written for it, and that path sends it again.
-    replies = await handler.store.write_run(cid, [p.write for p in planned])
-    appended = sum(1 for reply in replies if reply.status is AppendStatus.APPENDED)
-    for done, reply in zip(planned, replies[:appended], strict=False):
-        if done.span is not None:
-            done.span.set_attribute("compaction.append.status", reply.status.value)
-            done.span.set_attribute("compaction.append.run", appended)
-    outcomes, _ = await handler.acted(cid, planned, replies)
-    for done in planned[len(outcomes) :]:  # left to the per-turn path, which traces it again
-        if done.span is not None:
+    replies = await handler.appends.apply(cid, [p.write for p in planned])
+    outcomes = []
+    for done, reply in zip(planned, replies, strict=False):
+        if reply.status is not AppendStatus.APPENDED:
+            break
+        with bound(turn_seq=done.event.turn_seq), tracing.current(done.span or trace.INVALID_SPAN):
+            outcomes.append(handler.appended(done, reply))
+    for i, done in enumerate(planned):
+        if done.span is None:
+            continue
+        if i < len(outcomes):
+            done.span.set_attribute("compaction.append.status", AppendStatus.APPENDED.value)
+            done.span.set_attribute("compaction.append.run", len(outcomes))
+        else:  # left to the per-turn path, which traces it again
             done.span.set_attribute("compaction.append.status", "left to the per-turn path")
     metrics.record_turn("appended", count=len(outcomes))
     if outcomes and outcomes[-1].next_held:  # the run stopped after it: the held turn applies now

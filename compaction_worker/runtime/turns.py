@@ -1,10 +1,11 @@
-"""The per-turn path: validate, then one script call that stores, holds or recognises the turn.
+"""The per-turn path in four steps: parse, decide (conversation/decide.py), apply (one script call
+that stores, holds or recognises the turn: conversation/apply.py), act on its verdict.
 
-It never waits on an LLM: compactions run later, from the job queue (compactor.py). A turn is
-decided by one function (plan.py: ``plan_turn``); what the script answers is read in
-state/appends.py. Consecutive turns of one conversation in a batch are stored together by
-runs.py, with the same decision, the same script call (a single turn is a run of one) and the
-same action on its replies (:meth:`TurnHandler.acted`); what a run does not store comes here.
+It never waits on an LLM: compactions run later, from the job queue (compactor.py), and pins a
+turn asks for are stored with it and applied by the next holder of the lock (pins.py).
+Consecutive turns of one conversation in a batch are stored together by runs.py, with the same
+decision, the same script call (a single turn is a run of one) and the same action on an append
+(:meth:`TurnHandler.appended`); what a run does not store comes here.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
@@ -30,19 +32,15 @@ from compaction_worker.contracts.events import (
     TurnEvent,
     validation_summary,
 )
+from compaction_worker.conversation.apply import AppendReply, Appends, AppendStatus
+from compaction_worker.conversation.decide import Counted, Planned, decide
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.observability.logs import bound
-from compaction_worker.retry import RetryPolicy
 from compaction_worker.runtime.deadletters import DeadLetters
-from compaction_worker.runtime.pins import apply_asked
-from compaction_worker.runtime.plan import AppendPlan, Counted, Planned, plan_turn
 from compaction_worker.settings import Settings
-from compaction_worker.state.appends import AppendReply, AppendStatus
 from compaction_worker.state.gaps import GapIndex, conflicting_duplicate
-from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.meta import Meta
-from compaction_worker.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +58,8 @@ class TurnStatus(StrEnum):
 _METRIC_STATUS = {TurnStatus.BUFFERED: "held"}
 
 STALE_TRIES = 3
-"""Script calls a turn may take when other writers keep changing its conversation's meta."""
-_AGAIN = RetryPolicy(STALE_TRIES, base_seconds=0.0, cap_seconds=0.0)
-"""A call made again at once on what the script answered: nothing failed, so no wait."""
+"""Script calls a turn may take when other writers keep changing its conversation's meta (each
+decided again at once on the meta the script answered with: nothing failed, so no wait)."""
 KNOWN_CONVERSATIONS = 4096
 """How many conversations' meta a handler remembers (the least recently served are forgotten)."""
 
@@ -106,39 +103,34 @@ class TurnOutcome:
     """The conversation's last stored seq (this turn's, after an append)."""
 
 
-class _Again(Exception):
-    """The script answered a call to be made again (``stale``, ``need_held``); nothing was written."""
-
-
 class TurnHandler:
-    """Validates, stores and budgets one ``conversation.turn`` event.
+    """Stores one ``conversation.turn`` event in four steps: parse, decide, apply, act.
 
     It remembers the meta of the conversations it served last (their turns come to this
-    consumer in a row): a turn's fields are computed from it and stored by one script call
-    that checks the meta's revision (state/appends.py). A miss, or a meta another writer
-    changed, costs one more round trip, never a wrong write.
+    consumer in a row): a turn is decided on it (conversation/decide.py) and stored by one
+    script call that checks the meta's revision (conversation/apply.py). A miss, or a meta
+    another writer changed, costs one more call, decided again on the meta the script answered
+    with, never a wrong write.
     """
 
     def __init__(
         self,
         settings: Settings,
-        store: Store,
-        jobs: JobQueue,
+        appends: Appends,
         gaps: GapIndex,
         dead_letters: DeadLetters,
         *,
         on_scheduled: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.store = store
-        self.jobs = jobs
+        self.appends = appends
         self.gaps = gaps
         self.dead_letters = dead_letters
         self.on_scheduled = on_scheduled or (lambda _cid: None)
         self.policy = settings.retry.turns
         self._known: OrderedDict[str, Meta] = OrderedDict()
         self.failed_in_run: dict[bytes, int] = {}
-        """Turns (their bytes) whose planning failed in a run: that was their first try (runs.py)."""
+        """Turns (their bytes) whose decision failed in a run: that was their first try (runs.py)."""
 
     async def handle(
         self, raw: bytes, key: bytes | None = None, partition: int | None = None, offset: int | None = None
@@ -147,9 +139,10 @@ class TurnHandler:
 
         An outage (:func:`is_outage`) propagates: the caller must not acknowledge the event,
         so that it is redelivered once Redis or the broker is back. Any other failure is tried
-        again, ``retry.turn_attempts`` tries in all, then the turn goes to the DLQ as
+        again, ``retry.turns`` tries in all, then the turn goes to the DLQ as
         ``processing_failed``: a poison turn cannot stall its partition.
         """
+        where = _Where(raw, key, partition, offset)
         event: TurnEvent | None = None
         with contextlib.suppress(Exception):  # a bad event is parsed again by each try, and dead-lettered
             event = self.parse(raw, key)
@@ -158,11 +151,102 @@ class TurnHandler:
             conversation_id=event.conversation_id if event else key.decode(errors="replace") if key else None,
             turn_seq=event.turn_seq if event else None,
         ):
-            return await self._tried(
-                lambda: self._handle(event, raw, key, partition, offset),
-                lambda error, tries: self._poisoned(raw, key, partition, offset, error=error, tries=tries),
+            outcome = await self._tried(
+                lambda: self._turn(where, event),
+                lambda error, tries: self._poisoned(where, error=error, tries=tries),
                 self.failed_in_run.pop(raw, 0) if self.failed_in_run else 0,
             )
+        # Counted once stored, held or dead-lettered (a redelivery after a failed drain counts as a duplicate).
+        metrics.record_turn(_METRIC_STATUS.get(outcome.status, outcome.status.value), outcome.reason)
+        return outcome
+
+    async def _turn(self, where: _Where, parsed: TurnEvent | None) -> TurnOutcome:
+        """Parse (unless ``parsed``), decide and apply, act; a bad event, or a conflicting duplicate, is dead-lettered."""
+        try:
+            event = parsed or self.parse(where.raw, where.key)
+        except BadEventError as bad:
+            await self.dead_letters.send(*where, bad=bad)
+            return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
+        try:
+            outcome = await self._act(*await self._stored(event, where.raw))
+        except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
+            await self.dead_letters.send(*where, bad=bad, turn_seq=event.turn_seq)
+            # The turn held first may be the next one (held by a worker that saw the gap
+            # before this one saw the turn before it): it applies now.
+            outcome = TurnOutcome(
+                TurnStatus.DEAD_LETTERED,
+                event.conversation_id,
+                reason=bad.reason.value,
+                next_held=True,
+                last_seq=event.turn_seq - 1,
+            )
+        if outcome.next_held:  # the script said whether the turn after it waits: no round trip
+            await self.drain_pending(event.conversation_id, outcome.last_seq)
+        return outcome
+
+    async def _stored(self, event: TurnEvent, raw: bytes) -> tuple[Planned, AppendReply]:
+        """Decide the turn on the meta known, and apply it; decided again on the meta the script
+        answered with when it was stale, or with its held form when it is ahead of a gap the
+        handler did not expect (:data:`STALE_TRIES` calls in all; then ConcurrentUpdateError)."""
+        cid, seq = event.conversation_id, event.turn_seq
+        known = self._known.get(cid)
+        # A first turn is never ahead of a gap; a later one may be, if the handler knows no meta.
+        hold = (raw, int(time.time() * 1000)) if seq > (known.last_seq + 1 if known else 1) else None
+        counts: dict[str, Counted] = {}  # counted once, whatever meta each try is decided on
+        for _ in range(STALE_TRIES):
+            with tracing.span(tracing.BUDGET_SPAN) as span:
+                # The job's compaction continues this span's trace (its request keeps the context).
+                turn = decide(known, event, self.settings, hold=hold, counts=counts)
+                if turn.plan.job is not None:
+                    span.set_attribute("compaction.trigger", turn.plan.job.trigger.value)
+            with tracing.span(tracing.APPEND_SPAN) as span:
+                (reply,) = await self.appends.apply(cid, [turn.write])  # a run of one
+                span.set_attribute("compaction.append.status", reply.status.value)
+            if reply.status is AppendStatus.STALE and reply.meta is not None:
+                known = reply.meta
+                self.remember(cid, known)
+            elif reply.status is AppendStatus.NEED_HELD:
+                hold = (raw, int(time.time() * 1000))
+            else:
+                return turn, reply
+        raise ConcurrentUpdateError(
+            f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
+        )
+
+    async def _act(self, turn: Planned, reply: AppendReply) -> TurnOutcome:
+        """What the script's verdict on a turn asks of the worker."""
+        cid, seq = turn.event.conversation_id, turn.event.turn_seq
+        match reply.status:
+            case AppendStatus.APPENDED:
+                return self.appended(turn, reply)
+            case AppendStatus.DUPLICATE:  # its job was indexed again (apply.py): wake the pool for it
+                if reply.job:
+                    self.on_scheduled(cid)
+                return TurnOutcome(
+                    TurnStatus.DUPLICATE, cid, next_held=reply.next_held, last_seq=reply.last_seq
+                )
+            case AppendStatus.HELD:
+                # After the hash, on every delivery: a crash between the two is repaired by the redelivery.
+                await self.gaps.indexed(cid, turn.held_ms or int(time.time() * 1000))
+                log.info("turn %s of %s waits for turn %s", seq, cid, reply.last_seq + 1)
+                return TurnOutcome(TurnStatus.BUFFERED, cid, last_seq=reply.last_seq)
+        held = reply.status is AppendStatus.CONFLICTING_HELD
+        raise conflicting_duplicate(cid, seq, turn.write.fingerprint, reply.kept or "", held=held)
+
+    def appended(self, turn: Planned, reply: AppendReply) -> TurnOutcome:
+        """A turn stored (alone, or in a run): its meta remembered, its job's pool woken."""
+        cid, plan = turn.event.conversation_id, turn.plan
+        self.remember(cid, plan.after)
+        for note in plan.notes:
+            log.warning("%s", note)
+        trigger = plan.job.trigger if plan.job is not None else None
+        if plan.due:
+            log.info("compaction of %s requested (%s)", cid, trigger.value if trigger else "")
+        if trigger is not None:
+            self.on_scheduled(cid)
+        return TurnOutcome(
+            TurnStatus.APPENDED, cid, trigger, next_held=reply.next_held, last_seq=reply.last_seq
+        )
 
     async def _tried(
         self,
@@ -192,63 +276,14 @@ class TurnHandler:
             exc_info=error,
         )
 
-    async def _handle(
-        self,
-        event: TurnEvent | None,
-        raw: bytes,
-        key: bytes | None,
-        partition: int | None,
-        offset: int | None,
-    ) -> TurnOutcome:
-        try:
-            event = event or self.parse(raw, key)
-        except BadEventError as bad:
-            await self.dead_letters.send(raw, key, partition, offset, bad=bad)
-            metrics.record_turn(TurnStatus.DEAD_LETTERED.value, bad.reason.value)
-            return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
-        return await self._settle(event, raw, key, partition, offset)
-
-    async def _settle(
-        self, event: TurnEvent, raw: bytes, key: bytes | None, partition: int | None, offset: int | None
-    ) -> TurnOutcome:
-        cid = event.conversation_id
-        try:
-            outcome = await self._apply(event, raw)
-        except BadEventError as bad:  # a conflicting duplicate; the turn stored or held first is kept
-            await self.dead_letters.send(raw, key, partition, offset, bad=bad, turn_seq=event.turn_seq)
-            # The turn held first may be the next one (held by a worker that saw the gap
-            # before this one saw the turn before it): it applies now.
-            outcome = TurnOutcome(
-                TurnStatus.DEAD_LETTERED,
-                cid,
-                reason=bad.reason.value,
-                next_held=True,
-                last_seq=event.turn_seq - 1,
-            )
-        # Counted once stored, held or dead-lettered (a redelivery after a failed drain counts as a duplicate).
-        metrics.record_turn(_METRIC_STATUS.get(outcome.status, outcome.status.value), outcome.reason)
-        if outcome.next_held:  # the script said whether the turn after it waits: no round trip
-            await self.drain_pending(cid, outcome.last_seq)
-        return outcome
-
-    async def _poisoned(
-        self,
-        raw: bytes,
-        key: bytes | None,
-        partition: int | None,
-        offset: int | None,
-        *,
-        error: Exception,
-        tries: int,
-    ) -> TurnOutcome:
+    async def _poisoned(self, where: _Where, *, error: Exception, tries: int) -> TurnOutcome:
         log.error("a turn failed %d times; dead-lettered as processing_failed", tries, exc_info=error)
         bad = BadEventError(
             DeadLetterReason.PROCESSING_FAILED,
             f"{type(error).__name__}: {error} (failed {tries} times)",
-            key.decode(errors="replace") if key else None,
+            where.key.decode(errors="replace") if where.key else None,
         )
-        await self.dead_letters.send(raw, key, partition, offset, bad=bad)
-        metrics.record_turn(TurnStatus.DEAD_LETTERED.value, bad.reason.value)
+        await self.dead_letters.send(*where, bad=bad)
         return TurnOutcome(TurnStatus.DEAD_LETTERED, bad.conversation_id, reason=bad.reason.value)
 
     def parse(self, raw: bytes, key: bytes | None) -> TurnEvent:
@@ -290,103 +325,6 @@ class TurnHandler:
                 )
         return event
 
-    async def _apply(self, event: TurnEvent, raw: bytes) -> TurnOutcome:
-        """Append, hold or recognise a redelivery, in one script call (two when the meta was not known).
-
-        A call answered ``stale`` (another writer changed the meta) or ``need_held`` (a gap the
-        handler did not expect) is made again on what the script answered, by the retry driver
-        with no wait (:data:`STALE_TRIES` calls in all). Raises BadEventError for a conflicting
-        duplicate, ConcurrentUpdateError when other writers changed the meta before every call.
-        """
-        cid, seq = event.conversation_id, event.turn_seq
-        known = self._known.get(cid)
-        # A first turn is never ahead of a gap; a later one may be, if the handler knows no meta.
-        send_held = seq > (known.last_seq + 1 if known is not None else 1)
-        held_ms = int(time.time() * 1000)  # when it is held, if it is (an earlier hold keeps its own)
-        counts: dict[str, Counted] = {}  # counted once, whatever meta each try is planned on
-
-        async def once() -> TurnOutcome:
-            nonlocal known, send_held
-            with tracing.span(tracing.BUDGET_SPAN) as span:
-                # The job's compaction continues this span's trace (jobs.py keeps its context).
-                hold = (raw, held_ms) if send_held else None
-                turn = plan_turn(event, known, self.settings, hold=hold, counts=counts)
-                if turn.plan.job is not None:
-                    span.set_attribute("compaction.trigger", turn.plan.job.trigger.value)
-            with tracing.span(tracing.APPEND_SPAN) as span:
-                reply = await self.store.write_turn(cid, turn.write)  # a run of one
-                span.set_attribute("compaction.append.status", reply.status.value)
-            outcomes, refused = await self.acted(cid, [turn], [reply])
-            if refused is None:
-                return outcomes[0]
-            match reply.status:
-                case AppendStatus.DUPLICATE:
-                    return await self._duplicate(cid, reply)
-                case AppendStatus.HELD:
-                    # After the hash, on every delivery: a crash between the two is repaired by the redelivery.
-                    await self.gaps.indexed(cid, held_ms)
-                    log.info("turn %s of %s waits for turn %s", seq, cid, reply.last_seq + 1)
-                    return TurnOutcome(TurnStatus.BUFFERED, cid, last_seq=reply.last_seq)
-                case AppendStatus.CONFLICTING_DUPLICATE | AppendStatus.CONFLICTING_HELD:
-                    held = reply.status is AppendStatus.CONFLICTING_HELD
-                    raise conflicting_duplicate(cid, seq, turn.write.fingerprint, reply.kept or "", held=held)
-                case AppendStatus.NEED_HELD:
-                    send_held = True
-                case AppendStatus.STALE:
-                    known = Meta.from_hash(reply.meta or {})
-                    self.remember(cid, known)
-            raise _Again(reply.status)
-
-        try:
-            return await _AGAIN.run(once, retry_if=lambda error: isinstance(error, _Again))
-        except _Again:
-            raise ConcurrentUpdateError(
-                f"{cid}: the meta changed under every one of {STALE_TRIES} tries of turn {seq}"
-            ) from None
-
-    async def acted(
-        self, cid: str, turns: Sequence[Planned], replies: Sequence[AppendReply]
-    ) -> tuple[list[TurnOutcome], AppendReply | None]:
-        """Act on the script's replies to ``turns``, sent in one call (a single turn is a run of one):
-        each append, in order; then the verdict on the turn the script stopped at, returned for the
-        caller to act on (None: every reply is an append). Nothing was written for that turn."""
-        outcomes: list[TurnOutcome] = []
-        for turn, reply in zip(turns, replies, strict=False):
-            if reply.status is not AppendStatus.APPENDED:
-                return outcomes, reply
-            self.remember(cid, turn.plan.after)
-            if turn.span is None:  # a lone turn: handle bound its seq, and its span is current
-                outcomes.append(await self.appended(cid, turn.plan, reply))
-                continue
-            with bound(turn_seq=turn.event.turn_seq), tracing.current(turn.span):  # a run's turn
-                outcomes.append(await self.appended(cid, turn.plan, reply))
-        return outcomes, None
-
-    async def appended(self, cid: str, plan: AppendPlan, reply: AppendReply) -> TurnOutcome:
-        for note in plan.notes:
-            log.warning("%s", note)
-        trigger = plan.job.trigger if plan.job is not None else None
-        if plan.after.pins and await apply_asked(self.store, self.jobs.locks, cid, plan.after.pins):
-            self._known.pop(cid, None)  # the pins' write bumped the revision: read the meta again
-        # The job first (with the append), then the index: a crash between the two is
-        # repaired by the turn's redelivery (a duplicate whose job is pending is indexed).
-        if plan.due:
-            await self.jobs.mark_due(cid)
-            log.info("compaction of %s requested (%s)", cid, trigger.value if trigger else "")
-        if trigger is not None:
-            self.on_scheduled(cid)
-        return TurnOutcome(
-            TurnStatus.APPENDED, cid, trigger, next_held=reply.next_held, last_seq=reply.last_seq
-        )
-
-    async def _duplicate(self, cid: str, reply: AppendReply) -> TurnOutcome:
-        """A redelivery: the request it carried was recorded with its append; make sure it is
-        indexed (the crash may have come between the two writes), and drain what its append may not have."""
-        if reply.job:
-            await self.jobs.mark_due(cid)
-            self.on_scheduled(cid)
-        return TurnOutcome(TurnStatus.DUPLICATE, cid, next_held=reply.next_held, last_seq=reply.last_seq)
-
     def known(self, cid: str) -> Meta | None:
         """The meta this handler last stored or read for the conversation, if it remembers it."""
         return self._known.get(cid)
@@ -415,7 +353,7 @@ class TurnHandler:
         async def apply() -> TurnOutcome:
             try:
                 with bound(conversation_id=cid, turn_seq=turn_seq):
-                    return await self._apply(self.parse(raw, cid.encode()), raw)
+                    return await self._act(*await self._stored(self.parse(raw, cid.encode()), raw))
             except (
                 BadEventError
             ) as bad:  # settings changed since it was held, or its seq was stored meanwhile
@@ -435,6 +373,15 @@ class TurnHandler:
         # Left held, it would block its conversation and be dead-lettered again on expiry.
         await self.gaps.drop(cid, turn_seq)
         return TurnOutcome(TurnStatus.DEAD_LETTERED, cid, reason=bad.reason.value)
+
+
+class _Where(NamedTuple):
+    """Where an event came from, as the DLQ records it."""
+
+    raw: bytes
+    key: bytes | None
+    partition: int | None
+    offset: int | None
 
 
 def _reject_constant(name: str) -> object:

@@ -23,9 +23,9 @@ from compaction_worker.contracts.history import (
     render,
     text_of,
 )
+from compaction_worker.conversation.keys import conversation_keys
 from compaction_worker.offload import off_loop
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.scripts import Script
 from compaction_worker.summaries.artifacts import item_core, item_kind, scan_items
 from compaction_worker.summaries.mentions import holds

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from compaction_worker.conversation.keys import breaker_key
 from compaction_worker.observability import metrics
 from compaction_worker.settings import SummarizerSettings
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import breaker_key
 from compaction_worker.state.scripts import Script
 
 _MEMORY_MS: Final = 24 * 3600 * 1000

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from compaction_worker.contracts.events import BadEventError, DeadLetterReason
+from compaction_worker.conversation.keys import gaps_index_key
 from compaction_worker.state.index import ShardedIndex
-from compaction_worker.state.keys import gaps_index_key
 from compaction_worker.state.lock import Busy, Locks
 from compaction_worker.state.scripts import Script
 from compaction_worker.state.store import Store

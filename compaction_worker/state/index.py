@@ -19,8 +19,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from compaction_worker.conversation.keys import bucket_keys, shard_of
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import bucket_keys, shard_of
 from compaction_worker.state.scripts import as_text
 from compaction_worker.state.wake import Wake, Wakes
 

@@ -1,7 +1,7 @@
 """Pending compactions: each conversation's job, the index of when to look, and the claim.
 
 A job lives in two places: the ``job_*`` fields of the conversation's meta hash (what to do;
-a turn planned on the meta knows the job it may replace: runtime/plan.py) and a global index
+the conversation core decides it: conversation/meta.py, ``recorded``) and a global index
 (when to look at it next). A worker claims a job by taking the conversation's lock, so that
 another worker finishes the job of one that dies once its lock expires (docs/design.md, "Jobs").
 """
@@ -11,116 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from compaction_worker.contracts.events import MAX_INSTRUCTIONS_CHARS, Trigger
+from compaction_worker.contracts.events import Trigger
+from compaction_worker.conversation.apply import record_request
+from compaction_worker.conversation.keys import conversation_keys, jobs_index_key
+from compaction_worker.conversation.meta import (
+    JOB_FIELDS,
+    Job,
+    JobRequest,
+    has_job,
+    job_traceparent,
+    read_job,
+)
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import Scan, ShardedIndex, now_ms
-from compaction_worker.state.keys import conversation_keys, jobs_index_key
 from compaction_worker.state.lock import Busy, Lease, Locks
-from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import Script, as_text
+from compaction_worker.state.scripts import Script
 from compaction_worker.state.wake import Wakes
 
 log = logging.getLogger(__name__)
-
-JOB_PRIORITY = {
-    Trigger.SOFT_THRESHOLD: 0,
-    Trigger.THRESHOLD: 1,
-    Trigger.MANUAL: 2,
-    Trigger.REACTIVE: 3,
-}
-"""A pending job is replaced only by a request of higher priority."""
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A pending compaction of one conversation."""
-
-    conversation_id: str
-    id: str
-    trigger: Trigger
-    requested_at: float
-    error: str | None = None
-    estimate: int = 0
-    """Our estimate (uncalibrated) of the prompt a reactive request's error is about; 0 if unknown."""
-    traceparent: str | None = None
-    """The W3C trace context of the turn that asked for it: the compaction continues that trace."""
-    instructions: str | None = None
-    """What the request asked the summary to keep first (added to the conversation's standing ones)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobRequest:
-    """A compaction request, recorded as a new job unless a stronger one is pending."""
-
-    trigger: Trigger
-    error: str | None = None
-    estimate: int = 0
-    """See :attr:`Job.estimate`."""
-    traceparent: str | None = None
-    """See :attr:`Job.traceparent`."""
-    instructions: str | None = None
-    """See :attr:`Job.instructions`."""
-
-    @property
-    def asked(self) -> bool:
-        """Whether someone asked for it (a turn's request: manual or reactive), not a threshold."""
-        return self.trigger in (Trigger.MANUAL, Trigger.REACTIVE)
-
-    @property
-    def priority(self) -> int:
-        return JOB_PRIORITY[self.trigger]
-
-    def fields(self, now: float | None = None) -> dict[str, str]:
-        """The meta fields a new job writes (strings, as stored), at ``now`` (else the clock's)."""
-        return {
-            "job_id": secrets.token_hex(8),
-            "job_priority": str(self.priority),
-            "job_trigger": self.trigger.value,
-            "job_requested_at": repr(time.time() if now is None else now),
-            "job_error": self.error or "",
-            "job_estimate": str(self.estimate),
-            "job_traceparent": self.traceparent or "",
-            "job_instructions": self.instructions or "",
-        }
-
-
-JOB_FIELDS = tuple(JobRequest(Trigger.MANUAL).fields())
-"""The meta fields a job is (every one written when it is recorded, and deleted when it ends)."""
-
-
-MAX_MERGED_INSTRUCTIONS = 2 * MAX_INSTRUCTIONS_CHARS
-"""The most a pending job's instructions grow to when a turn's request adds its own."""
-
-
-def merged_instructions(own: str, other: str, newest: str) -> str:
-    """A job's instructions once another request's are added: a request's instructions are never
-    dropped while a job is pending. Whichever request's job stays carries the other's after its
-    own; past :data:`MAX_MERGED_INSTRUCTIONS`, the newest request's alone."""
-    if not other or other in own:
-        return own
-    if not own or own in other:
-        return other
-    if len(own) + len(other) + 2 > MAX_MERGED_INSTRUCTIONS:
-        return newest
-    return f"{own}\n\n{other}"
-
-
-def recorded(request: JobRequest, pending: Meta, now: float) -> tuple[dict[str, str], bool]:
-    """What a turn's request writes onto the job pending in ``pending`` (a meta), and whether it is
-    the job now: a new job when none of equal or higher priority is pending, else at most the
-    pending job's instructions with the request's added."""
-    asked = request.instructions or ""
-    if pending.job_id and pending.job_priority >= request.priority:
-        kept = merged_instructions(pending.job_instructions, asked, asked)
-        return ({"job_instructions": kept} if kept != pending.job_instructions else {}), False
-    fields = request.fields(now)
-    fields["job_instructions"] = merged_instructions(asked, pending.job_instructions, asked)
-    return fields, True
 
 
 @dataclass(slots=True)
@@ -154,7 +65,6 @@ class JobQueue:
         self.prefix = prefix
         self.locks = locks
         self.index = ShardedIndex(redis, jobs_index_key(prefix), shards, wakes=wakes)
-        self._set = Script(redis, "job_set.lua")
         self._finish = Script(redis, "job_finish.lua")
 
     def _key(self, conversation_id: str) -> str:
@@ -176,7 +86,7 @@ class JobQueue:
         heals a writer that died between its two writes, and keeps a pending job's delay.
         """
         request = JobRequest(trigger, error, traceparent=traceparent)
-        new = bool(await self._set([self._key(conversation_id)], job=request.fields()))
+        new = await record_request(self.redis, self._key(conversation_id), request)
         if new:
             await self.mark_due(conversation_id, delay_seconds)
         else:
@@ -189,25 +99,11 @@ class JobQueue:
 
     async def job(self, conversation_id: str) -> Job | None:
         """The pending compaction request of a conversation, if any."""
-        raw = await self.redis.hmget(self._key(conversation_id), JOB_FIELDS)
-        data = dict(zip(JOB_FIELDS, (as_text(v) if v is not None else "" for v in raw), strict=True))
-        if not data["job_id"]:
-            return None
-        return Job(
-            conversation_id=conversation_id,
-            id=data["job_id"],
-            trigger=Trigger(data["job_trigger"]),
-            requested_at=float(data["job_requested_at"] or 0),
-            error=data["job_error"] or None,
-            estimate=int(data["job_estimate"] or 0),
-            traceparent=data["job_traceparent"] or None,
-            instructions=data["job_instructions"] or None,
-        )
+        return await read_job(self.redis, self._key(conversation_id), conversation_id)
 
     async def traceparent(self, conversation_id: str) -> str | None:
         """The trace context the pending job keeps (the turn's that asked for it), if any."""
-        value = await self.redis.hget(self._key(conversation_id), "job_traceparent")
-        return as_text(value) if value else None
+        return await job_traceparent(self.redis, self._key(conversation_id))
 
     async def due(self, limit: int) -> list[str]:
         """Conversations whose job is due, oldest first."""
@@ -272,7 +168,7 @@ class JobQueue:
         """Remove the entry, then read the job again: a request recorded meanwhile, whose
         writer may not have indexed it yet, is indexed here and never left without an entry."""
         await self.index.remove(conversation_id)
-        if await self.redis.hexists(self._key(conversation_id), "job_id"):
+        if await has_job(self.redis, self._key(conversation_id)):
             await self.mark_due(conversation_id)
 
     async def pending_count(self) -> int:

@@ -16,10 +16,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from compaction_worker.conversation.keys import ConversationKeys
 from compaction_worker.errors import LockNotAcquiredError
 from compaction_worker.observability import metrics, tracing
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import ConversationKeys
 from compaction_worker.state.scripts import Script
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from compaction_worker.contracts.events import Publish
+from compaction_worker.conversation.keys import outbox_index_key
 from compaction_worker.state.index import ShardedIndex, Sweep, now_ms
-from compaction_worker.state.keys import outbox_index_key
 from compaction_worker.state.lock import Busy, Locks
 from compaction_worker.state.scripts import as_text
 from compaction_worker.state.store import Store

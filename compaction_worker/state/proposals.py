@@ -4,7 +4,7 @@ The compactor stores what its run computed, whole, so that ``Client.apply`` comm
 history the runtime was shown (an LLM's summary is not computed twice); and the conversation it
 was computed from (``version``, ``last_seq``, the entry count), so that a proposal the history
 has moved past is recomputed, never applied stale. One proposal per conversation, in its own
-key (keys.py), written and removed under the conversation's lock.
+key (conversation/keys.py), written and removed under the conversation's lock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from compaction_worker import strategies
 from compaction_worker.contracts.events import LlmUsage, Outcome, StandingStateReport, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk
-from compaction_worker.state.meta import Meta
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.state.scripts import as_text
 from compaction_worker.state.store import Snapshot, Store
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from compaction_worker.contracts.events import ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.errors import RewindError
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Snapshot, Store, snapshot_of
 
 Repair = Callable[[tuple[SummaryChunk, ...], tuple[Entry, ...]], tuple[Entry, ...]]

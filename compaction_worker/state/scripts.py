@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
@@ -25,9 +25,14 @@ from compaction_worker.state.connection import RedisClient, is_cluster
 
 @cache
 def source(*files: str) -> str:
-    """The text of a script made of these files, in order."""
-    folder = resources.files("compaction_worker.state").joinpath("lua")
-    return "\n".join(folder.joinpath(name).read_text(encoding="utf-8") for name in files)
+    """The text of a script made of these files, in order: ``name.lua`` is the state's (``state/lua``),
+    ``package:name.lua`` another package's (``conversation:turn.lua``: ``conversation/lua``)."""
+    return "\n".join(_lua(*name.rpartition(":")[::2]) for name in files)
+
+
+def _lua(package: str, name: str) -> str:
+    folder = resources.files(f"compaction_worker.{package or 'state'}").joinpath("lua")
+    return folder.joinpath(name).read_text(encoding="utf-8")
 
 
 class Script:
@@ -52,37 +57,12 @@ class Script:
         return await self._script(keys=list(keys), args=[encode(header), *payload])
 
 
-PLAIN_FROM = 2
-"""The fewest calls a round trip must carry for their plain cases (:class:`Optimistic`) to be read
-first. A lone call goes to its script: one round trip, where the read and the writes take two,
-for the same Redis CPU (docs/performance.md, "Third pass": alone, 147 µs a turn through the
-script and 149 plain; two calls a round trip, 100 and 78 µs; ten, 76 and 43 µs)."""
-
-
-class Optimistic(Protocol):
-    """A call's common case, made without its script when a read says it is that case (appends.PlainAppend).
-
-    The read is made under ``WATCH`` of :attr:`watched`; if :meth:`writes_for` its reply gives
-    writes, they are made in ``MULTI``/``EXEC`` and :meth:`reply` answers for the script.
-    Otherwise, or if the watched key changed in between (the ``EXEC`` then writes nothing), the
-    script runs.
-    """
-
-    @property
-    def watched(self) -> str: ...
-    @property
-    def read(self) -> tuple[str, ...]: ...
-    def writes_for(self, stored: Sequence[Any]) -> tuple[tuple[str, ...], ...] | None: ...
-    def reply(self) -> Any: ...
-
-
 @dataclass(slots=True)
 class _Call:
     script: PositionalScript
     keys: Sequence[str]
     args: Sequence[str | bytes]
     reply: asyncio.Future[Any]
-    plain: Optimistic | None
 
     def evalsha(self) -> tuple[str | bytes | int, ...]:
         return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
@@ -98,13 +78,8 @@ class Pipeline:
     meanwhile, on one connection. Idle, a call goes at once (after the coroutines ready in the
     same turn of the loop have made theirs); under load the round trips grow instead of
     multiplying, so a worker keeps at most one connection busy with them and a busy Redis slows
-    its workers down rather than queueing more of their requests.
-
-    When calls travel together (:data:`PLAIN_FROM`), each given its common case
-    (:class:`Optimistic`) is read first, under ``WATCH``, in the same round trip as the others'
-    scripts; those the read confirms are written together in one ``MULTI``/``EXEC`` in a second,
-    with the scripts of those it did not. Each call keeps its own reply or error; an emptied
-    script cache is reloaded and the calls it refused are sent again.
+    its workers down rather than queueing more of their requests. Each call keeps its own reply
+    or error; an emptied script cache is reloaded and the calls it refused are sent again.
     """
 
     def __init__(self, redis: RedisClient) -> None:
@@ -112,23 +87,21 @@ class Pipeline:
         self._waiting: list[_Call] = []
         self._sending: asyncio.Task[None] | None = None
         self.sends = 0
-        """Sends of the waiting calls, each one round trip, or a few: a common case's read, then its
-        writes; a script reload (the tests count them)."""
+        """Sends of the waiting calls, each one round trip (two after a script reload; the tests count them)."""
 
     def call(
         self,
         script: PositionalScript,
         keys: Sequence[str],
         args: Sequence[str | bytes],
-        plain: Optimistic | None = None,
     ) -> asyncio.Future[Any]:
-        """The reply to ``script`` run with ``keys`` and ``args`` (or ``plain``'s), once its round trip returns."""
+        """The reply to ``script`` run with ``keys`` and ``args``, once its round trip returns."""
         loop = asyncio.get_running_loop()
         if self._sending is not None and self._sending.get_loop() is not loop:
             # Left by another loop with a round trip in flight (one closed, or not running: its callback never ran).
             self._sending, self._waiting = None, [c for c in self._waiting if c.reply.get_loop() is loop]
         reply: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append(_Call(script, keys, args, reply, plain))
+        self._waiting.append(_Call(script, keys, args, reply))
         if len(self._waiting) == 1 and self._sending is None:
             loop.call_soon(self._send_waiting)
         return reply
@@ -185,65 +158,17 @@ class Pipeline:
             await pool.release(connection)
 
     async def _exchanges(self, connection: AbstractConnection, calls: list[_Call]) -> list[Any]:
-        """The scripts, and the common cases' reads under WATCH; then the confirmed ones' writes in
-        one MULTI/EXEC with the others' scripts; then the scripts of those the EXEC refused."""
-        replies: list[Any] = [None] * len(calls)
-        together = len(calls) >= PLAIN_FROM
-        tried = [i for i, call in enumerate(calls) if together and call.plain is not None]
-        scripted = [i for i, call in enumerate(calls) if not (together and call.plain is not None)]
-        sent = [calls[i].evalsha() for i in scripted]
-        if tried:
-            watched = dict.fromkeys(_plain(calls[i]).watched for i in tried)
-            sent += [("WATCH", *watched), *(_plain(calls[i]).read for i in tried)]
-        answers = await self._exchange(connection, sent)
-        _place(replies, scripted, answers[: len(scripted)])
-        if tried:
-            _raise_any(answers[len(scripted) : len(scripted) + 1])  # WATCH
-            reads = answers[len(scripted) + 1 :]
-            writes = {
-                i: made
-                for i, read in zip(tried, reads, strict=True)
-                if not isinstance(read, Exception) and (made := _plain(calls[i]).writes_for(read)) is not None
-            }
-            rest = [i for i in tried if i not in writes]
-            refused = await self._written(connection, calls, writes, rest, replies)
-            _place(replies, refused, await self._exchange(connection, [calls[i].evalsha() for i in refused]))
+        """The scripts in one round trip; those a restarted (or flushed) Redis no longer knows are
+        loaded and sent again."""
+        replies = await self._exchange(connection, [call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:  # a restarted (or flushed) Redis: load the scripts, then send those again
+        if missing:
             loads = [("SCRIPT", "LOAD", script.source) for script in {calls[i].script for i in missing}]
             _raise_any(await self._exchange(connection, loads))
-            _place(replies, missing, await self._exchange(connection, [calls[i].evalsha() for i in missing]))
+            again = await self._exchange(connection, [calls[i].evalsha() for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
         return replies
-
-    async def _written(
-        self,
-        connection: AbstractConnection,
-        calls: list[_Call],
-        writes: dict[int, tuple[tuple[str, ...], ...]],
-        rest: list[int],
-        replies: list[Any],
-    ) -> list[int]:
-        """Make the confirmed common cases' ``writes`` in one MULTI/EXEC (UNWATCH, if there are none),
-        then the scripts of the ``rest``: the calls whose writes the EXEC refused (a watched key
-        changed since the read)."""
-        scripts = [calls[i].evalsha() for i in rest]
-        made = [command for each in writes.values() for command in each]
-        sent = [("MULTI",), *made, ("EXEC",)] if writes else [("UNWATCH",)]
-        answers = await self._exchange(connection, [*sent, *scripts])
-        _place(replies, rest, answers[len(sent) :])
-        _raise_any(answers[:1])
-        if not writes:
-            return []
-        done = answers[len(sent) - 1]
-        if done is None:
-            return list(writes)
-        _raise_any([done])  # EXECABORT: a write was refused as it was queued
-        at = 0
-        for i, each in writes.items():
-            failed = [reply for reply in done[at : at + len(each)] if isinstance(reply, Exception)]
-            at += len(each)
-            replies[i] = failed[0] if failed else _plain(calls[i]).reply()
-        return []
 
     async def _exchange(
         self, connection: AbstractConnection, commands: Sequence[tuple[str | bytes | int, ...]]
@@ -261,18 +186,8 @@ class Pipeline:
         return replies
 
 
-def _plain(call: _Call) -> Optimistic:
-    assert call.plain is not None
-    return call.plain
-
-
-def _place(replies: list[Any], positions: Sequence[int], answers: Sequence[Any]) -> None:
-    for i, answer in zip(positions, answers, strict=True):
-        replies[i] = answer
-
-
 def _raise_any(answers: Sequence[Any]) -> None:
-    """Raise the first error among answers that must not be one (WATCH, MULTI, EXEC)."""
+    """Raise the first error among answers that must not be one (SCRIPT LOAD)."""
     for answer in answers:
         if isinstance(answer, Exception):
             raise answer
@@ -281,16 +196,19 @@ def _raise_any(answers: Sequence[Any]) -> None:
 class PositionalScript:
     """A registered script called with its keys and arguments by position, no header.
 
-    Only the per-turn scripts (appends.py) are: they run for every stored turn, and decoding a
+    Only the per-turn script (conversation/apply.py) is: it runs for every stored turn, and decoding a
     JSON header and building the lists' tables was a fifth of their Redis time (measured in
-    docs/performance.md). Their Lua names every position once, in its header comment.
+    docs/performance.md). Its Lua names every position once, in its header comment.
 
     On a single Redis the calls go through a :class:`Pipeline` (shared by the scripts given
     the same one). A cluster client sends each call itself (its pipelines split by node).
     """
 
-    def __init__(self, redis: RedisClient, *files: str, pipeline: Pipeline | None = None) -> None:
-        self._script = redis.register_script(source(*files))
+    def __init__(
+        self, redis: RedisClient, *files: str, prelude: str = "", pipeline: Pipeline | None = None
+    ) -> None:
+        """``prelude``: Lua put before the files (constants that Python defines, such as key names)."""
+        self._script = redis.register_script(prelude + source(*files))
         self._cluster = is_cluster(redis)
         self._pipeline = pipeline or Pipeline(redis)
 
@@ -302,17 +220,14 @@ class PositionalScript:
     def source(self) -> str:
         return str(self._script.script)
 
-    async def __call__(
-        self, keys: Sequence[str], args: Sequence[str | bytes], plain: Optimistic | None = None
-    ) -> Any:
-        """The script's reply; ``plain``, the call's common case, is made without it when it holds
-        (single Redis only: a cluster's keys of one call share a slot, not its connection)."""
+    async def __call__(self, keys: Sequence[str], args: Sequence[str | bytes]) -> Any:
+        """The script's reply."""
         if self._cluster:
             started = time.perf_counter()
             reply = await self._script(keys=list(keys), args=list(args))
             metrics.record_round_trip(time.perf_counter() - started, 1)
             return reply
-        return await self._pipeline.call(self, keys, args, plain)
+        return await self._pipeline.call(self, keys, args)
 
 
 def encode(value: object) -> str:

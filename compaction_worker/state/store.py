@@ -10,6 +10,7 @@ commits a compaction (or a rewind, restore.py) keeps every entry appended while 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -17,20 +18,11 @@ from typing import Any
 
 from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import EffectiveHistory, Entry, SummaryChunk
+from compaction_worker.conversation.keys import ConversationKeys, conversation_keys
+from compaction_worker.conversation.meta import Meta, read_meta, write_fields
 from compaction_worker.errors import StaleFenceError
-from compaction_worker.state.appends import (
-    TURN_LUA,
-    AppendReply,
-    PlainAppend,
-    TurnWrite,
-    records_of,
-    reply_of,
-    run_args,
-)
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import ConversationKeys, conversation_keys
-from compaction_worker.state.meta import Meta
-from compaction_worker.state.scripts import Pipeline, PositionalScript, Script, as_text
+from compaction_worker.state.scripts import Script, as_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +85,6 @@ class Store:
         self.redis = redis
         self.prefix = prefix
         self.retention_ms = (retention_seconds or 0) * 1000
-        self.pipeline = Pipeline(redis)
-        """The per-turn calls' round trips (scripts.Pipeline): a turn's and a run's travel together."""
-        self._turn = PositionalScript(redis, *TURN_LUA, pipeline=self.pipeline)
         self._replace = Script(redis, "push.lua", "expiry.lua", "replace.lua")
         self._pin = Script(redis, "push.lua", "expiry.lua", "pin.lua")
         self._next_seq = Script(redis, "expiry.lua", "sequence_next.lua")
@@ -105,33 +94,11 @@ class Store:
 
     async def meta(self, conversation_id: str) -> Meta:
         """The conversation's metadata (all zero for an unknown conversation)."""
-        return Meta.from_hash(await self.redis.hgetall(self.keys(conversation_id).meta))
+        return await read_meta(self.redis, self.keys(conversation_id).meta)
 
     async def set_meta(self, conversation_id: str, **fields: str | int | float) -> None:
         """Update metadata fields that no script owns (a no-op's size, a failure's backoff), bumping the revision."""
-        key = self.keys(conversation_id).meta
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
-            pipe.hincrby(key, "rev", 1)
-            await pipe.execute()
-
-    async def write_turn(self, conversation_id: str, write: TurnWrite) -> AppendReply:
-        """Decide and store one turn: a run of one (:meth:`write_run`)."""
-        return (await self.write_run(conversation_id, [write]))[0]
-
-    async def write_run(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
-        """Decide and store consecutive turns of one conversation in one script call, or their plain
-        case as a transaction (appends.py): each turn's reply, in order, up to the first that is
-        not appended, or the one after which a turn is held (appends.py says when it stops)."""
-        keys, records = self.turn_keys(conversation_id), [records_of(write) for write in writes]
-        plain = PlainAppend.of(keys, writes, records, self.retention_ms)
-        raw = await self._turn(keys, run_args(writes, self.retention_ms, records), plain)
-        return [reply_of(reply) for reply in raw]
-
-    def turn_keys(self, conversation_id: str) -> list[str]:
-        """The per-turn script's keys (lua/turn.lua names them)."""
-        keys = self.keys(conversation_id)
-        return list(keys.lasting(keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints))
+        await write_fields(self.redis, self.keys(conversation_id).meta, fields)
 
     async def next_turn_seq(self, conversation_id: str) -> int:
         """The next unused turn seq (1 for a new conversation), for runtimes that do not track their own:
@@ -184,9 +151,10 @@ class Store:
         keys = self.keys(conversation_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lrange(keys.entries, 0, -1)
-            pipe.hmget(keys.meta, "version", "tail")
-            raw, (version, stored_tail) = await pipe.execute()
-        tail = int(stored_tail or 0)
+            pipe.hgetall(keys.meta)
+            raw, stored = await pipe.execute()
+        meta = Meta.from_hash(stored)
+        tail = meta.tail
         at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
         gone = [n for n in ordinals if n <= tail and n not in at]
         if gone:
@@ -207,7 +175,7 @@ class Store:
                 "set": flagged,
                 "moved": [(_flagged(e, pinned) if e.n in ordinals else e).to_json() for e in records],
             },
-            version=as_text(version or "0"),
+            version=str(meta.version),
             tail=str(tail),
             listed=str(len(raw)),
             moved_to=str(max(last, tail)),
@@ -217,9 +185,34 @@ class Store:
         return []
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
-        """Transcript records (``appends.encode_records`` says their form) in order (list indexes, inclusive)."""
+        """Transcript records (``conversation.apply.encode_records`` says their form) in order (list indexes, inclusive)."""
         raw = await self.redis.lrange(self.keys(conversation_id).transcript, start, end)
         return [json.loads(r) for r in raw]
+
+    async def turn_ordinals(self, conversation_id: str, turn_seq: int) -> list[int]:
+        """The transcript ordinals of turn ``turn_seq``'s messages (none if it is not stored).
+
+        The transcript holds the turns in seq order, message ``n`` at index ``n - 1``: a binary
+        search finds the turn's first record in O(log n) reads of one record each, and only the
+        turn's own records are read after it.
+        """
+        key = self.keys(conversation_id).transcript
+        low, high = 0, int(await self.redis.llen(key))
+        while low < high:
+            middle = (low + high) // 2
+            if _record_seq(await self.redis.lindex(key, middle)) < turn_seq:
+                low = middle + 1
+            else:
+                high = middle
+        ordinals: list[int] = []
+        while True:
+            batch = await self.redis.lrange(key, low + len(ordinals), low + len(ordinals) + 15)
+            for raw in batch:
+                if _record_seq(raw) != turn_seq:
+                    return ordinals
+                ordinals.append(low + len(ordinals) + 1)
+            if len(batch) < 16:
+                return ordinals
 
     async def originals(self, conversation_id: str, ordinals: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Transcript messages by ordinal (message ``n`` is at list index ``n - 1``), in one round trip."""
@@ -268,7 +261,7 @@ class Store:
         to the compaction log. ``outbox`` is an event (field, payload) stored with the commit,
         in the same script: it is published afterwards and, if the worker dies first, by
         another (outbox.py). ``floor_tokens`` and ``compacted_seq`` are the threshold rule's marks
-        (state/meta.py); a rewind leaves them 0. Raises StaleFenceError when the fence moved, the lock expired, or
+        (conversation/meta.py); a rewind leaves them 0. Raises StaleFenceError when the fence moved, the lock expired, or
         another compaction committed since the snapshot: nothing is written then.
         """
         keys = self.keys(conversation_id)
@@ -314,6 +307,18 @@ class Store:
     async def delete(self, conversation_id: str) -> int:
         """Remove every key of a conversation (operator command); returns keys removed."""
         return int(await self.redis.delete(*self.keys(conversation_id).all()))
+
+
+_SEQ = re.compile(rb'^\{"n":\d+,"seq":(\d+),')
+
+
+def _record_seq(raw: bytes | str | None) -> int:
+    """A transcript record's turn seq, read from its head (encode_records writes ``n`` and ``seq`` first)."""
+    if raw is None:
+        return 0
+    data = raw.encode() if isinstance(raw, str) else raw
+    found = _SEQ.match(data)
+    return int(found.group(1)) if found else int(json.loads(data)["seq"])
 
 
 def _flagged(entry: Entry, pinned: bool) -> Entry:

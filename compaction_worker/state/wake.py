@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compaction_worker.conversation.keys import wake_key
 from compaction_worker.settings import DEFAULT_PREFIX
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import wake_key
 from compaction_worker.state.scripts import as_text
 
 

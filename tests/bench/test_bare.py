@@ -8,10 +8,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from compaction_worker.bench.bare import STORE, BareLoop, consumer_args
+from compaction_worker.conversation.keys import conversation_keys
 from compaction_worker.runtime.consumer import TurnConsumer
 from compaction_worker.settings import Settings
 from compaction_worker.state.connection import RedisClient
-from compaction_worker.state.keys import conversation_keys
 
 FETCH = (
     "_group_id",

@@ -19,8 +19,8 @@ from compaction_worker.contracts.history import (
     SummaryChunk,
     text_of,
 )
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.settings import Settings
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.testing import turn_bytes
 from tests.orchestration import Parts, Published, user

@@ -15,12 +15,12 @@ import redis.asyncio
 import compaction_worker
 from compaction_worker import strategies
 from compaction_worker.contracts.events import ContextStatus, Outcome, Trigger
+from compaction_worker.conversation.keys import conversation_keys
+from compaction_worker.conversation.meta import JOB_FIELDS, JOB_PRIORITY, Meta, write_field
 from compaction_worker.conversation.status import LISTED, Status, read_status, read_statuses
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
-from compaction_worker.state.jobs import JOB_FIELDS, JOB_PRIORITY, JobQueue
-from compaction_worker.state.keys import conversation_keys
+from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.meta import Meta, write_field
 from compaction_worker.state.proposals import Proposal, Proposals
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes

@@ -17,9 +17,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, CompactionStarted
 from compaction_worker.contracts.history import EffectiveHistory, render
+from compaction_worker.conversation.keys import bucket_keys, jobs_index_key
 from compaction_worker.runtime.worker import Worker
 from compaction_worker.settings import Settings
-from compaction_worker.state.keys import bucket_keys, jobs_index_key
 from compaction_worker.strategies import provider_problems
 
 

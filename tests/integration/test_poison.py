@@ -11,7 +11,7 @@ import redis.asyncio
 from aiokafka import AIOKafkaProducer
 
 from compaction_worker.contracts.events import DeadLetter, TurnEvent
-from compaction_worker.runtime import plan
+from compaction_worker.conversation import decide as plan
 from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.state.store import Store

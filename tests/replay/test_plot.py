@@ -8,9 +8,9 @@ from pathlib import Path
 from compaction_worker.budget.tokens import Budget
 from compaction_worker.contracts.events import Outcome, Trigger
 from compaction_worker.contracts.history import EffectiveHistory
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.replay.plot import HEIGHT, WIDTH, plot, sawtooth
 from compaction_worker.replay.simulate import Compaction, ConversationReport, TurnPoint
-from compaction_worker.state.meta import Meta
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -11,6 +11,7 @@ from compaction_worker import strategies
 from compaction_worker.budget.tokens import budget_for, counter_for
 from compaction_worker.contracts.events import Outcome, Trigger
 from compaction_worker.contracts.history import EffectiveHistory, render
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.replay.reader import Conversation, ReplayInputError, read_file
 from compaction_worker.replay.simulate import (
     DEFAULT_MODEL,
@@ -23,7 +24,6 @@ from compaction_worker.replay.simulate import (
 )
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import BudgetSettings, Settings, SummarizerSettings
-from compaction_worker.state.meta import Meta
 from compaction_worker.summaries.factory import configured_summarizers
 from compaction_worker.testing import FakeLLMServer, turn_bytes
 from tests.orchestration import Parts

@@ -25,6 +25,8 @@ from compaction_worker.contracts.events import (
     Trigger,
 )
 from compaction_worker.contracts.history import Entry, render, summary_message_text, text_of
+from compaction_worker.conversation.keys import conversation_keys
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.runtime.compactor import Compactor, context_status, llm_failed
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.runtime.turns import TurnHandler
@@ -33,9 +35,7 @@ from compaction_worker.state.archive import Archive, ArchivedArtifact
 from compaction_worker.state.breaker import BreakerState
 from compaction_worker.state.index import now_ms
 from compaction_worker.state.jobs import JobQueue
-from compaction_worker.state.keys import conversation_keys
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store, snapshot_of
 from compaction_worker.strategies import CompactionResult, Draft, provider_problems
 from compaction_worker.summaries.contract import SummarizerError, SummaryRequest, SummaryResult

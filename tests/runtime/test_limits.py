@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from compaction_worker.budget.tokens import Budget
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.runtime.limits import limits_for
 from compaction_worker.settings import Settings
-from compaction_worker.state.meta import Meta
 
 
 def test_a_run_out_of_reach_of_its_target_aims_halfway_to_the_threshold_then_at_it_then_at_the_window() -> (

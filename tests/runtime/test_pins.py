@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+import redis.asyncio
 
 from compaction_worker.budget.tokens import TokenCounter
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import CompactionCompleted, Outcome, Trigger
 from compaction_worker.contracts.history import render
 from compaction_worker.errors import LockNotAcquiredError, PinError
+from compaction_worker.local.embedded import EmbeddedRedis
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
 from compaction_worker.state.lock import Lease
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.testing import turn_bytes
-from tests.orchestration import Parts, Published, assistant, compactor_with, user
+from tests.orchestration import Parts, Published, assistant, compactor_with, make_parts, user
 
 pytestmark = pytest.mark.integration
 
@@ -118,17 +122,20 @@ async def test_what_cannot_be_pinned_is_refused_with_the_reason(
 async def test_a_turns_pin_field_pins_as_the_client_does(
     parts: Parts, settings: Settings, published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A runtime that only publishes: turn 21 pins turn 3 (and names a turn that is not there, which
-    is logged and dropped); the pin is applied with the append, and the compaction keeps it."""
+    """A runtime that only publishes: turn 21 pins turn 3 (and names a turn that is not there); the
+    pins are stored with the append, the next compaction applies them first (the one that names no
+    turn is logged and dropped), and keeps the pinned message."""
     await turns(parts, 1, 2)
     await parts.turns.handle(turn_bytes("c", 3, [assistant(NOTE)]), b"c")
     await turns(parts, 4, 20)
     asked = [{"turn_seq": 3}, {"turn_seq": 99}]
     await parts.turns.handle(turn_bytes("c", 21, [user("pin that deploy note")], pin=asked), b"c")
 
-    assert (await parts.store.meta("c")).pins == ""
-    assert "has no turn 99" in caplog.text
+    assert (await parts.store.meta("c")).pins == "[[3,null,true],[99,null,true]]"
+    assert "has no turn 99" not in caplog.text
     await compact(parts, published)
+    assert "has no turn 99" in caplog.text
+    assert (await parts.store.meta("c")).pins == ""
     messages = render((await parts.store.snapshot("c")).history, settings.pipeline.summary_placement)
     assert NOTE in rendered_texts(messages)
 
@@ -178,3 +185,45 @@ async def test_a_message_appended_since_the_last_compaction_is_pinned_where_it_i
     assert pinned > tail  # it was the transcript's: the records up to it moved
     assert await parts.store.redis.llen(keys.entries) == listed + pinned - tail
     assert (await parts.store.meta("c")).tail == pinned == after[-3].n  # 23 and 24 are still the transcript's
+
+
+async def test_a_pin_asked_on_a_turn_costs_the_consumer_path_o1_redis_commands(
+    own_redis: EmbeddedRedis, settings: Settings, published: Published
+) -> None:
+    """The Redis commands a pin-asking turn costs the consumer path, counted by the server
+    (``INFO commandstats``, the script's own commands included), are the same after 4 turns and
+    after 300: the pin is stored with the turn; no lock is taken and no transcript is read."""
+    client = redis.asyncio.Redis.from_url(own_redis.url)
+    parts = make_parts(client, settings, published)
+    costs = []
+    try:
+        for cid, history in (("short", 4), ("long", 300)):
+            for seq in range(1, history + 1):
+                await parts.turns.handle(turn_bytes(cid, seq, [user(f"q{seq}")]), cid.encode())
+            await client.config_resetstat()
+            pin = turn_bytes(cid, history + 1, [user("keep turn 2")], pin=[{"turn_seq": 2}])
+            await parts.turns.handle(pin, cid.encode())
+            stats = await client.info("commandstats")
+            costs.append(Counter({name: int(stat["calls"]) for name, stat in stats.items()}))
+            assert (await parts.store.meta(cid)).pins == "[[2,null,true]]"
+    finally:
+        await client.aclose()
+    short, long = costs
+    assert short == long
+    assert not {"cmdstat_lrange", "cmdstat_lindex", "cmdstat_set"} & set(long)  # no read, no lock
+    assert sum(long.values()) - long["cmdstat_info"] <= 8, long
+
+
+async def test_a_client_pin_applies_the_pins_turns_asked_first(
+    parts: Parts, settings: Settings, published: Published
+) -> None:
+    """A ``Client.pin`` caller holds the lock: the pins turns asked for are applied then too."""
+    await turns(parts, 1, 2)
+    await parts.turns.handle(turn_bytes("c", 3, [assistant(NOTE)]), b"c")
+    await turns(parts, 4, 6)
+    await parts.turns.handle(turn_bytes("c", 7, [user("keep the note")], pin=[{"turn_seq": 3}]), b"c")
+    await Client(settings, parts.store, None).pin("c", 6)
+
+    snapshot = await parts.store.snapshot("c")
+    assert snapshot.meta.pins == ""
+    assert {e.seq for e in snapshot.history.entries if e.message.get("pinned")} == {3, 6}

@@ -45,7 +45,9 @@ async def test_idle_keys_expire_together_and_active_ones_never(
     redis_client: redis.asyncio.Redis, published: Published
 ) -> None:
     parts = make_parts(redis_client, make_settings(redis={"retention_seconds": 3600}), published)
-    parts.store.retention_ms = RETENTION * 1000  # under the settings' minute, to watch it happen
+    parts.store.retention_ms = parts.appends.retention_ms = (
+        RETENTION * 1000
+    )  # under the settings' minute, to watch it happen
     seqs = {}
     for cid in ("idle", "active"):
         for seq in range(1, 16):

@@ -20,8 +20,10 @@ from aiokafka import ConsumerRecord, TopicPartition
 from faststream.kafka import TestKafkaBroker
 
 from compaction_worker.contracts.events import TurnEvent
+from compaction_worker.conversation import decide as plan
+from compaction_worker.conversation.apply import Appends
 from compaction_worker.observability import tracing
-from compaction_worker.runtime import plan, runs
+from compaction_worker.runtime import runs
 from compaction_worker.runtime.consumer import handle_batch
 from compaction_worker.runtime.runs import append_run
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
@@ -48,17 +50,17 @@ def items(cid: str, seqs: Sequence[int]) -> list[tuple[bytes, bytes | None]]:
     return [(turn(cid, seq), cid.encode()) for seq in seqs]
 
 
-def script_calls(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[str]:
-    """Counts the per-turn script's calls ``store`` makes: ``_turn`` for a single turn's, ``_run``
+def script_calls(monkeypatch: pytest.MonkeyPatch, appends: Appends) -> Counter[str]:
+    """Counts the per-turn script's calls ``appends`` makes: ``_turn`` for a single turn's, ``_run``
     for a run's (a call of several turns)."""
     calls: Counter[str] = Counter()
-    script = store._turn
+    script = appends._script
 
-    async def counted(keys: Any, args: Any, plain: Any = None) -> Any:
+    async def counted(keys: Any, args: Any) -> Any:
         calls["_turn" if args[0] == "1" else "_run"] += 1
-        return await script(keys, args, plain)
+        return await script(keys, args)
 
-    monkeypatch.setattr(store, "_turn", counted)
+    monkeypatch.setattr(appends, "_script", counted)
     return calls
 
 
@@ -90,7 +92,7 @@ class TestRuns:
         """Meta, transcript, entries and fingerprints alike; five turns in one script call."""
         for raw, key in items("c", range(1, 6)):
             assert (await parts.turns.handle(raw, key)).status is TurnStatus.APPENDED
-        calls = script_calls(monkeypatch, parts.store)
+        calls = script_calls(monkeypatch, parts.appends)
 
         outcomes = await append_run(parts.turns, items("d", range(1, 6)))
 
@@ -139,7 +141,7 @@ class TestRuns:
         """Issue 34: telemetry does not change how Redis is written. Each turn's own span is current
         while it is planned, so the request it carries continues its trace."""
         monkeypatch.undo()  # the real `enabled`: the SDK provider installed below
-        calls = script_calls(monkeypatch, parts.store)
+        calls = script_calls(monkeypatch, parts.appends)
         forced = turn_bytes("c", 3, [user("compact now")], compaction={"mode": "force"})
         records = [*items("c", range(1, 3)), (forced, b"c")]
         with memory().recording() as telemetry:
@@ -176,7 +178,7 @@ class TestRuns:
         """A redelivery or a turn ahead of a gap: no run is sent; a gap inside the records ends the run before it."""
         for raw, key in items("c", range(1, 3)):
             await parts.turns.handle(raw, key)
-        calls = script_calls(monkeypatch, parts.store)
+        calls = script_calls(monkeypatch, parts.appends)
 
         assert await append_run(parts.turns, items("c", [2, 3])) == []  # 2 is stored: a duplicate
         assert await append_run(parts.turns, items("c", [4, 5])) == []  # 3 is missing: a gap
@@ -242,13 +244,13 @@ class TestRuns:
         async def broken(*_: object) -> None:
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(parts.store, "write_run", broken)
+        monkeypatch.setattr(parts.appends, "apply", broken)
         assert await append_run(parts.turns, items("c", [1, 2])) == []
 
         async def down(*_: object) -> None:
             raise redis.exceptions.ConnectionError("Redis is away")
 
-        monkeypatch.setattr(parts.store, "write_run", down)
+        monkeypatch.setattr(parts.appends, "apply", down)
         with pytest.raises(redis.exceptions.ConnectionError):
             await append_run(parts.turns, items("c", [1, 2]))
         assert (await parts.store.meta("c")).last_seq == 0
@@ -289,7 +291,7 @@ class TestWorkerRuns:
         settings = make_settings(kafka={"bootstrap_servers": "in-process:9092"})
         outcomes: list[TurnOutcome] = []
         worker = build_worker(settings, redis_client=redis_client, on_turn=outcomes.append)
-        calls = script_calls(monkeypatch, worker.store)
+        calls = script_calls(monkeypatch, worker.turns.appends)
         seqs = [1, 2, 3, 3, 4, 6, 7, 5, 8]
         values = [turn("c", s) for s in seqs]
         values.insert(5, b"{not json")

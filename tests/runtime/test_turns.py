@@ -19,14 +19,14 @@ from compaction_worker.contracts.events import (
     Trigger,
     TurnEvent,
 )
+from compaction_worker.conversation import decide as plan
+from compaction_worker.conversation.meta import Meta
 from compaction_worker.errors import ConcurrentUpdateError
 from compaction_worker.observability.logs import ContextFilter
-from compaction_worker.runtime import plan
 from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.turns import TurnStatus
 from compaction_worker.settings import Settings
 from compaction_worker.state.connection import is_cluster
-from compaction_worker.state.meta import Meta
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes, turn_event
 from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
@@ -425,7 +425,7 @@ class TestOneRoundTrip:
     ) -> None:
         """Deciding and storing a turn is one command on the wire; a handler that never saw the
         conversation pays one more, once (the meta it computes from). A lone call goes to the
-        script: only calls that travel together are read first as plain appends (state/scripts.PLAIN_FROM)."""
+        script, and so do calls that travel together (scripts.Pipeline)."""
         if is_cluster(redis_client):
             pytest.skip("counted on one server's connections (the cluster pass runs the same script)")
         name = f"turns-{uuid.uuid4().hex[:6]}"
@@ -495,15 +495,15 @@ class TestOneRoundTrip:
         ``stale`` and writes nothing; after STALE_TRIES calls the turn is left unacknowledged
         (ConcurrentUpdateError is an outage: redelivered, never dead-lettered), stored turns untouched."""
         await parts.turns.handle(turn_bytes("c", 1, [user("one")]), b"c")
-        real, calls = parts.store.write_turn, 0
+        real, calls = parts.appends.apply, 0
 
-        async def raced(cid: str, write: Any) -> Any:
+        async def raced(cid: str, writes: Any) -> Any:
             nonlocal calls
             calls += 1
             await parts.store.set_meta(cid, noop_tokens=calls)
-            return await real(cid, write)
+            return await real(cid, writes)
 
-        monkeypatch.setattr(parts.store, "write_turn", raced)
+        monkeypatch.setattr(parts.appends, "apply", raced)
         with pytest.raises(ConcurrentUpdateError, match="every one of 3 tries of turn 2"):
             await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
         assert calls == turns_module.STALE_TRIES
@@ -511,7 +511,7 @@ class TestOneRoundTrip:
         meta = await parts.store.meta("c")
         assert (meta.last_seq, meta.msg_count, meta.noop_tokens) == (1, 1, 3)
         monkeypatch.setattr(
-            parts.store, "write_turn", real
+            parts.appends, "apply", real
         )  # the other writer is done: the redelivery is stored
         outcome = await parts.turns.handle(turn_bytes("c", 2, [assistant("two")]), b"c")
         assert outcome.status is TurnStatus.APPENDED
@@ -605,7 +605,7 @@ class TestPoisonTurns:
         async def down(*_args: Any, **_kwargs: Any) -> Any:
             raise redis.exceptions.ConnectionError("Redis is down")
 
-        monkeypatch.setattr(parts.store, "write_turn", down)
+        monkeypatch.setattr(parts.appends, "apply", down)
         with pytest.raises(redis.exceptions.ConnectionError):
             await parts.turns.handle(turn_bytes("c", 1, [user("x")]), b"c")
 

@@ -8,9 +8,16 @@ from collections.abc import Mapping, Sequence
 
 from compaction_worker.contracts.events import TurnEvent
 from compaction_worker.contracts.history import Entry, SummaryChunk
-from compaction_worker.state.appends import AppendReply, AppendStatus, NewMessage, TurnWrite, first_fields
+from compaction_worker.conversation.apply import (
+    AppendReply,
+    Appends,
+    AppendStatus,
+    NewMessage,
+    TurnWrite,
+    first_fields,
+)
+from compaction_worker.conversation.meta import JobRequest, recorded
 from compaction_worker.state.gaps import GapIndex, held_value
-from compaction_worker.state.jobs import JobRequest, recorded
 from compaction_worker.state.scripts import encode
 from compaction_worker.state.store import Store
 
@@ -34,7 +41,7 @@ async def append_turn(
 ) -> AppendReply:
     """Store a turn as given (its messages' counts, the meta fields, a job request) through the
     store's write, on the meta as stored: the store's own contract, without the rest of the
-    worker's decision (runtime/plan.py). ``fingerprint`` defaults to a digest of the messages."""
+    worker's decision (conversation/decide.py). ``fingerprint`` defaults to a digest of the messages."""
     meta = await store.meta(cid)
     if fingerprint is None:
         digest = hashlib.blake2b(digest_size=16)
@@ -49,7 +56,7 @@ async def append_turn(
         "history_tokens": str(meta.history_tokens + sum(m.tokens for m in messages)),
         "updated_at": repr(now),
     }
-    if request is not None:  # as the worker decides it (runtime/plan.py)
+    if request is not None:  # as the worker decides it (conversation/decide.py)
         fields |= recorded(request, meta, now)[0]
     write = TurnWrite(
         seq=seq,
@@ -61,7 +68,17 @@ async def append_turn(
         fingerprint=fingerprint,
         first=meta.last_seq == 0,
     )
-    return await store.write_turn(cid, write)
+    return await write_turn(store, cid, write)
+
+
+async def write_run(store: Store, cid: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
+    """Store consecutive turns through the per-turn script (conversation/apply.py), over the store's Redis."""
+    return await Appends(store.redis, store.prefix, store.retention_ms // 1000).apply(cid, writes)
+
+
+async def write_turn(store: Store, cid: str, write: TurnWrite) -> AppendReply:
+    """Store one turn: a run of one."""
+    return (await write_run(store, cid, [write]))[0]
 
 
 async def append(

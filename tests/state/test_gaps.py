@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import BadEventError, DeadLetter, TurnEvent
+from compaction_worker.conversation.keys import bucket_keys, gaps_index_key, shard_of
 from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS, Settings
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value, parse_held
-from compaction_worker.state.keys import bucket_keys, gaps_index_key, shard_of
 from compaction_worker.state.lock import Lease
 from compaction_worker.testing import turn_bytes
 from tests import orchestration

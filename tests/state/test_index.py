@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
+from compaction_worker.conversation.keys import bucket_keys, shard_of
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import Scan, ShardedIndex
-from compaction_worker.state.keys import bucket_keys, shard_of
 from compaction_worker.state.wake import Wakes
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,12 @@ import pytest
 import redis.asyncio
 
 from compaction_worker.contracts.events import Trigger
+from compaction_worker.conversation.apply import NewMessage
+from compaction_worker.conversation.keys import conversation_keys
+from compaction_worker.conversation.meta import JobRequest
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS
-from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.index import now_ms
-from compaction_worker.state.jobs import JobQueue, JobRequest
-from compaction_worker.state.keys import conversation_keys
+from compaction_worker.state.jobs import JobQueue
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.store import Store
 from compaction_worker.state.wake import Wakes

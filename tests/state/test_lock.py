@@ -9,7 +9,7 @@ import time
 import pytest
 import redis.asyncio
 
-from compaction_worker.state.keys import conversation_keys
+from compaction_worker.conversation.keys import conversation_keys
 from compaction_worker.state.lock import Busy, Lease, Locks
 
 pytestmark = pytest.mark.integration

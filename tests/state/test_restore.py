@@ -12,8 +12,8 @@ import redis.asyncio
 
 from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import SummaryChunk
+from compaction_worker.conversation.apply import NewMessage
 from compaction_worker.errors import RewindError, StaleFenceError
-from compaction_worker.state.appends import NewMessage
 from compaction_worker.state.lock import Lease, Locks
 from compaction_worker.state.restore import RewindResult, rewind, rewind_target, versions
 from compaction_worker.state.store import Store

@@ -24,17 +24,22 @@ from tests.conftest import cluster_tests
 STATE = Path(scripts.__file__).parent
 
 
-def test_every_lua_file_is_loaded_by_a_state_module() -> None:
-    """No dead Lua: each file in lua/ is named in the Python of state/."""
-    files = {f.name for f in resources.files("compaction_worker.state").joinpath("lua").iterdir()}
-    python = "\n".join(p.read_text() for p in STATE.glob("*.py"))
-    named = set(re.findall(r'"(\w+\.lua)"', python))
+@pytest.mark.parametrize("package", ["state", "conversation"])
+def test_every_lua_file_is_loaded_by_a_module(package: str) -> None:
+    """No dead Lua: each file in a package's lua/ is named in the Python of state/ or conversation/,
+    as its own (``name.lua``: state/lua; ``conversation:name.lua``: conversation/lua)."""
+    files = {f.name for f in resources.files(f"compaction_worker.{package}").joinpath("lua").iterdir()}
+    python = "\n".join(
+        p.read_text() for folder in (STATE, STATE.parent / "conversation") for p in folder.glob("*.py")
+    )
+    prefix = "" if package == "state" else f"{package}:"
+    named = set(re.findall(rf'"{prefix}(\w+\.lua)"', python))
     assert files == named
 
 
 def test_a_script_is_its_files_in_order() -> None:
     """Libraries come first, so the body can call what they define."""
-    text = scripts.source("push.lua", "turn.lua")
+    text = scripts.source("push.lua", "conversation:turn.lua")
     assert text.index("local function push(") < text.index("push(transcript")
 
 

@@ -1,4 +1,4 @@
--- Library (store.py, appends.py): pushes list items in batches, since unpack() has a C-stack limit.
+-- Library (store.py, conversation/apply.py): pushes list items in batches, since unpack() has a C-stack limit.
 
 -- Pushes every item of a list, in order.
 local function push(key, items)

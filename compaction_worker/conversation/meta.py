@@ -1,15 +1,23 @@
-"""A conversation's metadata hash: sequence, counts, running token totals, budget, status."""
+"""A conversation's metadata hash: sequence, counts, running token totals, budget, status, and its job.
+
+The only module that names the hash's fields: the rest of the package reads a :class:`Meta` or a
+:class:`Job`, and writes through the functions here or the per-turn script (apply.py). A job lives
+in the ``job_*`` fields (what to do; a turn decided on the meta knows the job it may replace:
+:func:`recorded`) and in the jobs index (when to look: state/jobs.py).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import secrets
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any
 
-from compaction_worker.contracts.events import MAX_INSTRUCTIONS_CHARS, ContextStatus
+from compaction_worker.contracts.events import MAX_INSTRUCTIONS_CHARS, ContextStatus, Trigger
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.scripts import as_text
 
@@ -60,12 +68,12 @@ class Meta:
     profile: str = ""
     """The settings profile the conversation compacts under ("": the deployment's settings)."""
     pins: str = ""
-    """Pins and unpins turns asked for and not applied yet (runtime/pins.py), as JSON ("": none)."""
+    """Pins and unpins asked for by turns and not applied yet (runtime/pins.py), as JSON ("": none)."""
     job_id: str = ""
-    """The pending compaction's id ("": none). A job is the hash's ``job_*`` fields (jobs.py): a
-    turn planned on this meta knows the job it may replace or add its instructions to."""
+    """The pending compaction's id ("": none). A job is the hash's ``job_*`` fields (:class:`Job`): a
+    turn decided on this meta knows the job it may replace or add its instructions to."""
     job_priority: int = 0
-    """The pending job's priority (jobs.JOB_PRIORITY), when there is one."""
+    """The pending job's priority (:data:`JOB_PRIORITY`), when there is one."""
     job_instructions: str = ""
     """What the pending job asks the summary to keep first ("": nothing)."""
     updated_at: float = 0.0
@@ -73,7 +81,7 @@ class Meta:
     """Where the effective history's verbatim tail starts in the transcript (a list index): the
     history is the ``entries`` list, then the transcript's records from here (store.py)."""
     rev: int = 0
-    """The revision: every write of the hash bumps it (the per-turn script checks it: appends.py)."""
+    """The revision: every write of the hash bumps it (the per-turn script checks it: apply.py)."""
 
     @property
     def fixed_tokens(self) -> int:
@@ -97,7 +105,7 @@ class Meta:
         return Meta(*values)
 
     def with_job(self, fields: Mapping[str, str]) -> Meta:
-        """This meta with the job fields a write sets (``jobs.recorded``): those the meta keeps."""
+        """This meta with the job fields a write sets (:func:`recorded`): those the meta keeps."""
         kept = {k: int(v) if k == "job_priority" else v for k, v in fields.items() if k in _JOB_KEPT}
         return self.changed(kept) if kept else self
 
@@ -157,9 +165,105 @@ class Meta:
         )
 
 
+JOB_PRIORITY = {
+    Trigger.SOFT_THRESHOLD: 0,
+    Trigger.THRESHOLD: 1,
+    Trigger.MANUAL: 2,
+    Trigger.REACTIVE: 3,
+}
+"""A pending job is replaced only by a request of higher priority."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A pending compaction of one conversation."""
+
+    conversation_id: str
+    id: str
+    trigger: Trigger
+    requested_at: float
+    error: str | None = None
+    estimate: int = 0
+    """Our estimate (uncalibrated) of the prompt a reactive request's error is about; 0 if unknown."""
+    traceparent: str | None = None
+    """The W3C trace context of the turn that asked for it: the compaction continues that trace."""
+    instructions: str | None = None
+    """What the request asked the summary to keep first (added to the conversation's standing ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A compaction request, recorded as a new job unless a stronger one is pending."""
+
+    trigger: Trigger
+    error: str | None = None
+    estimate: int = 0
+    """See :attr:`Job.estimate`."""
+    traceparent: str | None = None
+    """See :attr:`Job.traceparent`."""
+    instructions: str | None = None
+    """See :attr:`Job.instructions`."""
+
+    @property
+    def asked(self) -> bool:
+        """Whether someone asked for it (a turn's request: manual or reactive), not a threshold."""
+        return self.trigger in (Trigger.MANUAL, Trigger.REACTIVE)
+
+    @property
+    def priority(self) -> int:
+        return JOB_PRIORITY[self.trigger]
+
+    def fields(self, now: float | None = None) -> dict[str, str]:
+        """The meta fields a new job writes (strings, as stored), at ``now`` (else the clock's)."""
+        return {
+            "job_id": secrets.token_hex(8),
+            "job_priority": str(self.priority),
+            "job_trigger": self.trigger.value,
+            "job_requested_at": repr(time.time() if now is None else now),
+            "job_error": self.error or "",
+            "job_estimate": str(self.estimate),
+            "job_traceparent": self.traceparent or "",
+            "job_instructions": self.instructions or "",
+        }
+
+
+JOB_FIELDS = tuple(JobRequest(Trigger.MANUAL).fields())
+"""The meta fields a job is (every one written when it is recorded, and deleted when it ends)."""
+
+
+MAX_MERGED_INSTRUCTIONS = 2 * MAX_INSTRUCTIONS_CHARS
+"""The most a pending job's instructions grow to when a turn's request adds its own."""
+
+
+def merged_instructions(own: str, other: str, newest: str) -> str:
+    """A job's instructions once another request's are added: a request's instructions are never
+    dropped while a job is pending. Whichever request's job stays carries the other's after its
+    own; past :data:`MAX_MERGED_INSTRUCTIONS`, the newest request's alone."""
+    if not other or other in own:
+        return own
+    if not own or own in other:
+        return other
+    if len(own) + len(other) + 2 > MAX_MERGED_INSTRUCTIONS:
+        return newest
+    return f"{own}\n\n{other}"
+
+
+def recorded(request: JobRequest, pending: Meta, now: float) -> tuple[dict[str, str], bool]:
+    """What a turn's request writes onto the job pending in ``pending`` (a meta), and whether it is
+    the job now: a new job when none of equal or higher priority is pending, else at most the
+    pending job's instructions with the request's added."""
+    asked = request.instructions or ""
+    if pending.job_id and pending.job_priority >= request.priority:
+        kept = merged_instructions(pending.job_instructions, asked, asked)
+        return ({"job_instructions": kept} if kept != pending.job_instructions else {}), False
+    fields = request.fields(now)
+    fields["job_instructions"] = merged_instructions(asked, pending.job_instructions, asked)
+    return fields, True
+
+
 _NO_JOB = {"job_id": "", "job_priority": 0, "job_instructions": ""}
 _JOB_KEPT = frozenset(_NO_JOB)
-"""The job's fields a meta keeps (the others are read only by the claim: jobs.py)."""
+"""The job's fields a meta keeps (the others are read only by the claim: :func:`read_job`)."""
 _FIELDS = tuple(f.name for f in fields(Meta))
 _INDEX = {name: i for i, name in enumerate(_FIELDS)}
 _VALUES = attrgetter(*_FIELDS)
@@ -188,7 +292,7 @@ async def write_field(redis: RedisClient, key: str, name: str, value: str, reten
     """Set a meta field a conversation keeps until it is changed (its instructions, its profile).
 
     It bumps the revision, as every write of the hash does, so that a turn planned from the
-    meta before it is planned again (appends.py). A conversation with no turn yet gets a meta
+    meta before it is decided again (apply.py). A conversation with no turn yet gets a meta
     hash that expires after the retention, unless a turn gives it its deadline first
     (lua/expiry.lua); an existing deadline is left as it is, shared with the other keys.
     """
@@ -214,3 +318,50 @@ async def clear_field_if(redis: RedisClient, key: str, name: str, expected: str)
     """Empty meta field ``name`` if it still holds ``expected`` (bumping the revision); whether it did.
     A writer that added to the field meanwhile keeps what it added."""
     return bool(await redis.eval(_CLEAR_IF, 1, key, name, expected))
+
+
+async def read_meta(redis: RedisClient, key: str) -> Meta:
+    """The stored meta (all zero for an unknown conversation)."""
+    return Meta.from_hash(await redis.hgetall(key))
+
+
+async def write_fields(redis: RedisClient, key: str, fields: Mapping[str, str | int | float]) -> None:
+    """Set fields no script owns (a no-op's size, a failure's backoff), bumping the revision."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # redis-py's mapping type is invariant
+        pipe.hincrby(key, "rev", 1)
+        await pipe.execute()
+
+
+async def read_job(redis: RedisClient, key: str, conversation_id: str) -> Job | None:
+    """The pending compaction request of a conversation, if any."""
+    raw = await redis.hmget(key, JOB_FIELDS)
+    return job_of(conversation_id, raw)
+
+
+def job_of(conversation_id: str, raw: Sequence[bytes | str | None]) -> Job | None:
+    """The job the meta's :data:`JOB_FIELDS` hold (read in that order), if any."""
+    data = dict(zip(JOB_FIELDS, (as_text(v) if v is not None else "" for v in raw), strict=True))
+    if not data["job_id"]:
+        return None
+    return Job(
+        conversation_id=conversation_id,
+        id=data["job_id"],
+        trigger=Trigger(data["job_trigger"]),
+        requested_at=float(data["job_requested_at"] or 0),
+        error=data["job_error"] or None,
+        estimate=int(data["job_estimate"] or 0),
+        traceparent=data["job_traceparent"] or None,
+        instructions=data["job_instructions"] or None,
+    )
+
+
+async def has_job(redis: RedisClient, key: str) -> bool:
+    """Whether a job is pending."""
+    return bool(await redis.hexists(key, "job_id"))
+
+
+async def job_traceparent(redis: RedisClient, key: str) -> str | None:
+    """The trace context the pending job keeps (the turn's that asked for it), if any."""
+    value = await redis.hget(key, "job_traceparent")
+    return as_text(value) if value else None

@@ -1,4 +1,4 @@
-"""A turn's one decision (``plan_turn``): its write, its revision, its hold and its profile; and what its
+"""A turn's one decision (``decide``): its write, its revision, its hold and its profile; and what its
 append records of compaction instructions (the standing meta field, the request's in its job)."""
 
 from __future__ import annotations
@@ -7,12 +7,11 @@ from typing import Any
 
 from compaction_worker.budget.tokens import counter_for
 from compaction_worker.contracts.events import CompactionMode, CompactionRequest, Trigger
-from compaction_worker.runtime.plan import plan_append, plan_turn
+from compaction_worker.conversation.apply import UNKNOWN_REV, NewMessage
+from compaction_worker.conversation.decide import decide, plan_append
+from compaction_worker.conversation.meta import JOB_PRIORITY, JobRequest, Meta
 from compaction_worker.settings import BudgetSettings, Settings
-from compaction_worker.state.appends import UNKNOWN_REV, NewMessage
 from compaction_worker.state.gaps import parse_held
-from compaction_worker.state.jobs import JOB_PRIORITY, JobRequest
-from compaction_worker.state.meta import Meta
 from compaction_worker.testing import turn_event
 
 SETTINGS = BudgetSettings()
@@ -81,7 +80,7 @@ class TestRequest:
 
 
 class TestPlanTurn:
-    """``plan_turn``: what the per-turn path and a run send the script for a turn."""
+    """``decide``: what the per-turn path and a run send the script for a turn."""
 
     def test_the_write_is_the_turn_counted_fingerprinted_and_planned(self) -> None:
         """Its messages as stored, numbered after the meta's; the event's fingerprint; the plan's fields."""
@@ -89,7 +88,7 @@ class TestPlanTurn:
         event = turn_event(
             "c1", 3, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
         )
-        turn = plan_turn(event, meta, Settings())
+        turn = decide(meta, event, Settings())
         write = turn.write
         assert (write.seq, write.first_n, write.rev, write.first) == (3, 6, 7, False)
         assert [m.message for m in write.messages] == [m.to_dict() for m in event.messages]
@@ -103,8 +102,8 @@ class TestPlanTurn:
 
     def test_without_a_known_meta_the_revision_is_unknown_but_for_a_first_turn(self) -> None:
         """The script answers an unknown revision with the stored meta; a first turn is a new conversation's."""
-        later = plan_turn(turn_event("c1", 4, [{"role": "user", "content": "hi"}]), None, Settings())
-        first = plan_turn(turn_event("c1", 1, [{"role": "user", "content": "hi"}]), None, Settings())
+        later = decide(None, turn_event("c1", 4, [{"role": "user", "content": "hi"}]), Settings())
+        first = decide(None, turn_event("c1", 1, [{"role": "user", "content": "hi"}]), Settings())
         assert later.write.rev == UNKNOWN_REV
         assert (first.write.rev, first.write.first, first.plan.first) == (0, True, True)
         assert set(first.write.fields) >= {"created_at", "version", "context_status"}
@@ -113,7 +112,7 @@ class TestPlanTurn:
         """The event's bytes, its hold time and its fingerprint, as the gap index reads them."""
         event = turn_event("c1", 5, [{"role": "user", "content": "hi"}])
         raw = event.model_dump_json().encode()
-        turn = plan_turn(event, None, Settings(), hold=(raw, 1234))
+        turn = decide(None, event, Settings(), hold=(raw, 1234))
         assert turn.write.held is not None
         held = parse_held(5, turn.write.held)
         assert (held.held_ms, held.raw, held.fingerprint) == (1234, raw, event.fingerprint())
@@ -124,9 +123,9 @@ class TestPlanTurn:
             {"profiles": {"small": {"budget": {"trigger_fraction": 0.3, "target_fraction": 0.15}}}}
         )
         message = [{"role": "user", "content": "hi"}]
-        plain = plan_turn(turn_event("c1", 1, message), Meta(), settings).plan.after
-        asked = plan_turn(turn_event("c1", 1, message, profile="small"), Meta(), settings).plan.after
-        kept = plan_turn(turn_event("c1", 2, message), Meta(last_seq=1, profile="small"), settings).plan.after
+        plain = decide(Meta(), turn_event("c1", 1, message), settings).plan.after
+        asked = decide(Meta(), turn_event("c1", 1, message, profile="small"), settings).plan.after
+        kept = decide(Meta(last_seq=1, profile="small"), turn_event("c1", 2, message), settings).plan.after
         assert asked.profile == "small"
         assert asked.threshold < plain.threshold
         assert kept.threshold == asked.threshold

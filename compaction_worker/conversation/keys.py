@@ -4,7 +4,7 @@ A conversation's keys share its hash tag ``{<conversation_id>}``: the atomic scr
 several of them stay on one Redis Cluster slot. The global keys (the three indexes' buckets,
 the wake-up set, the per-model breakers) each have a hash tag of their own, so that on a
 cluster they spread over the slots. What a key holds is documented beside it; the module
-that reads and writes it is named there.
+that reads and writes it is named there (state/ unless it says conversation/).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ class ConversationKeys:
     """The Redis keys of one conversation."""
 
     meta: str
-    """Hash: last seq, message count, running token totals, model, version, status (meta.py), and
-    the pending compaction request, if any: its ``job_*`` fields (jobs.py)."""
+    """Hash: last seq, message count, running token totals, model, version, status, and the pending
+    compaction request, if any: its ``job_*`` fields (conversation/meta.py)."""
     transcript: str
     """List: every message ever appended, as JSON records; never rewritten (store.py)."""
     chunks: str

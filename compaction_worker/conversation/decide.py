@@ -1,11 +1,12 @@
-"""What a turn decides, computed from the event and the meta the handler knows: pure, no I/O.
+"""What a turn decides, computed from the meta the handler knows and the event: pure, no I/O.
 
-:func:`plan_turn` is the one decision about a turn, for a lone turn, each turn of a run (runs.py)
-and each turn of a replay (replay/simulate.py) alike: its messages counted, its fingerprint, every
-meta field its append changes, whether it records a compaction job and which, and the write the
-per-turn script is sent. The job is decided against the one pending, which the meta holds
-(state/jobs.py: ``recorded``). The script stores the write only if the meta's revision is still
-the one it was planned on (state/appends.py), so the plan is exact or it is not used.
+:func:`decide` is the one decision about a turn, for a lone turn, each turn of a run
+(runtime/runs.py) and each turn of a replay (replay/simulate.py) alike: its messages counted, its
+fingerprint, every meta field its append changes (the pins it asks for among them), whether it
+records a compaction job, which, and whether its index entry is due, and the write the per-turn
+script is sent. The job is decided against the one pending, which the meta holds (meta.py:
+``recorded``). The script stores the write only if the meta's revision is still the one it was
+decided on (apply.py), so the plan is exact or it is not used.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.budget.threshold import threshold_trigger
 from compaction_worker.budget.tokens import TokenCounter, budget_for, calibrate, counter_for
 from compaction_worker.contracts.events import CompactionMode, Trigger, TurnEvent
+from compaction_worker.conversation.apply import UNKNOWN_REV, NewMessage, TurnWrite, first_fields
+from compaction_worker.conversation.meta import JobRequest, Meta, recorded, stored_text
 from compaction_worker.observability import tracing
 from compaction_worker.settings import BudgetSettings, Settings
-from compaction_worker.state.appends import UNKNOWN_REV, NewMessage, TurnWrite, first_fields
 from compaction_worker.state.gaps import held_value
-from compaction_worker.state.jobs import JobRequest, recorded
-from compaction_worker.state.meta import Meta, stored_text
 
 _EVERY_APPEND = frozenset({"last_seq", "updated_at"})
 
@@ -53,22 +53,24 @@ class AppendPlan:
 
 @dataclass(slots=True)
 class Planned:
-    """A turn decided (:func:`plan_turn`): the event, its append's plan and the write the script is sent."""
+    """A turn decided (:func:`decide`): the event, its append's plan and the write the script is sent."""
 
     event: TurnEvent
     plan: AppendPlan
     write: TurnWrite
     span: Span | None = None
     """A run's turn: its own consume span (current while its append is acted on); None: the current one."""
+    held_ms: int | None = None
+    """When the write carries the turn's held form: the time (ms) it is held from."""
 
 
 Counted = tuple[TokenCounter, list[NewMessage]]
 """A turn's counter and its messages as stored, counted (:func:`counted`)."""
 
 
-def plan_turn(
-    event: TurnEvent,
+def decide(
     known: Meta | None,
+    event: TurnEvent,
     settings: Settings,
     *,
     hold: tuple[bytes, int] | None = None,
@@ -104,8 +106,9 @@ def plan_turn(
         fingerprint=fingerprint,
         held=held_value(hold[0], hold[1], fingerprint) if hold is not None else None,
         first=plan.first,
+        due=plan.due,
     )
-    return Planned(event, plan, write)
+    return Planned(event, plan, write, held_ms=hold[1] if hold is not None else None)
 
 
 def counted(event: TurnEvent, settings: BudgetSettings) -> Counted:
@@ -227,7 +230,8 @@ def _job(
 
 
 def asked_pins(pending: str, event: TurnEvent) -> str:
-    """The pins waiting to be applied (runtime/pins.py) with the turn's: ``[turn_seq, index, pin]`` each."""
+    """The pins waiting to be applied (runtime/pins.py) with the turn's: ``[turn_seq, index, pin]`` each.
+    Stored with the turn's append, in the meta; the next holder of the lock applies them."""
     asked = json.loads(pending) if pending else []
     asked += [[ref.turn_seq, ref.index, True] for ref in event.pin or ()]
     asked += [[ref.turn_seq, ref.index, False] for ref in event.unpin or ()]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from compaction_worker.contracts.events import ContextStatus
-from compaction_worker.state.meta import Meta
+from compaction_worker.conversation.meta import Meta
 
 
 def test_changed_is_what_replace_makes_for_every_field() -> None:
