@@ -141,8 +141,8 @@ ROUND_TRIP = Instrument(
     "compaction.redis.round_trip.duration",
     "histogram",
     "s",
-    "A send of per-turn calls (together, one in flight a worker; one round trip, two when plain "
-    "appends are read first): rising with compaction.redis.round_trip.calls while the lag grows, "
+    "A send of per-turn calls (together, one in flight a worker; one round trip): rising with "
+    "compaction.redis.round_trip.calls while the lag grows, "
     "Redis is the limit.",
 )
 ROUND_TRIP_CALLS = Instrument(
