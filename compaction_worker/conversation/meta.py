@@ -227,6 +227,9 @@ class JobRequest:
         }
 
 
+VERSION_FIELD = "version"
+"""The meta field that holds the effective history's version (what recall's cache is keyed by)."""
+
 JOB_FIELDS = tuple(JobRequest(Trigger.MANUAL).fields())
 """The meta fields a job is (every one written when it is recorded, and deleted when it ends)."""
 

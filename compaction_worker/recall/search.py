@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from compaction_worker.conversation.meta import VERSION_FIELD
 from compaction_worker.offload import off_loop
 from compaction_worker.recall.index import Passage, RecallHit, RecallIndex, passages
 from compaction_worker.state.archive import Archive, ArchivedArtifact
@@ -103,7 +104,7 @@ class Recall:
     async def _index(self, conversation_id: str) -> _Built:
         keys = self.store.keys(conversation_id)
         async with self.store.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.meta, "version")
+            pipe.hget(keys.meta, VERSION_FIELD)
             pipe.hlen(keys.artifacts)
             raw_version, archived = await pipe.execute()
         cached = self._cache.get(conversation_id)
