@@ -496,7 +496,9 @@ class LiteLLMSummarizer:
         extra: dict[str, Any] = {}
         if output in ("schema", "grammar"):
             extra["response_format"] = schema.response_format(
-                schema.Limits.for_room(request.max_summary_tokens), grammar=output == "grammar"
+                schema.Limits.for_room(request.max_summary_tokens),
+                grammar=output == "grammar",
+                anchored=bool(request.items),
             )
         return {
             **extra,

@@ -82,8 +82,17 @@ class Limits:
         return cls(per_section, max(60, min(200, tokens // 2)))
 
 
-def json_schema(limits: Limits) -> dict[str, Any]:
-    """The reply's JSON schema: the sections as bounded lists of items, and the ids resolved."""
+ALWAYS_SAID: Final = ("state",)
+"""Sections a reply always fills: a span always ends somewhere. A small model under a grammar that
+allows every list empty answers with empty lists."""
+FIRST_SAID: Final = ("goals", "facts")
+"""Sections a first summary (no current items) fills too: a span always has a purpose and a fact."""
+
+
+def json_schema(limits: Limits, *, anchored: bool = False) -> dict[str, Any]:
+    """The reply's JSON schema: the sections as bounded lists of items, and the ids resolved. What a
+    span always says (:data:`ALWAYS_SAID`, and :data:`FIRST_SAID` when nothing is ``anchored``) holds
+    at least one item; what the item says is still checked against its turns."""
     item = {
         "type": "object",
         "properties": {
@@ -93,21 +102,28 @@ def json_schema(limits: Limits) -> dict[str, Any]:
         },
         "required": ["text", "turns"],
     }
+    said = ALWAYS_SAID if anchored else ALWAYS_SAID + FIRST_SAID
     properties: dict[str, Any] = {
-        key: {"type": "array", "items": item, "maxItems": limits.per_section} for key in KEYS
+        key: {"type": "array", "items": item, "maxItems": limits.per_section}
+        | ({"minItems": 1} if key in said else {})
+        for key in KEYS
     }
     properties["resolved"] = {"type": "array", "items": {"type": "string"}, "maxItems": 16}
     return {"type": "object", "properties": properties, "required": list(KEYS)}
 
 
-def response_format(limits: Limits, *, grammar: bool = False) -> dict[str, Any]:
+def response_format(limits: Limits, *, grammar: bool = False, anchored: bool = False) -> dict[str, Any]:
     """``response_format`` as LiteLLM passes it on: OpenAI's structured outputs shape, or with
     ``grammar`` the ``json_object`` shape with its schema, which llama.cpp's server turns into a grammar."""
     if grammar:
-        return {"type": "json_object", "schema": json_schema(limits)}
+        return {"type": "json_object", "schema": json_schema(limits, anchored=anchored)}
     return {
         "type": "json_schema",
-        "json_schema": {"name": "conversation_summary", "schema": json_schema(limits), "strict": False},
+        "json_schema": {
+            "name": "conversation_summary",
+            "schema": json_schema(limits, anchored=anchored),
+            "strict": False,
+        },
     }
 
 

@@ -119,6 +119,16 @@ class TestSummarizer:
         assert sent["type"] == "json_schema"
         goals = sent["json_schema"]["schema"]["properties"]["goals"]
         assert goals["maxItems"] == schema.Limits.for_room(350).per_section == 4
+        # A first summary always says where the span ends, its purpose and a fact (a small model under
+        # a grammar that allows it answers every list empty); a later one, where the span ends.
+        said = {
+            key
+            for key, section in sent["json_schema"]["schema"]["properties"].items()
+            if section.get("minItems")
+        }
+        assert said == {"state", "goals", "facts"}
+        anchored = schema.json_schema(schema.Limits.for_room(350), anchored=True)["properties"]
+        assert {key for key, section in anchored.items() if section.get("minItems")} == {"state"}
         assert result.items
 
     async def test_grammar_sends_the_schema_in_the_json_object_shape(self, fake_llm: FakeLLMServer) -> None:
