@@ -453,8 +453,8 @@ class CompactionCompleted(_Event):
     summary_items_refused: int = Field(
         default=0,
         ge=0,
-        description="Items of the model's summary that the turns they cite do not support (an identifier or "
-        "number they do not hold): dropped before the commit, so no such item enters the history.",
+        description="Items of the model's summary that the turns it summarized do not support (an identifier "
+        "or number they never say): dropped before the commit, so no such item enters the history.",
     )
     summary_items_let_go: int = Field(
         default=0,
