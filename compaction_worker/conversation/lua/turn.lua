@@ -55,15 +55,6 @@ local function lasting_keys()
   return keys
 end
 
--- Pushes ARGV[from..to] onto a list, in batches (unpack has a C-stack limit).
-local function push_args(key, from, to)
-  while from <= to do
-    local last = math.min(from + 499, to)
-    redis.call('RPUSH', key, unpack(ARGV, from, last))
-    from = last + 1
-  end
-end
-
 -- Makes the call's gathered writes: the transcript, the meta, the fingerprints, then the deadlines
 -- (after the keys exist: an expiry on a missing key is lost). A lone turn's are made straight from
 -- ARGV; a run's are gathered in tables first, each hash's in one HSET: a field a later turn
@@ -75,7 +66,7 @@ local function flush()
   local renewed_text = w.renewed and string.format('%d', w.renewed)
   if w.appended == 1 then
     local at, records, n = w[1], w[2], w[3]
-    push_args(transcript, records, records + n - 1)
+    push(transcript, ARGV, records, records + n - 1)
     -- The turn's fields lie between its field count (ARGV[at + 8]) and its message count.
     if renewed_text then
       redis.call('HSET', meta, 'rev', w.rev, 'expires_at', renewed_text, unpack(ARGV, at + 9, records - 2))
