@@ -96,10 +96,15 @@ async def test_approval_proposes_and_apply_commits_exactly_the_proposal(
     with pytest.raises(ValueError, match="not one of the settings' profiles"):
         await client.set_profile(cid, "reviewd")
     await client.set_profile(cid, "reviewed")
-    for seq in range(1, REVIEWED_TURNS + 1):
+    # The threshold crosses before the last two turns; they follow once the proposal is made, so
+    # that they make it stale whatever the worker's pace (sent at once, all could be stored first).
+    for seq in range(1, REVIEWED_TURNS - 1):
         await client.publish_turn(_turn(cid, seq))
     await client.wait_for(cid, timeout=90)
     (first,) = await running.events(topics.proposed, cid, 1)
+    for seq in range(REVIEWED_TURNS - 1, REVIEWED_TURNS + 1):
+        await client.publish_turn(_turn(cid, seq))
+    await client.wait_for(cid, timeout=90)
     CompactionProposed.model_validate(first)
     assert first["trigger"] == Trigger.THRESHOLD.value
     assert first["last_seq"] < REVIEWED_TURNS, (
