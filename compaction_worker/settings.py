@@ -11,6 +11,7 @@ import os
 import re
 import typing
 from contextvars import ContextVar
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -500,6 +501,11 @@ class Settings(BaseSettings):
                 base: BaseModel = getattr(self, section)
                 sections[section] = type(base).model_validate({**base.model_dump(), **changes})
         return self.model_copy(update=sections)
+
+    @cached_property
+    def budgets(self) -> dict[str, BudgetSettings]:
+        """Each profile's budget section, by name (a turn reads its profile's here: no call)."""
+        return {name: merged.budget for name, merged in self._by_profile.items()}
 
     def for_profile(self, name: str | None) -> Settings:
         """The settings a conversation of profile ``name`` compacts under: the deployment's, with

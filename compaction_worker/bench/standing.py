@@ -241,14 +241,22 @@ class Lossy:
 
 
 class Reading:
-    """Wraps a summarizer to count the user turns it read."""
+    """Wraps a summarizer to count the user turns it read, the summaries it was asked for and wrote
+    (a failure falls back to the extractive one), and their tokens."""
 
     def __init__(self, inner: Summarizer) -> None:
         self.inner, self.name, self.read = inner, inner.name, 0
+        self.asked = self.wrote = self.prompt = self.completion = self.refused = 0
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         self.read += sum(1 for m in request.messages if m.get("role") == "user")
-        return await self.inner.summarize(request)
+        self.asked += 1
+        result = await self.inner.summarize(request)
+        self.wrote += 1
+        self.prompt += result.usage.prompt_tokens
+        self.completion += result.usage.completion_tokens
+        self.refused += result.refused
+        return result
 
 
 @dataclass
@@ -302,7 +310,7 @@ def _score(history: EffectiveHistory, planted: Sequence[Planted], target: int, t
 
 async def run_case(
     seed: int, window: int, share: float, summarizer: str, **llm: Any
-) -> tuple[list[Round], int]:
+) -> tuple[list[Round], Reading | Lossy]:
     counter = counter_for(MODEL, BudgetSettings())
     s = session(seed, counter)
     history = EffectiveHistory((), tuple(s.chat.entries))
@@ -332,7 +340,7 @@ async def run_case(
         scored.outcome = result.outcome.value
         scored.writer = result.summarizer or ""
         rounds.append(scored)
-    return rounds, made.read
+    return rounds, made
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -377,11 +385,15 @@ async def _report(args: argparse.Namespace) -> None:
         for window in args.windows:
             for share in args.budgets:
                 by_round: dict[int, Round] = defaultdict(Round)
-                read = 0
+                read = asked = wrote = prompt = completion = refused = 0
                 all_rounds: list[Round] = []
                 for seed in args.seeds:
-                    rounds, seen = await run_case(seed, window, share, name, **llm)
-                    read += seen
+                    rounds, made = await run_case(seed, window, share, name, **llm)
+                    read += made.read
+                    if isinstance(made, Reading):
+                        asked, wrote = asked + made.asked, wrote + made.wrote
+                        prompt, completion = prompt + made.prompt, completion + made.completion
+                        refused += made.refused
                     all_rounds += rounds
                     for i, r in enumerate(rounds):
                         total = by_round[i]
@@ -407,6 +419,12 @@ async def _report(args: argparse.Namespace) -> None:
                         "max_budget_used": max(by_round[i].used for i in range(ROUNDS)),
                         "user_turns_read": read,
                         "writers": sorted({w for r in all_rounds for w in r.writer.split(", ") if w}),
+                        # The summaries this summarizer was asked for and wrote (the rest fell back).
+                        "summaries_asked": asked,
+                        "summaries_written": wrote,
+                        "prompt_tokens_per_summary": prompt // max(1, wrote),
+                        "output_tokens_per_summary": completion // max(1, wrote),
+                        "items_refused": refused,
                         "rounds": [
                             {
                                 "kept": r.kept,
@@ -422,11 +440,15 @@ async def _report(args: argparse.Namespace) -> None:
         print(json.dumps(rows, indent=2))
         return
     print(f"seeds {args.seeds}; survival in the worst of {ROUNDS} rounds, by kind")
-    print("| summarizer | window | budget | " + " | ".join(KINDS) + " | superseded resolved | budget used |")
-    print("|---|--:|--:|" + "--:|" * len(KINDS) + "--:|--:|")
+    print(
+        "| summarizer | window | budget | " + " | ".join(KINDS) + " | superseded resolved | budget used "
+        "| summaries it wrote |"
+    )
+    print("|---|--:|--:|" + "--:|" * len(KINDS) + "--:|--:|--:|")
     for row in rows:
         kinds = " | ".join(f"{100 * row['worst_round'][k]:.0f}%" for k in KINDS)
         print(
             f"| {row['summarizer']} | {row['window']:,} | {row['budget']:.0%} | {kinds} | "
-            f"{100 * row['superseded_resolved']:.0f}% | {row['max_budget_used']:.2f} |"
+            f"{100 * row['superseded_resolved']:.0f}% | {row['max_budget_used']:.2f} "
+            f"| {row['summaries_written']} of {row['summaries_asked']} |"
         )

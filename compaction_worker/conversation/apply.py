@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from compaction_worker.conversation.keys import ConversationKeys, conversation_keys
@@ -36,6 +37,12 @@ scripts.PositionalScript)."""
 def _named(keys: ConversationKeys) -> list[str]:
     """The keys a call names (lua/turn.lua's KEYS)."""
     return [keys.meta, keys.transcript, keys.entries, keys.pending, keys.fingerprints]
+
+
+@lru_cache(maxsize=4096)
+def _script_keys(conversation_id: str, prefix: str) -> tuple[str, ...]:
+    """A conversation's :func:`_named` keys, built once while it is served (its turns come in a row)."""
+    return tuple(_named(conversation_keys(conversation_id, prefix)))
 
 
 def _lasting_prelude() -> str:
@@ -227,7 +234,7 @@ class Appends:
 
     def keys(self, conversation_id: str) -> list[str]:
         """The script's keys (lua/turn.lua names them)."""
-        return _named(conversation_keys(conversation_id, self.prefix))
+        return list(_script_keys(conversation_id, self.prefix))
 
     async def apply(self, conversation_id: str, writes: Sequence[TurnWrite]) -> list[AppendReply]:
         """Store consecutive turns of one conversation in one script call: each turn's reply, in order,

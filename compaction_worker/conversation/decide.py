@@ -89,7 +89,7 @@ def decide(
     """
     meta = known or Meta()
     profile = event.profile if event.profile is not None else meta.profile
-    budget = settings.for_profile(profile).budget
+    budget = settings.budgets.get(profile, settings.budget) if profile else settings.budget
     counts = {} if counts is None else counts
     if profile not in counts:
         counts[profile] = counted(event, budget)

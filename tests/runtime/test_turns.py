@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import sys
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -623,3 +624,46 @@ async def test_every_line_logged_for_a_turn_names_its_conversation_and_seq(
     assert (getattr(held, "conversation_id", None), getattr(held, "turn_seq", None)) == ("c", 3)
     (bad,) = [r for r in caplog.records if "dead-lettered" in r.getMessage()]
     assert (getattr(bad, "conversation_id", None), getattr(bad, "turn_seq", None)) == ("k", None)
+
+
+PER_TURN_MODULES = {
+    "runtime/turns.py",  # parse, act
+    "contracts/events.py",  # the event's model
+    "conversation/decide.py",
+    "conversation/meta.py",
+    "budget/tokens.py",
+    "budget/windows.py",
+    "budget/threshold.py",
+    "conversation/apply.py",
+    "state/scripts.py",  # the script call
+    "runtime/connections.py",  # the connection's command packer (hiredis; not on a cluster's)
+    "observability/logs.py",
+    "observability/tracing.py",
+    "observability/metrics.py",
+}
+"""The modules a plain turn of a known conversation walks from the handler to its write: 10 of the
+turn's logic and its write, 3 of its telemetry. A module that joins the path is a choice made here."""
+
+
+async def test_a_known_conversations_turn_walks_only_the_per_turn_modules(parts: Parts) -> None:
+    """The per-turn path stays readable and cheap: parse, decide, apply, act, and nothing else (every
+    Python call whose code is the package's, recorded by the profiler; settings are read once, a
+    retry loop is entered only on a failure, a conversation's keys are built once while it is served)."""
+    await parts.turns.handle(turn_bytes("walk", 1, [user("hi")]), b"walk")
+    seen: dict[str, set[str]] = {}
+    root = "/compaction_worker/"
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        path = frame.f_code.co_filename
+        if event == "call" and root in path:
+            seen.setdefault(path.split(root, 1)[1], set()).add(frame.f_code.co_name)
+
+    raw = turn_bytes("walk", 2, [assistant("hello")])
+    sys.setprofile(profile)
+    try:
+        outcome = await parts.turns.handle(raw, b"walk")
+    finally:
+        sys.setprofile(None)
+    assert outcome.status is TurnStatus.APPENDED
+    assert {"runtime/turns.py", "conversation/decide.py", "conversation/apply.py"} <= set(seen)
+    assert set(seen) <= PER_TURN_MODULES, "\n".join(f"{m}: {sorted(c)}" for m, c in sorted(seen.items()))

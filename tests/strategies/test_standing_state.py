@@ -229,14 +229,14 @@ async def test_typed_canaries_hold_rules_constraints_and_changes_over_five_round
 ) -> None:
     """The benchmark's generated sessions (seed 7): every rule and constraint in every round, every
     changed value resolved, the output at or under its target."""
-    rounds, read = await canaries.run_case(7, window, share, summarizer)
+    rounds, made = await canaries.run_case(7, window, share, summarizer)
     assert len(rounds) == 5
     for r in rounds:
         for kind in ("rule", "constraint"):
             assert r.kept.get(kind, 0) == r.planted[kind], (kind, r)
         assert r.resolved == r.changed > 0
         assert r.used <= 1.0
-    assert read > 0  # the summarizer read the turns it replaced
+    assert made.read > 0  # the summarizer read the turns it replaced
 
 
 def test_an_agents_observations_are_not_read_as_what_the_user_set() -> None:
