@@ -6,6 +6,11 @@ calls with outputs of a few KB, a reply) is replayed offline through the worker'
 pipeline (``replay.simulate``, extractive summaries), one call per turn, and the same turns
 through the peers' simple strategies (``replay.cache``), priced at Anthropic's and OpenAI's
 prices. No broker or Redis: the figures are the history's, not the infrastructure's.
+
+Beside them, the same session summarized by a model (the fake OpenAI-compatible server of
+``testing``, through LiteLLM's real request path) asked for checked items and for Markdown: an item
+that did not change keeps its bytes across compactions and folds, so the cached prefix can reach
+further into the summary (summaries/schema.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from compaction_worker.replay.reader import Conversation
 from compaction_worker.replay.simulate import Replay
 from compaction_worker.settings import Settings
 from compaction_worker.summaries.factory import configured_summarizers
+from compaction_worker.testing import FakeLLMServer
 
 MODELS = ("claude-sonnet-4-20250514", "gpt-4o")
 """A cache read at a tenth of input with billed cache writes, and at half of input without."""
@@ -51,7 +57,46 @@ async def cache_rows(env: BenchEnv, progress: Progress) -> list[Row]:
         )
         report = await replay.run()
         rows += _rows(model, window, steps, report.cache)
+    rows += await _written_rows(steps, window, progress)
     return rows
+
+
+async def _written_rows(steps: int, window: int, progress: Progress) -> list[Row]:
+    """The share the cache serves when a model writes the summaries: checked items beside Markdown."""
+    model = MODELS[1]
+    shares: dict[str, CacheFigures] = {}
+    with FakeLLMServer() as server:
+        for output in ("schema", "markdown"):
+            progress(f"cache: {steps} agent steps summarized by a model asked for {output}")
+            settings = Settings.model_validate(
+                {
+                    "summarizer": {
+                        "model": "openai/fake",
+                        "api_base": server.url,
+                        "api_key": "fake",
+                        "output": output,
+                    }
+                }
+            )
+            replay = Replay(
+                session(steps), settings, configured_summarizers(settings), model=model, context_window=window
+            )
+            report = await replay.run()
+            shares[output] = next(f for f in report.cache if f.strategy == "compaction-worker")
+    items, markdown = shares["schema"], shares["markdown"]
+    return [
+        Row(
+            f"prompt cache: share served, model-written summaries as checked items ({model})",
+            items.cached_share,
+            "",
+            baseline=markdown.cached_share,
+            baseline_name="as Markdown",
+            target=1.0,
+            at_least=True,
+            note=f"{steps} agent steps, {window // 1000}K window, the fake model; cache breaks per 100 turns "
+            f"{items.breaks_per_100_turns:.1f} (Markdown {markdown.breaks_per_100_turns:.1f})",
+        )
+    ]
 
 
 def _rows(model: str, window: int, steps: int, cache: Sequence[CacheFigures]) -> list[Row]:
