@@ -112,8 +112,11 @@ def _transcript_of(body: dict[str, Any]) -> str:
     )
     # Summarizers fence the transcript as untrusted data; the instructions around it are
     # not part of what is summarized.
-    fenced = [m.group("body") for m in _FENCED_TAG.finditer(text)]
-    fenced += [m.group("body") for m in _FENCED_TICKS.finditer(text)]
+    # This product's own requests name it: the memory's current items, listed beside it, can be longer.
+    tags = {m.group("tag"): m.group("body") for m in _FENCED_TAG.finditer(text)}
+    if "transcript" in tags:
+        return tags["transcript"]
+    fenced = [*tags.values(), *(m.group("body") for m in _FENCED_TICKS.finditer(text))]
     return max(fenced, key=len) if fenced else text
 
 

@@ -56,3 +56,26 @@ class TestItemsAcrossCompactions:
         (goal,) = [i for i in out.items if i.model]
         assert goal.text.startswith("user: u1")
         assert (goal.seq, goal.kind) == (1, "goal")
+
+    async def test_a_span_too_long_for_the_model_is_read_in_pieces_each_changing_the_items(
+        self, fake_llm: FakeLLMServer
+    ) -> None:
+        """A span over the model's input limit is read in pieces, each sent once: each request after the
+        first lists the items so far with their ids, and each piece's reply adds items that cite turns of
+        its own piece; no item is lost or repeated."""
+        llm = summarizer(fake_llm, max_input_tokens=1_200)
+        out = await summarize(chat(30).draft(), ctx_with(chunk_budget=5_000), [llm])
+        assert out.report is not None
+        bodies = [r["messages"][1]["content"] for r in fake_llm.requests]
+        assert len(bodies) >= 3
+        transcripts = [b.split("<transcript>")[1] for b in bodies]
+        for i in range(1, 54, 2):  # every user turn in the replaced span, in exactly one piece
+            assert sum(f"u{i} " in t for t in transcripts) == 1, i
+        assert all("g1 [goals] user: u1" in body for body in bodies[1:])
+        ids: list[str] = []
+        for chunk in out.draft.chunks:
+            items = [Item.decode(raw) for raw in chunk.items]
+            assert items, chunk.text
+            assert all(chunk.first_n <= turn <= chunk.last_n for item in items for turn in item.cites)
+            ids += [item.id for item in items]
+        assert len(ids) == len(set(ids))
