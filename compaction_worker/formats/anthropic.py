@@ -304,9 +304,8 @@ def _chunked(message: Mapping[str, Any], chunks: Sequence[str]) -> dict[str, Any
     """The summary turn as one text block per chunk, then the rest, the breakpoint on the last
     chunk's (the blocks before the summary's, the task's, stay as they are); marked whole
     (:func:`_marked`) when no text of it starts with the chunks."""
-    content = message.get("content")
     joined = "\n\n".join(chunks)
-    listed = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    listed = _listed(message)
     at = next(
         (
             i

@@ -1,8 +1,8 @@
 """What the sawtooth needs of every transcript record, read once per conversation and then extended.
 
 The sawtooth needs each record's turn, token count and time (``seq``, ``t``, ``at``), never its
-message; re-reading a 10,000-turn transcript (7 MB of JSON) on every page view would cost
-Redis a 7 MB reply and the page ~80 ms of parsing. The transcript is append-only, so what was
+message; re-reading a long transcript on every page view would cost Redis a reply the size of
+all its messages and the page the parsing of them. The transcript is append-only, so what was
 read stays true: a view reads only the records appended since, in the same round trip as the
 last record it already read, which must be unchanged (else the conversation expired and began
 again under its id, and everything is read anew). The first read goes in slices, so Redis never

@@ -110,10 +110,6 @@ def settings_docs(model: type[BaseModel] = Settings) -> list[SettingDoc]:
     return docs
 
 
-def _aliases(model: type[BaseModel] = Settings) -> list[str]:
-    return [env_name(name) for name, field in model.model_fields.items() if field.exclude]
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -132,7 +128,7 @@ def settings_markdown(model: type[BaseModel] = Settings) -> str:
             lines += ["", f"#### {title}", "", summary, ""] if summary else ["", f"#### {title}", ""]
             lines += ["| variable | default | meaning |", "|---|---|---|"]
         lines.append(f"| `{doc.variable}` | `{_cell(doc.default)}` | {_cell(doc.description)} |")
-    aliases = ", ".join(f"`{name}`" for name in _aliases(model))
+    aliases = ", ".join(f"`{env_name(name)}`" for name, field in model.model_fields.items() if field.exclude)
     lines += ["", f"Flat aliases of the nested names, for compatibility: {aliases}."]
     return "\n".join(lines).strip()
 

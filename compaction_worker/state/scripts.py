@@ -164,7 +164,9 @@ class Pipeline:
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
             loads = [("SCRIPT", "LOAD", script.source) for script in {calls[i].script for i in missing}]
-            _raise_any(await self._exchange(connection, loads))
+            for loaded in await self._exchange(connection, loads):
+                if isinstance(loaded, Exception):  # SCRIPT LOAD must not fail
+                    raise loaded
             again = await self._exchange(connection, [calls[i].evalsha() for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
@@ -186,19 +188,12 @@ class Pipeline:
         return replies
 
 
-def _raise_any(answers: Sequence[Any]) -> None:
-    """Raise the first error among answers that must not be one (SCRIPT LOAD)."""
-    for answer in answers:
-        if isinstance(answer, Exception):
-            raise answer
-
-
 class PositionalScript:
     """A registered script called with its keys and arguments by position, no header.
 
     Only the per-turn script (conversation/apply.py) is: it runs for every stored turn, and decoding a
-    JSON header and building the lists' tables was a fifth of their Redis time (measured in
-    docs/performance.md). Its Lua names every position once, in its header comment.
+    JSON header and building the lists' tables is a large share of its Redis time
+    (docs/performance.md). Its Lua names every position once, in its header comment.
 
     On a single Redis the calls go through a :class:`Pipeline` (shared by the scripts given
     the same one). A cluster client sends each call itself (its pipelines split by node).

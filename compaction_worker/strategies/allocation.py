@@ -115,11 +115,6 @@ class Wants:
     """Tokens of the task cut to its statement (the sentences that ask for work); 0: unknown."""
 
 
-def summary_floor(reserve: int) -> int:
-    """The least a new summary is given, within its reserve."""
-    return min(reserve, MIN_FLOOR)
-
-
 def allocate(free: int, wants: Wants, *, last_aim: bool = True) -> Keeps:
     """What the task, the user's words and the tail may keep of ``free`` (the room less what is never
     cut here), by :func:`pack` in the order of value: the summary's floor and the task (whole until the
@@ -128,7 +123,7 @@ def allocate(free: int, wants: Wants, *, last_aim: bool = True) -> Keeps:
     the user's words, then the summary's narrative and the tail's older steps.
     """
     keeps = wants.keeps
-    floor = summary_floor(wants.summary)
+    floor = min(wants.summary, MIN_FLOOR)  # the least a new summary is given, within its reserve
     if keeps.total + wants.summary <= free:
         return keeps
     if free < floor:

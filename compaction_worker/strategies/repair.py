@@ -18,6 +18,7 @@ from compaction_worker.contracts.toolpairs import (
     result_id,
     unanswered_calls,
 )
+from compaction_worker.formats import tool_call
 from compaction_worker.strategies.draft import Draft, StageContext, StageOutcome, StageReport
 
 SYNTHETIC_RESULT = "[Tool result unavailable - conversation was compacted]"
@@ -162,12 +163,7 @@ def _adopt(orphans: Sequence[tuple[Entry, ToolCall | None]], ctx: StageContext) 
             "role": "assistant",
             "content": synthetic_call_text(ids),
             "tool_calls": [
-                {
-                    "id": result_id(e.message),
-                    "type": "function",
-                    "function": {"name": _orphan_tool_name(e, own), "arguments": "{}"},
-                }
-                for e, own in batch
+                tool_call(result_id(e.message), _orphan_tool_name(e, own), "{}") for e, own in batch
             ],
         }
         out += [_synthetic(call, batch[0][0].seq, ctx), *(e for e, _ in batch)]

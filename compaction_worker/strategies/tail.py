@@ -33,14 +33,6 @@ def split_points(entries: Sequence[Entry]) -> list[int]:
     return [i for i in points if i < len(entries) and entries[i].role in ("user", "assistant")]
 
 
-def select_tail(entries: Sequence[Entry], max_messages: int, max_tokens: int) -> int:
-    """The index where the verbatim tail starts (``len(entries)`` for an empty tail).
-
-    See :func:`choose_tail`, which also says why the tail could not start at a user turn.
-    """
-    return choose_tail(entries, max_messages, max_tokens)[0]
-
-
 def newest_step(entries: Sequence[Entry]) -> int | None:
     """Where the newest step starts: its assistant message (with the tool results or the observation
     after it, and the reply that reads them), at the last clean boundary; None when that is the whole

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final
 
+from compaction_worker.contracts.history import text_of
 from compaction_worker.summaries import carry, mentions
 
 KINDS: Final = ("error", "cmd", "path", "url", "id", "host", "name", "fact", "term")
@@ -154,7 +155,7 @@ def scan_items(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, str
 
 
 def _scan_message(message: Mapping[str, Any]) -> tuple[Found, ...]:
-    text = _content_text(message.get("content"))
+    text = text_of(message)
     role = str(message.get("role"))
     calls = tuple(_arguments(call) for call in message.get("tool_calls") or () if isinstance(call, Mapping))
     found = _SCANS.get((text, role, calls))
@@ -196,16 +197,6 @@ class _ScanMemo:
 
 
 _SCANS: Final = _ScanMemo(max_chars=8_000_000)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text") or "") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
-        )
-    return ""
 
 
 def _arguments(call: Mapping[str, Any]) -> str:

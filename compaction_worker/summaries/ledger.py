@@ -2,8 +2,7 @@
 
 Planned before the summary, completed after it with what the summary text lost. Its items
 come from :mod:`artifacts` (extracted from the messages; :mod:`mentions` for those written in
-prose) and are chosen within a budget by :mod:`selection`: the ledger's whole story is in
-this package.
+prose), which also chooses them within a budget (``select_items``).
 """
 
 from __future__ import annotations

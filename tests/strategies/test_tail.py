@@ -18,7 +18,6 @@ from compaction_worker.strategies.tail import (
     observations,
     partition,
     pinned_indexes,
-    select_tail,
     split_points,
     task_index,
     user_words_indexes,
@@ -106,31 +105,31 @@ class TestSelectTail:
     def test_bounded_by_message_count_and_snapped_to_user(self) -> None:
         """References 000, 001 and 003: the tail holds at most N messages and starts at a user message."""
         es = entries(*[(r, 10) for r in ["user", "assistant"] * 5])
-        assert select_tail(es, max_messages=5, max_tokens=10_000) == 6
+        assert choose_tail(es, max_messages=5, max_tokens=10_000)[0] == 6
 
     def test_bounded_by_tokens(self) -> None:
         """References 000 (whichever is more restrictive) and 003 (last N turns capped at T tokens): the token bound wins when it is tighter."""
         es = entries(("user", 10), ("assistant", 10), ("user", 10), ("assistant", 500))
-        assert select_tail(es, max_messages=6, max_tokens=100) == 4
+        assert choose_tail(es, max_messages=6, max_tokens=100)[0] == 4
 
     def test_single_long_tool_turn_can_still_compact(self) -> None:
         """Reference 000 (single-turn boundary), improved: with one user message, an assistant boundary is used."""
         es = entries(("user", 10), call("a"), result("a"), call("b"), result("b"), ("assistant", 10))
-        split = select_tail(es, max_messages=3, max_tokens=1000)
+        split = choose_tail(es, max_messages=3, max_tokens=1000)[0]
         assert split == 3
         assert es[split].role == "assistant"
 
     def test_degrades_to_nothing(self) -> None:
         """Reference 003 (degrading guard): when even the shortest clean tail is over budget, it degrades to empty."""
         es = entries(("user", 10), ("assistant", 10), ("user", 500))
-        assert select_tail(es, max_messages=6, max_tokens=100) == 3
+        assert choose_tail(es, max_messages=6, max_tokens=100)[0] == 3
 
     def test_pinned_tokens_count_against_the_token_bound(self) -> None:
         """Pinned messages before the tail stay verbatim too, so the tail makes room for them."""
         es = entries(pinned("user"), ("assistant", 10), ("user", 30), ("assistant", 30), ("user", 30))
-        assert select_tail(es, max_messages=6, max_tokens=100) == 2
+        assert choose_tail(es, max_messages=6, max_tokens=100)[0] == 2
         heavy = (Entry(n=1, seq=1, message=pinned("user"), tokens=50), *es[1:])
-        assert select_tail(heavy, max_messages=6, max_tokens=100) == 4
+        assert choose_tail(heavy, max_messages=6, max_tokens=100)[0] == 4
 
     def test_pinned_alone_over_the_bound_degrades_the_tail(self) -> None:
         """Pinned messages that fill the budget leave no verbatim tail (they stay regardless)."""
@@ -138,33 +137,33 @@ class TestSelectTail:
             Entry(n=1, seq=1, message=pinned("user"), tokens=200),
             *entries(("assistant", 5), ("user", 5), start=2),
         )
-        assert select_tail(es, max_messages=6, max_tokens=100) == 3
+        assert choose_tail(es, max_messages=6, max_tokens=100)[0] == 3
 
     def test_pinned_messages_do_not_count_against_the_message_bound(self) -> None:
         """The message bound is about recency; pinned messages are kept for what they say."""
         es = entries(
             pinned("user"), pinned("assistant"), ("user", 5), ("assistant", 5), ("user", 5), ("assistant", 5)
         )
-        assert select_tail(es, max_messages=2, max_tokens=1000) == 4
+        assert choose_tail(es, max_messages=2, max_tokens=1000)[0] == 4
 
     def test_a_head_of_only_pinned_messages_is_not_a_split(self) -> None:
         """A split that leaves nothing to summarize is no split: the tail degrades past it."""
         es = entries(pinned("user"), ("assistant", 500), ("user", 500))
-        assert select_tail(es, max_messages=6, max_tokens=100) == 3
+        assert choose_tail(es, max_messages=6, max_tokens=100)[0] == 3
 
     def test_open_calls_at_the_end_stay(self) -> None:
         """The last assistant's unanswered calls stay in the tail even when over budget: their
         results arrive with the next turn and would be orphans if the calls were summarized."""
         es = entries(("user", 10), ("assistant", 10), ("user", 10), call("a", "b"), result("a"))
         assert open_call_index(es) == 3
-        assert select_tail(es, max_messages=1, max_tokens=1) == 3
-        assert select_tail(es, max_messages=6, max_tokens=1000) == 2
+        assert choose_tail(es, max_messages=1, max_tokens=1)[0] == 3
+        assert choose_tail(es, max_messages=6, max_tokens=1000)[0] == 2
 
     def test_synthetic_entries_are_not_worth_a_split(self) -> None:
         """Repair's made-up messages are no reason to compact: they stand for nothing."""
         gap = Entry(n=0, seq=1, message={"role": "user", "content": "[Continue.]"}, tokens=3, edit=SYNTHETIC)
         es = (gap, *entries(("assistant", 10), ("user", 10), start=2))
-        assert select_tail(es, max_messages=6, max_tokens=1000) == 2
+        assert choose_tail(es, max_messages=6, max_tokens=1000)[0] == 2
 
 
 class TestSnapToUserTurn:
