@@ -14,7 +14,7 @@ the restored working state; its private ``standing_state`` field keeps the items
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +24,7 @@ from compaction_worker.strategies.allocation import MIN_FLOOR, MIN_SUMMARY_TOKEN
 from compaction_worker.strategies.draft import Draft, StageContext
 from compaction_worker.strategies.oversized import statement
 from compaction_worker.strategies.tail import is_filler_message, newest_step, observations, task_index
+from compaction_worker.summaries import schema
 from compaction_worker.summaries.sentences import KINDS, is_prose
 from compaction_worker.summaries.standing import TIERS, Item, accepted, extract, merge, render, values
 
@@ -228,7 +229,7 @@ def unsay_changed(standing: Standing, draft: Draft, ctx: StageContext) -> Draft:
     text and ledger), so that no summary states an old value as current: the state lists it, marked
     no longer current, beside the value that holds (docs/design.md, "The standing state"). A ledger
     item that is only an old value (an identifier no current item names) goes too, and a summary's
-    own words for an old identifier are replaced by the mark."""
+    own words for an old identifier are replaced by the mark, in its text and its items."""
     # Longest first (one sentence may hold another); none shorter than the mark (it must save room).
     old = sorted({i.text for i in standing.items if not i.current and len(i.text) > len(CHANGED)}, key=len)[
         ::-1
@@ -259,10 +260,20 @@ def unsay_changed(standing: Standing, draft: Draft, ctx: StageContext) -> Draft:
             a for a in chunk.artifacts if named is None or not named.fullmatch(a.partition(": ")[2])
         )
         artifacts = tuple(clean(a) for a in artifacts)
-        cleaned = replace(chunk, text=text, artifacts=artifacts)
-        changed = text != chunk.text or artifacts != chunk.artifacts
+        items = tuple(_unsaid(raw, clean) for raw in chunk.items)
+        cleaned = replace(chunk, text=text, artifacts=artifacts, items=items)
+        changed = text != chunk.text or artifacts != chunk.artifacts or items != chunk.items
         chunks.append(replace(cleaned, tokens=ctx.count(cleaned.render_text())) if changed else chunk)
     return Draft(tuple(chunks), draft.entries)
+
+
+def _unsaid(raw: str, clean: Callable[[str], str]) -> str:
+    """A summary item (encoded) without the old values ``clean`` takes out, marked no longer true when it
+    said one: the next request lists it so, and the model does not state the old value again. An item
+    that said none keeps its bytes."""
+    item = schema.Item.decode(raw)
+    text = clean(item.text)
+    return raw if text == item.text else replace(item, text=text, resolved=True).encode()
 
 
 def _identifier(value: str) -> bool:

@@ -20,6 +20,7 @@ from compaction_worker.contracts.history import STANDING, EffectiveHistory, Entr
 from compaction_worker.settings import PipelineSettings
 from compaction_worker.strategies import Limits, compact
 from compaction_worker.strategies.standing_state import read_state
+from compaction_worker.summaries import schema
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.standing import STANDING_HEADER
@@ -77,6 +78,30 @@ class KeepsNothing:
         return SummaryResult(text, self.name, COUNTER.text(text), LlmUsage(calls=1))
 
 
+class WritesItems:
+    """A model that writes checked items (summaries/schema.py) quoting each user message of its span
+    as a fact, old values included: items that did not change are carried as they are, so an old value
+    would come back in every later rendering (a fold's) unless the state takes it out of the items."""
+
+    name = "items"
+
+    async def summarize(self, request: SummaryRequest) -> SummaryResult:
+        current = [schema.Item.decode(raw) for raw in request.items]
+        seqs = request.seqs or range(1, len(request.messages) + 1)
+        start = len(current) + 1
+        added = [
+            schema.Item(f"f{start + k}", "facts", text_of(m), (seq,))
+            for k, (m, seq) in enumerate(
+                (m, s) for m, s in zip(request.messages, seqs, strict=True) if m["role"] == "user"
+            )
+        ]
+        items = [*current, *added] if request.folds else added
+        text = schema.render(items)
+        return SummaryResult(
+            text, self.name, COUNTER.text(text), LlmUsage(calls=1), items=tuple(i.encode() for i in items)
+        )
+
+
 class Down:
     """An LLM in an outage."""
 
@@ -96,6 +121,7 @@ class Path:
 PATHS = [
     Path("extractive", (ExtractiveSummarizer(COUNTER.text),), PipelineSettings()),
     Path("keeps nothing", (KeepsNothing(),), PipelineSettings()),
+    Path("writes items", (WritesItems(),), PipelineSettings()),
     Path("outage", (Down(), ExtractiveSummarizer(COUNTER.text)), PipelineSettings()),
     Path("sliding window", (), PipelineSettings(summarize=False)),
 ]
@@ -168,6 +194,9 @@ async def test_every_item_survives_five_compactions_on_every_path(path: Path) ->
             assert sentence not in old[0], "a superseded value is shown as current"
             # Nor does a summary state it as current (the extractive one quotes the user's sentences).
             assert sentence not in text.partition(old[1])[0], (path.name, index, "stated in a summary")
+        for chunk in history.chunks:  # nor do the items a later request lists as current
+            current = [i.text for i in map(schema.Item.decode, chunk.items) if not i.resolved]
+            assert not [t for t in current for sentence in SUPERSEDED if sentence in t], (path.name, index)
         if report is None:  # a no-op round: the history of the round before, unchanged
             continue
         assert report.let_go == {}
