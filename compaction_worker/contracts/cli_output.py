@@ -279,6 +279,13 @@ class ReplayDollars(_Output):
     total: float = Field(ge=0)
 
 
+PEAK_PROMPT = (
+    "the largest prompt a call sent, after its turn and the compactions the turn set off "
+    "(tools, system prompt, messages and the request's framing, as the context meter counts them)"
+)
+"""The one peak a replay reports (``replay/cache.py``, ``CacheMeter``), in its table and in ``--json``."""
+
+
 class ReplayCache(_Output):
     """One strategy's calls over one conversation (one call per turn): what a prompt cache served."""
 
@@ -286,14 +293,14 @@ class ReplayCache(_Output):
         description="compaction-worker, or a peer: none, sliding window, summarize everything."
     )
     calls: int = Field(ge=0)
-    prompt_tokens: int = Field(ge=0, description="Summed over the calls.")
+    prompt_tokens: int = Field(ge=0, description="Summed over the calls (each with the request's framing).")
     cached_tokens: int = Field(
         ge=0, description="Of those, the leading messages shared with the call before."
     )
     cached_share: float = Field(ge=0, le=1)
     breaks: int = Field(ge=0, description="Calls whose prompt did not start with the whole previous prompt.")
     breaks_per_100_turns: float = Field(ge=0)
-    peak_tokens: int = Field(ge=0, description="The largest prompt.")
+    peak_tokens: int = Field(ge=0, description=f"The peak prompt: {PEAK_PROMPT}.")
     summarizer_input_tokens: int = Field(ge=0)
     summarizer_output_tokens: int = Field(ge=0)
     dollars: ReplayDollars | None = Field(
@@ -309,7 +316,11 @@ class ReplayFigures(_Output):
     tokens_saved: int = Field(ge=0, description="Context tokens the compactions removed, summed.")
     llm_input_tokens: int = Field(ge=0, description="The summarizer's prompt tokens (0 when extractive).")
     llm_output_tokens: int = Field(ge=0, description="The summarizer's completion tokens.")
-    peak_tokens: int = Field(ge=0, description="The largest context after any turn's append.")
+    peak_tokens: int = Field(
+        ge=0,
+        description=f"The peak prompt: {PEAK_PROMPT}; of the product's calls, as its row of the calls "
+        "table says (the total: the largest of the conversations').",
+    )
     per_100_turns: ReplayRates
 
 
@@ -336,11 +347,16 @@ class ReplayConversation(ReplayFigures):
 
 
 class Replay(_Output):
-    """``replay --json``: every conversation replayed, the totals, and the input lines skipped."""
+    """``replay --json``: every conversation replayed, the totals, the input lines and the files skipped."""
 
     conversations: list[ReplayConversation]
     total: ReplayFigures
-    errors: list[str] = Field(description="Input that could not be replayed, as file:line: reason.")
+    errors: list[str] = Field(
+        description="Lines or conversations of a recognised file that could not be replayed, as file:line: reason."
+    )
+    skipped_files: list[str] = Field(
+        description="Files not recognised as conversations (neither JSON lines nor an agent's trajectory)."
+    )
     plot: str | None = Field(description="The PNG written, if any.")
     output: str | None = Field(description="The final histories written (JSON lines), if any.")
 
