@@ -27,5 +27,5 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 
-compaction-worker history "$CID" --json                        # the effective history, as the model gets it
+compaction-worker conversation history "$CID" --json           # the effective history, as the model gets it
 "$REDIS_CLI" -u "$REDIS_URL" LRANGE "$PREFIX:{$CID}:transcript" 0 -1   # the stored transcript records

@@ -409,7 +409,7 @@ def test_the_worker_module_imports_without_litellm() -> None:
 
 
 def test_help_starts_without_litellm() -> None:
-    """`compaction-worker --help` prints the commands and never imports LiteLLM."""
+    """`compaction-worker --help` prints the commands (not the top-level aliases) and never imports LiteLLM."""
     script = (
         "import sys\n"
         "from compaction_worker.cli import main\n"
@@ -420,8 +420,9 @@ def test_help_starts_without_litellm() -> None:
         "print('litellm loaded:', 'litellm' in sys.modules)\n"
     )
     out = _python(script)
-    assert "history" in out
-    assert "status" in out
+    assert "  conversation  Read and steer one conversation" in out
+    assert "  replay  " in out
+    assert "  status  " not in out  # an alias of `conversation status`, hidden
     assert out.splitlines()[-1] == "litellm loaded: False"
 
 

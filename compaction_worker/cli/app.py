@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from compaction_worker.cli import operate, tools
+from compaction_worker.cli import conversation, tools
 from compaction_worker.cli.common import embedded_infra, run_async, settings_of
 from compaction_worker.observability.logs import configure_logging
 
@@ -133,11 +133,8 @@ def serve_inspector(settings: Settings) -> None:
 
 
 for command in (
-    operate.history,
-    operate.status,
-    operate.artifacts,
-    operate.compact,
-    operate.rewind,
+    conversation.conversation,
+    *conversation.aliases(),
     tools.schemas,
     tools.docs,
     tools.bench,

@@ -7,7 +7,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -16,7 +16,12 @@ from compaction_worker.errors import CompactionWorkerError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from compaction_worker.client.client import Client
+    from compaction_worker.conversation.meta import Meta
     from compaction_worker.settings import Settings
+
+PROGRAM = "compaction-worker"
+"""The command's name, as the help, the reference and the commands' hints spell it."""
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 
@@ -74,7 +79,25 @@ def json_output(output: BaseModel) -> str:
 
 
 def run_async(coro: Any) -> None:
+    """Run a command's coroutine; any of the package's errors ends it with one line on stderr, exit 1."""
     try:
         asyncio.run(coro)
     except CompactionWorkerError as e:
-        raise click.ClickException(str(e)) from e
+        raise click.ClickException(one_line(e)) from e
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message on one line (its type's name when it has none): what the CLI prints for it."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+async def stored_meta(client: Client, conversation_id: str) -> Meta:
+    """The conversation's metadata; a clear error when Redis holds no such conversation."""
+    meta = await client.meta(conversation_id)
+    if meta.last_seq == 0:
+        missing(client, conversation_id)
+    return meta
+
+
+def missing(client: Client, conversation_id: str) -> NoReturn:
+    raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import click
 
-PROGRAM = "compaction-worker"
+from compaction_worker.cli.common import PROGRAM
 
 QUALITY_VARIANTS = {("standing", "--short"): "short_standing"}
 """``quality SUITE FLAG`` that runs another module of bench/ (``tools.quality`` dispatches so)."""
@@ -48,6 +48,8 @@ class Command:
     options: list[Option] = field(default_factory=list)
     subcommands: dict[str, Command] = field(default_factory=dict)
     variants: dict[str, Command] = field(default_factory=dict)  # a flag that runs another parser
+    aliases: dict[str, Command] = field(default_factory=dict)
+    """Hidden subcommands: they work, so the docs may quote them, but the reference lists them not."""
 
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if name in o.names), None)
@@ -95,8 +97,9 @@ def _from_click(command: click.Command, path: str, parent: click.Context | None)
     if isinstance(command, click.Group):
         for name in command.list_commands(ctx):
             sub = command.get_command(ctx, name)
-            if sub is not None and not sub.hidden:
-                spec.subcommands[name] = _from_click(sub, f"{path} {name}", ctx)
+            if sub is not None:
+                listed = spec.aliases if sub.hidden else spec.subcommands
+                listed[name] = _from_click(sub, f"{path} {name}", ctx)
     return spec
 
 
@@ -297,7 +300,8 @@ def _subcommand(command: Command, word: str) -> Command | str | None:
         return f"`{command.path}` has no command {', '.join(unknown)}" if unknown else None
     if _placeholder(word):
         return None
-    return command.subcommands.get(word, f"`{command.path}` has no command {word!r}")
+    found = command.subcommands.get(word) or command.aliases.get(word)
+    return found or f"`{command.path}` has no command {word!r}"
 
 
 def _wrong(root: Command, words: Sequence[str]) -> str | None:

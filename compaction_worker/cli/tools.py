@@ -133,11 +133,13 @@ def quality(suite: str, args: tuple[str, ...]) -> None:
 def replay(ctx: click.Context, /, paths: tuple[Path, ...], **options: Any) -> None:
     """Replay recorded conversations offline through the budget and the pipeline, to tune thresholds.
 
-    PATH: a JSONL file (a directory: each file in it) with one message per line, the file being one
-    conversation (OpenAI chat; or Responses items, Anthropic or LangChain messages), or one conversation
-    per line: {"messages": [...], "model": ..., "tools": [...]} ({"input": [...]} for Responses). A user
+    PATH: a JSONL file (a directory: every file under it, subfolders too) with one message per line,
+    the file being one conversation (OpenAI chat; or Responses items, Anthropic or LangChain messages),
+    or one conversation per line: {"messages": [...], "model": ..., "tools": [...]} ({"input": [...]}
+    for Responses); or an agent's trajectory (SWE-agent's .traj, mini-swe-agent's .traj.json). A user
     message starts a turn. Settings (thresholds, pipeline, summarizer): `compaction-worker --config
-    FILE replay ...`. Bad lines are reported with file and line (exit status 1); the rest run.
+    FILE replay ...`. Files that are no conversation (a README, a LICENSE) are named on one line, bad
+    lines with file and line; the rest run. The exit status is 1 only when nothing could be replayed.
     """
     from compaction_worker.replay.command import replay_command
 

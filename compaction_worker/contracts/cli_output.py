@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, Literal, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
@@ -44,7 +44,7 @@ class _Output(BaseModel):
 
 
 class TranscriptRecord(_Output):
-    """One message of the transcript, as appended (``history --full --json`` prints a list of them)."""
+    """One message of the transcript, as appended (``conversation history --full --json`` prints a list of them)."""
 
     ordinal: int = Field(ge=1, description="The message's position in the transcript, from 1.")
     turn_seq: int = Field(ge=1, description="The turn that added it.")
@@ -65,7 +65,7 @@ class TranscriptRecord(_Output):
 
 
 class Transcript(RootModel[list[TranscriptRecord]]):
-    """``history --full --json``: every message ever appended, in order."""
+    """Every message ever appended, in order."""
 
 
 class Chunk(_Output):
@@ -91,7 +91,7 @@ class Chunk(_Output):
 
 
 class History(_Output):
-    """``history --json``: the effective history, as summary chunks and provider-ready messages."""
+    """The effective history, as summary chunks and provider-ready messages."""
 
     conversation_id: str
     version: int = Field(ge=0, description="Effective-history version (one per committed compaction).")
@@ -128,8 +128,7 @@ class ProposalStatus(_Output):
 
 
 class Status(_Output):
-    """``status --json``: a conversation's budget, token totals, version, profile, pending compaction
-    and waiting proposal."""
+    """A conversation's budget, token totals, version, profile, pending compaction and waiting proposal."""
 
     conversation_id: str
     model: str
@@ -182,11 +181,11 @@ class ArchivedArtifact(_Output):
 
 
 class Artifacts(RootModel[list[ArchivedArtifact]]):
-    """``artifacts --json``: every archived artifact, first seen first."""
+    """Every archived artifact, first seen first."""
 
 
 class CompactionPreview(_Output):
-    """``compact --dry-run --json``, and a pending proposal: what a compaction would do; nothing is written."""
+    """What a compaction would do (a dry run, or a proposal waiting for approval); nothing is written."""
 
     conversation_id: str
     version: int = Field(ge=0, description="The history version it was computed from.")
@@ -213,7 +212,7 @@ class CompactionPreview(_Output):
 
 
 class Rewind(_Output):
-    """``rewind --json``: the compaction undone and the version that replaced it."""
+    """The compaction undone and the version that replaced it."""
 
     conversation_id: str
     rewound_version: int = Field(ge=1, description="The compaction undone.")
@@ -227,6 +226,59 @@ class Rewind(_Output):
     tokens_after: int = Field(ge=0)
     over_threshold: bool = Field(description="The restored history is over the threshold.")
     compaction_id: str = Field(description="The id of the compaction.completed event published.")
+
+
+class Version(_Output):
+    """One committed version of a conversation's history, from its compaction log."""
+
+    version: int = Field(ge=1)
+    trigger: Trigger = Field(description="Why it was committed (rewind: a compaction undone).")
+    at: float = Field(description="When it was committed, Unix time in seconds.")
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    replaced_through: int = Field(
+        ge=0,
+        description="Its summaries cover the transcript up to this message ordinal (0: none); messages "
+        "before it that are kept (pinned, the task) stay verbatim.",
+    )
+    stages: list[str]
+    rewound_version: int | None = Field(description="A rewind's: the compaction it undid; null otherwise.")
+    in_effect: bool = Field(
+        description="A compaction the history still holds: rewind can undo it (the latest by default)."
+    )
+
+
+class Versions(RootModel[list[Version]]):
+    """Every committed version, oldest first."""
+
+
+class Pin(_Output):
+    """The messages a pin or an unpin set: every later compaction keeps pinned ones verbatim."""
+
+    conversation_id: str
+    turn_seq: int = Field(ge=1)
+    index: int | None = Field(description="The turn's message it named (from 0); null: all of them.")
+    pinned: bool = Field(description="True after pin, false after unpin.")
+    ordinals: list[int] = Field(description="The messages' transcript ordinals.")
+
+
+class WaitingProposal(RootModel[CompactionPreview | None]):
+    """The compaction waiting for approval (``pipeline.approval: manual``), as applying it would commit it;
+    null when none waits."""
+
+
+class ProposalDecision(_Output):
+    """What became of a proposal that was applied or discarded."""
+
+    conversation_id: str
+    compaction_id: uuid.UUID = Field(description="The proposal's id (compaction.proposed's).")
+    decision: Literal["applied", "recomputed", "discarded"] = Field(
+        description="applied: committed as proposed; recomputed: the history had moved past it, so it was "
+        "not applied but computed again (a new compaction.proposed replaces it); discarded: dropped."
+    )
+    version: int = Field(ge=0, description="The effective-history version now.")
+    tokens_before: int | None = Field(description="Applied: the history's tokens before the commit.")
+    tokens_after: int | None = Field(description="Applied: the history's tokens after the commit.")
 
 
 class ReplayRun(_Output):
@@ -279,6 +331,13 @@ class ReplayDollars(_Output):
     total: float = Field(ge=0)
 
 
+PEAK_PROMPT = (
+    "the largest prompt a call sent, after its turn and the compactions the turn set off "
+    "(tools, system prompt, messages and the request's framing, as the context meter counts them)"
+)
+"""The one peak a replay reports (``replay/cache.py``, ``CacheMeter``), in its table and in ``--json``."""
+
+
 class ReplayCache(_Output):
     """One strategy's calls over one conversation (one call per turn): what a prompt cache served."""
 
@@ -286,14 +345,14 @@ class ReplayCache(_Output):
         description="compaction-worker, or a peer: none, sliding window, summarize everything."
     )
     calls: int = Field(ge=0)
-    prompt_tokens: int = Field(ge=0, description="Summed over the calls.")
+    prompt_tokens: int = Field(ge=0, description="Summed over the calls (each with the request's framing).")
     cached_tokens: int = Field(
         ge=0, description="Of those, the leading messages shared with the call before."
     )
     cached_share: float = Field(ge=0, le=1)
     breaks: int = Field(ge=0, description="Calls whose prompt did not start with the whole previous prompt.")
     breaks_per_100_turns: float = Field(ge=0)
-    peak_tokens: int = Field(ge=0, description="The largest prompt.")
+    peak_tokens: int = Field(ge=0, description=f"The peak prompt: {PEAK_PROMPT}.")
     summarizer_input_tokens: int = Field(ge=0)
     summarizer_output_tokens: int = Field(ge=0)
     dollars: ReplayDollars | None = Field(
@@ -309,7 +368,11 @@ class ReplayFigures(_Output):
     tokens_saved: int = Field(ge=0, description="Context tokens the compactions removed, summed.")
     llm_input_tokens: int = Field(ge=0, description="The summarizer's prompt tokens (0 when extractive).")
     llm_output_tokens: int = Field(ge=0, description="The summarizer's completion tokens.")
-    peak_tokens: int = Field(ge=0, description="The largest context after any turn's append.")
+    peak_tokens: int = Field(
+        ge=0,
+        description=f"The peak prompt: {PEAK_PROMPT}; of the product's calls, as its row of the calls "
+        "table says (the total: the largest of the conversations').",
+    )
     per_100_turns: ReplayRates
 
 
@@ -336,11 +399,16 @@ class ReplayConversation(ReplayFigures):
 
 
 class Replay(_Output):
-    """``replay --json``: every conversation replayed, the totals, and the input lines skipped."""
+    """Every conversation replayed, the totals, the input lines and the files skipped."""
 
     conversations: list[ReplayConversation]
     total: ReplayFigures
-    errors: list[str] = Field(description="Input that could not be replayed, as file:line: reason.")
+    errors: list[str] = Field(
+        description="Lines or conversations of a recognised file that could not be replayed, as file:line: reason."
+    )
+    skipped_files: list[str] = Field(
+        description="Files not recognised as conversations (neither JSON lines nor an agent's trajectory)."
+    )
     plot: str | None = Field(description="The PNG written, if any.")
     output: str | None = Field(description="The final histories written (JSON lines), if any.")
 
@@ -364,32 +432,45 @@ class BenchRow(_Output):
 
 
 class Bench(_Output):
-    """``bench --json``: every row, each figure the median of ``repeat`` runs."""
+    """Every row, each figure the median of ``repeat`` runs."""
 
     repeat: int = Field(ge=1)
     quick: bool = Field(description="Small inputs (``--quick``): a first look, not figures to compare.")
     rows: list[BenchRow]
 
 
-CLI_MODELS: dict[str, type[BaseModel]] = {
-    "bench": Bench,
-    "history": History,
-    "history-full": Transcript,
-    "status": Status,
-    "artifacts": Artifacts,
-    "rewind": Rewind,
-    "compact-dry-run": CompactionPreview,
-    "demo": CompactionCompleted,
-    "replay": Replay,
+class CliOutput(NamedTuple):
+    """One command's ``--json`` output: the command's words after ``compaction-worker``, and its model."""
+
+    command: str
+    model: type[BaseModel]
+
+
+CLI_MODELS: dict[str, CliOutput] = {
+    "bench": CliOutput("bench", Bench),
+    "history": CliOutput("conversation history", History),
+    "history-full": CliOutput("conversation history --full", Transcript),
+    "status": CliOutput("conversation status", Status),
+    "artifacts": CliOutput("conversation artifacts", Artifacts),
+    "versions": CliOutput("conversation versions", Versions),
+    "proposal": CliOutput("conversation proposal", WaitingProposal),
+    "compact-dry-run": CliOutput("conversation compact --dry-run", CompactionPreview),
+    "rewind": CliOutput("conversation rewind", Rewind),
+    "pin": CliOutput("conversation pin", Pin),
+    "unpin": CliOutput("conversation unpin", Pin),
+    "apply": CliOutput("conversation apply", ProposalDecision),
+    "discard": CliOutput("conversation discard", ProposalDecision),
+    "demo": CliOutput("demo", CompactionCompleted),
+    "replay": CliOutput("replay", Replay),
 }
-"""Each command's ``--json`` output by schema name; ``demo`` prints one event per line."""
+"""Each command's ``--json`` output by schema name (the file's in ``schemas/cli/``); ``demo`` prints
+one event per line."""
 
 
 def cli_schema(name: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of one command's ``--json`` output."""
-    model = CLI_MODELS[name]
+    command, model = CLI_MODELS[name]
     schema = model.model_json_schema(mode="serialization")
-    command = name.replace("-", " --")
     lines = " (one per line)" if name == "demo" else ""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -398,7 +479,7 @@ def cli_schema(name: str) -> dict[str, Any]:
         **schema,
         "title": schema.get("title", model.__name__),
         "description": f"`compaction-worker {command} --json`{lines}: "
-        + (schema.get("description") or model.__doc__ or "").strip(),
+        + " ".join((schema.get("description") or model.__doc__ or "").split()),
     }
 
 

@@ -249,7 +249,7 @@ def rewind_commands(conversation_id: str, log: Sequence[Mapping[str, Any]]) -> l
         (
             v.version,
             v.trigger,
-            f"compaction-worker rewind {shlex.quote(conversation_id)} --version {v.version}",
+            f"compaction-worker conversation rewind {shlex.quote(conversation_id)} --version {v.version}",
         )
         for v in reversed(versions(log))
         if v.trigger != Trigger.REWIND.value

@@ -116,8 +116,9 @@ class CacheMeter:
     breaks: int = 0
     peak_tokens: int = 0
 
-    def call(self, prompt: Sequence[Block]) -> None:
-        """One call with ``prompt``."""
+    def call(self, prompt: Sequence[Block], tokens: int | None = None) -> None:
+        """One call with ``prompt``; ``tokens`` is its size as the context meter counts it (the request's
+        framing included), which its blocks' sum is when not given."""
         shared = 0
         common = 0
         for old, new in zip(self.previous, prompt, strict=False):
@@ -125,7 +126,7 @@ class CacheMeter:
                 break
             shared += new[1]
             common += 1
-        total = sum(tokens for _, tokens in prompt)
+        total = sum(size for _, size in prompt) if tokens is None else tokens
         if self.calls and common < len(self.previous):
             self.breaks += 1
         self.calls += 1
@@ -177,9 +178,11 @@ def peer(
     threshold: int,
     target: int,
     summary_tokens: int,
+    framing: int = 0,
 ) -> tuple[CacheMeter, tuple[int, int]]:
     """Replay a simple strategy (one of :data:`PEERS`) on the turns' blocks, after ``head``
-    (system prompt, tools); the meter and its summary calls' (input, output) tokens."""
+    (system prompt, tools); the meter and its summary calls' (input, output) tokens. ``framing``
+    is what every request adds (reply priming), counted in each prompt as the context meter does."""
     if strategy not in PEERS:
         raise ValueError(f"unknown strategy {strategy!r}: one of {', '.join(PEERS)}")
     meter = CacheMeter()
@@ -198,5 +201,5 @@ def peer(
             read, written = read + size, written + summary_tokens
             summary, kept = [(f"summary of turns 1-{seq}", summary_tokens)], []
             prompt = [*head, *summary]
-        meter.call(prompt)
+        meter.call(prompt, sum(tokens for _, tokens in prompt) + framing)
     return meter, (read, written)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -72,7 +73,8 @@ def replay_command(
 
 
 def run_replay(settings: Settings, options: Options) -> int:
-    """Replay, print and write what was asked; the exit status (1 when some input was skipped)."""
+    """Replay, print and write what was asked; the exit status: 0 when something was replayed, whatever
+    was skipped beside it (named on stderr), else a ReplayInputError."""
     read = read_paths(options.paths, options.fmt)
     errors: list[str] = [str(e) for e in read.errors]
     replays: list[Replay] = []
@@ -90,6 +92,8 @@ def run_replay(settings: Settings, options: Options) -> int:
             )
         except ReplayInputError as e:
             errors.append(f"{conversation.source}: {e}")
+    if read.unrecognised:
+        click.echo(unrecognised_line(read.unrecognised), err=True)
     for error in errors:
         click.echo(f"skipped: {error}", err=True)
     if not replays:
@@ -104,13 +108,31 @@ def run_replay(settings: Settings, options: Options) -> int:
             )
     except OSError as e:
         raise ReplayInputError(f"cannot write {e.filename}: {e.strerror}") from e
-    result = summary(reports, errors, options)
+    result = summary(reports, errors, options, skipped_files=[str(p) for p in read.unrecognised])
     if options.as_json:
         click.echo(result.model_dump_json(indent=2))
     else:
         for line in table(result):
             click.echo(line)
-    return 1 if errors else 0
+    return 0
+
+
+NAMED_FILES = 10
+"""The unrecognised files the text names before it counts the rest (``--json`` lists them all)."""
+
+
+def unrecognised_line(files: Sequence[Path]) -> str:
+    """The files not recognised as conversations, on one line: named under the folder they share."""
+    common = Path(os.path.commonpath([f.parent for f in files]))
+    names = [str(f.relative_to(common)) for f in files[:NAMED_FILES]]
+    more = f", and {len(files) - NAMED_FILES} more" if len(files) > NAMED_FILES else ""
+    where = f" (in {common})" if str(common) not in ("", ".") else ""
+    what = (
+        "file not recognised as a conversation"
+        if len(files) == 1
+        else "files not recognised as conversations"
+    )
+    return f"skipped {len(files)} {what}{where}: {', '.join(names)}{more}"
 
 
 async def _replay_all(replays: Sequence[Replay]) -> list[ConversationReport]:
@@ -179,7 +201,11 @@ def cache_output(figures: CacheFigures) -> cli_output.ReplayCache:
 
 
 def summary(
-    reports: Sequence[ConversationReport], errors: Sequence[str], options: Options
+    reports: Sequence[ConversationReport],
+    errors: Sequence[str],
+    options: Options,
+    *,
+    skipped_files: Sequence[str] = (),
 ) -> cli_output.Replay:
     """The whole replay in the ``--json`` model: per conversation, then the totals."""
     conversations = [conversation_output(r) for r in reports]
@@ -197,16 +223,15 @@ def summary(
         conversations=conversations,
         total=total,
         errors=list(errors),
+        skipped_files=list(skipped_files),
         plot=str(options.plot) if options.plot else None,
         output=str(options.output) if options.output else None,
     )
 
 
 def table(result: cli_output.Replay) -> list[str]:
-    """The human-readable figures: one row per conversation, then the total."""
-    header = (
-        f"{'conversation':<28} {'turns':>6} {'compactions':<24} {'saved':>9} {'LLM in/out':>15} {'peak':>9}"
-    )
+    """The human-readable figures: one row per conversation, then the total, then what the peak is."""
+    header = f"{'conversation':<28} {'turns':>6} {'compactions':<24} {'saved':>9} {'LLM in/out':>15} {'peak prompt':>11}"
     rows = [header]
     for c in result.conversations:
         rows.append(_row(c.name[:28], c))
@@ -219,6 +244,7 @@ def table(result: cli_output.Replay) -> list[str]:
     if len(result.conversations) > 1:
         rows.append(_row("total", result.total))
         rows.append(f"  {_rates(result.total.per_100_turns)}")
+    rows.append(f"peak prompt: {cli_output.PEAK_PROMPT}")
     if result.plot:
         rows.append(f"plot: {result.plot}")
     if result.output:
@@ -230,13 +256,13 @@ def _cache_rows(cache: Sequence[cli_output.ReplayCache]) -> list[str]:
     """The calls a runtime would make with this history and with the peers': prompt tokens, the
     share a prompt cache served, cache breaks per 100 turns, and dollars at the model's prices."""
     rows = [
-        f"    {'calls with':<22} {'prompt':>10} {'cached':>7} {'breaks/100':>10} {'peak':>7} {'dollars':>9}"
+        f"    {'calls with':<22} {'prompt':>10} {'cached':>7} {'breaks/100':>10} {'peak prompt':>11} {'dollars':>9}"
     ]
     for f in cache:
         dollars = f"{f.dollars.total:.4f}" if f.dollars is not None else "unpriced"
         rows.append(
             f"    {f.strategy:<22} {f.prompt_tokens:>10} {f.cached_share:>7.0%} {f.breaks_per_100_turns:>10.1f} "
-            f"{f.peak_tokens:>7} {dollars:>9}"
+            f"{f.peak_tokens:>11} {dollars:>9}"
         )
     return rows
 
@@ -264,4 +290,7 @@ def _row(name: str, figures: cli_output.ReplayFigures) -> str:
     detail = ", ".join(f"{k} {v}" for k, v in sorted(figures.compactions.items()))
     compactions = f"{count} ({detail})" if count else "0"
     llm = f"{figures.llm_input_tokens}/{figures.llm_output_tokens}"
-    return f"{name:<28} {figures.turns:>6} {compactions:<24} {figures.tokens_saved:>9} {llm:>15} {figures.peak_tokens:>9}"
+    return (
+        f"{name:<28} {figures.turns:>6} {compactions:<24} {figures.tokens_saved:>9} {llm:>15} "
+        f"{figures.peak_tokens:>11}"
+    )

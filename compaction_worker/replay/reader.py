@@ -36,6 +36,9 @@ _RESPONSES_KINDS = frozenset({"message", "function_call", "function_call_output"
 _ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
 _LANGCHAIN_TYPES = frozenset({"human", "ai", "system", "tool", "function", "chat"})
 _CONVERSATION_KEYS = ("messages", "input", "contents")
+_MESSAGE_KEYS = frozenset({"role", "type", "parts"})
+"""A message has one: chat, Anthropic and Gemini ones a role (Gemini's may have parts only),
+Responses items and LangChain's dicts a type."""
 AGENT_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 """The chat message fields an agent trajectory's messages keep (the rest is the agent's own record)."""
 
@@ -70,36 +73,50 @@ class Conversation:
 
 @dataclass(slots=True)
 class ReadResult:
-    """The conversations found, and the lines that were skipped."""
+    """The conversations found, the lines that were skipped, and the files that hold no conversation."""
 
     conversations: list[Conversation] = field(default_factory=list)
     errors: list[LineError] = field(default_factory=list)
+    """Lines (or whole conversations) of recognised files that could not be read."""
+    unrecognised: list[Path] = field(default_factory=list)
+    """Files in none of the layouts read here (a README, a LICENSE, an image): not errors, not read."""
 
 
 def read_paths(paths: Iterable[Path], fmt: Format = "auto") -> ReadResult:
-    """Every conversation in the files (a directory: every file in it, sorted by name)."""
+    """Every conversation in the files (a directory: every file under it, subfolders too, by path)."""
     result = ReadResult()
     for path in paths:
-        # Hidden files (editor backups, .DS_Store) are no recordings.
-        files = (
-            sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-            if path.is_dir()
-            else [path]
-        )
-        for file in files:
+        for file in files_under(path):
             found = read_file(file, fmt)
             result.conversations += found.conversations
             result.errors += found.errors
+            result.unrecognised += found.unrecognised
     return result
 
 
+def files_under(path: Path) -> list[Path]:
+    """``path`` itself, or for a directory every file under it by path, hidden ones left out (editor
+    backups, ``.DS_Store``, a ``.git`` folder: no recordings)."""
+    if not path.is_dir():
+        return [path]
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
+
+
 def read_file(path: Path, fmt: Format = "auto") -> ReadResult:
-    """The conversations in one JSONL file (see the module's docstring for the two layouts)."""
+    """The conversations in one JSONL file (see the module's docstring for the two layouts); a file
+    in neither comes back as unrecognised."""
     result = ReadResult()
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        result.errors.append(LineError(path, 0, f"cannot read: {e}"))
+    except UnicodeDecodeError:  # a binary file
+        result.unrecognised.append(path)
+        return result
+    except OSError as e:
+        result.errors.append(LineError(path, 0, f"cannot read: {e.strerror or e}"))
         return result
     lines = text.splitlines()
     if len(lines) > 1 and (trajectory := _agent_trajectory(text)) is not None:
@@ -109,11 +126,10 @@ def read_file(path: Path, fmt: Format = "auto") -> ReadResult:
         except (ReplayInputError, ValueError) as e:
             result.errors.append(LineError(path, 0, _reason(e)))
         return result
-    records = _json_lines(lines, path, result.errors)
-    if not records:
-        if not result.errors:
-            result.errors.append(LineError(path, 0, "no conversation in the file"))
+    if not _recognised(lines):
+        result.unrecognised.append(path)
         return result
+    records = _json_lines(lines, path, result.errors)
     if _is_conversation(records[0][1]):
         for number, data in records:
             try:
@@ -147,6 +163,17 @@ def _json_lines(
             continue
         records.append((number, data))
     return records
+
+
+def _recognised(lines: Sequence[str]) -> bool:
+    """Whether the first line that is not blank is a conversation or a message as JSON: JSON lines
+    this module reads. A bad line after it is that line's error; a first one is no such file."""
+    first = next((line for line in lines if line.strip()), None)
+    try:
+        data = json.loads(first) if first is not None else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and (_is_conversation(data) or not _MESSAGE_KEYS.isdisjoint(data))
 
 
 def _stem(path: Path) -> str:

@@ -46,6 +46,8 @@ _NOW = 0.0
 """Replay time for the threshold rule: failed runs set no backoff here, so it never matters."""
 REPLAY_ID = "replay"
 """The conversation id of the turns the replay decides (a recorded conversation's name may be no valid id)."""
+PRODUCT = "compaction-worker"
+"""The product's name beside the peers' (``cache.PEERS``) in the calls table."""
 SMALL_SAVING = 0.10
 """A compaction that saves less than this share of a history within its window is a small one
 (the share the issue that counted them used: each costs a cache rewrite, and a summary call)."""
@@ -166,13 +168,25 @@ class ConversationReport:
         return total
 
     @property
+    def calls(self) -> CacheFigures | None:
+        """The product's calls (one per turn, with the effective history), once the replay has run."""
+        return next((f for f in self.cache if f.strategy == PRODUCT), None)
+
+    @property
     def peak(self) -> int:
-        return max((p.tokens for p in self.points), default=self.meta.fixed_tokens)
+        """The peak prompt (``cli_output.PEAK_PROMPT``): the largest prompt the product's calls sent,
+        the largest ``after`` of the points.
+
+        Not the largest context after a turn's append (``points``' ``tokens``, the sawtooth's
+        teeth): here a compaction lands before the next call, so no call sends that.
+        """
+        ours = self.calls
+        return ours.peak_tokens if ours is not None else 0
 
     def tally(self) -> Tally:
         """Its compactions counted: small ones, turns of several runs, summary calls, cache breaks, dollars."""
         runs_by_turn = Counter(c.turn for c in self.runs)
-        ours = next((f for f in self.cache if f.strategy == "compaction-worker"), None)
+        ours = self.calls
         dollars = ours.dollars if ours is not None else None
         return Tally(
             turns=len(self.points),
@@ -321,7 +335,7 @@ class Replay:
         usage = self.report.usage
         figures = [
             self.meter.figures(
-                "compaction-worker",
+                PRODUCT,
                 output,
                 prices,
                 summarizer=(usage.prompt_tokens, usage.completion_tokens),
@@ -337,6 +351,7 @@ class Replay:
                 threshold=budget.threshold,
                 target=budget.target,
                 summary_tokens=int(budget.target * self.settings.pipeline.summary_share),
+                framing=self.meta.overhead_tokens,
             )
             figures.append(meter.figures(strategy, output, prices, summarizer=spent))
         return figures
@@ -388,8 +403,9 @@ class Replay:
             trigger = threshold_trigger(self.meta, self.settings.budget, _NOW)
         # The turn's job ran (or failed: the next turn asks again), as a worker's would before the next turn.
         self.meta = self.meta.without_job()
-        self.report.points.append(TurnPoint(seq, tokens, self.total()))
-        self.meter.call(self._prompt())
+        after = self.total()
+        self.report.points.append(TurnPoint(seq, tokens, after))
+        self.meter.call(self._prompt(), after)  # the size the threshold and the window are in
 
     async def compact(self, seq: int, trigger: Trigger) -> Compaction:
         """One run as ``Compactor._compact`` does it (no lock, no events, no circuit breaker)."""

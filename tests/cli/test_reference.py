@@ -25,8 +25,14 @@ def page(tmp_path: Path, text: str) -> Path:
 
 class TestTheApp:
     def test_every_click_command_is_read(self, cli: Command) -> None:
-        """Each command of the group is in the spec, with every option click accepts for it."""
-        assert set(cli.subcommands) == set(main.commands)
+        """Each command of the group is in the spec, with every option click accepts for it; a hidden
+        one (an alias) as an alias, which the reference does not list."""
+        listed = {name for name, command in main.commands.items() if not command.hidden}
+        assert set(cli.subcommands) == listed
+        assert set(cli.aliases) == {"history", "status", "artifacts", "compact", "rewind"}
+        assert set(cli.aliases) <= set(cli.subcommands["conversation"].subcommands)
+        assert "### `compaction-worker status`" not in markdown(cli)
+        assert "### `compaction-worker conversation status`" in markdown(cli)
         bench = cli.subcommands["bench"]
         assert bench.option("--baseline-source") is not None
         quick = bench.option("--quick")
@@ -97,7 +103,9 @@ class TestQuotedCommands:
             "```\n"
             "`compaction-worker compact CONVERSATION [--dry-run [--instructions TEXT] [--json]]`,\n"
             "`compaction-worker quality {fidelity,standing,small-windows,unlisted} [SUITE OPTIONS]`,\n"
-            "`compaction-worker quality SUITE --help`, `compaction-worker docs --check`.\n",
+            "`compaction-worker quality SUITE --help`, `compaction-worker docs --check`,\n"
+            "`compaction-worker conversation pin c-1 3 --index 0 --json`,\n"
+            "`compaction-worker conversation {apply,discard} CID PROPOSAL_ID`, `compaction-worker status c-1`.\n",
         )
         assert check(cli, [path]) == []
 
@@ -123,6 +131,14 @@ class TestQuotedCommands:
                 "`compaction-worker quality` has no command recall",
             ),
             ("compaction-worker replay x.jsonl --format claude", "--format takes one of auto, openai"),
+            (
+                "compaction-worker conversation pni c-1 3",
+                "`compaction-worker conversation` has no command 'pni'",
+            ),
+            (
+                "compaction-worker conversation unpin c-1 3 --all",
+                "`compaction-worker conversation unpin` has no option --all",
+            ),
         ],
     )
     def test_a_wrong_command_fails_naming_file_line_and_what(

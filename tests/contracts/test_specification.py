@@ -47,6 +47,7 @@ class TestDrift:
                 f"cli/{name}.json"
                 for name in ("history", "history-full", "status", "artifacts", "rewind", "compact-dry-run")
             }
+            | {f"cli/{name}.json" for name in ("versions", "proposal", "pin", "unpin", "apply", "discard")}
             | {f"cli/{name}.json" for name in ("demo", "replay", "bench")}
         )
 

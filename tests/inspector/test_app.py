@@ -85,7 +85,7 @@ async def test_the_conversation_page_shows_every_section(http: httpx.AsyncClient
     assert 'href="#chunk-1">chunk 1</a></summary>' in text
     assert 'id="chunk-1"' in text
     assert f"turns {chunk.first_seq}\u2013{chunk.last_seq}" in text
-    assert "compaction-worker rewind c --version 1" in text
+    assert "compaction-worker conversation rewind c --version 1" in text
     assert f'id="msg-{snapshot.meta.msg_count}"' in text  # the whole transcript is there
     for item in chunk.artifacts[:3]:
         assert item.partition(": ")[2] in text.replace("&#39;", "'").replace("&#34;", '"').replace(

@@ -19,6 +19,8 @@ from compaction_worker.replay.command import with_thresholds
 from compaction_worker.replay.reader import ReplayInputError
 from compaction_worker.settings import Settings
 from tests.replay.test_plot import png_size
+from tests.trajectories import DATA as TRAJECTORIES
+from tests.trajectories import load_trajectories
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_session.jsonl"
 
@@ -108,21 +110,78 @@ def test_an_unwritable_plot_is_an_error_not_a_traceback(tmp_path: Path) -> None:
 
 
 def test_bad_lines_are_named_and_the_rest_is_replayed(tmp_path: Path) -> None:
+    """Issue 56: something replayed is a success (exit 0), with each bad line named on stderr."""
     shutil.copy(FIXTURE, tmp_path / "good.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"role": "user", "content": "hi"}\n{"role": "user", "content": \n')
     result = CliRunner().invoke(main, ["replay", str(tmp_path), "--context-window", "4000", "--json"])
-    assert result.exit_code == 1
-    assert f"{tmp_path / 'bad.jsonl'}:2: not JSON" in result.stderr
+    assert result.exit_code == 0, result.stderr
+    assert f"skipped: {tmp_path / 'bad.jsonl'}:2: not JSON" in result.stderr
     data = json.loads(result.stdout)
     assert [c["name"] for c in data["conversations"]] == ["bad", "good"]
     assert [c["turns"] for c in data["conversations"]] == [1, 48]
     assert data["errors"] == [
         f"{tmp_path / 'bad.jsonl'}:2: not JSON: Expecting value: line 1 column 29 (char 28)"
     ]
+    assert data["skipped_files"] == []
+
+
+def test_the_project_s_data_folder_replays_with_one_line_for_what_is_no_conversation() -> None:
+    """Issue 56: `replay tests/data/trajectories/` reads the runs in its subfolders, names the README
+    and the licences on one line, and exits 0."""
+    result = CliRunner().invoke(main, ["replay", str(TRAJECTORIES), "--json"])
+    assert result.exit_code == 0, result.stderr
+    skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped")]
+    assert skipped == [
+        f"skipped 3 files not recognised as conversations (in {TRAJECTORIES}): "
+        "README.md, mini-swe-agent/LICENSE.md, swe-agent/LICENSE"
+    ]
+    data = cli_output.Replay.model_validate_json(result.stdout)
+    assert sorted(Path(c.source) for c in data.conversations) == [t.path for t in load_trajectories()]
+    assert data.errors == []
+    assert data.skipped_files == [
+        str(TRAJECTORIES / p) for p in ("README.md", "mini-swe-agent/LICENSE.md", "swe-agent/LICENSE")
+    ]
+
+
+def test_many_unrecognised_files_are_named_ten_then_counted(tmp_path: Path) -> None:
+    shutil.copy(FIXTURE, tmp_path / "session.jsonl")
+    for i in range(12):
+        (tmp_path / f"notes-{i:02}.txt").write_text("not a conversation\n")
+    result = CliRunner().invoke(main, ["replay", str(tmp_path), "--context-window", "4000"])
+    assert result.exit_code == 0, result.stderr
+    names = ", ".join(f"notes-{i:02}.txt" for i in range(10))
+    assert f"skipped 12 files not recognised as conversations (in {tmp_path}): {names}, and 2 more\n" in (
+        result.stderr
+    )
 
 
 def test_nothing_to_replay_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "LICENSE").write_text("MIT License\n")
     result = CliRunner().invoke(main, ["replay", str(tmp_path / "empty.jsonl")])
     assert result.exit_code == 1
+    assert f"skipped 1 file not recognised as a conversation (in {tmp_path}): empty.jsonl" in result.stderr
     assert "no conversation to replay" in result.stderr
+    folder = CliRunner().invoke(main, ["replay", str(tmp_path)])
+    assert folder.exit_code == 1
+    assert "skipped 2 files not recognised as conversations" in folder.stderr
+
+
+def test_the_summary_and_the_calls_table_give_one_peak(tmp_path: Path) -> None:
+    """Issue 56: the row's peak is the product's peak prompt in the calls table, named the same in
+    both, and defined once below them; the final context is never above it."""
+    args = ["replay", str(FIXTURE), "--context-window", "4000"]
+    data = cli_output.Replay.model_validate_json(CliRunner().invoke(main, [*args, "--json"]).stdout)
+    (conversation,) = data.conversations
+    ours = conversation.cache[0]
+    assert ours.strategy == "compaction-worker"
+    assert conversation.peak_tokens == ours.peak_tokens == data.total.peak_tokens
+    assert conversation.final_tokens <= conversation.peak_tokens < conversation.threshold
+    assert max(conversation.context_per_turn) > conversation.threshold  # what no call sent
+    lines = CliRunner().invoke(main, args).stdout.splitlines()
+    assert lines[0].endswith("peak prompt")
+    assert lines[1].endswith(f" {conversation.peak_tokens}")
+    (ours_row,) = [line for line in lines if line.strip().startswith("compaction-worker")]
+    assert "peak prompt" in lines[lines.index(ours_row) - 1]
+    assert f" {ours.peak_tokens} " in ours_row
+    assert lines[-1] == f"peak prompt: {cli_output.PEAK_PROMPT}"

@@ -16,6 +16,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _write(path: Path, *records: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
     return path
 
@@ -179,13 +180,32 @@ class TestConversationPerLine:
         ]
 
 
-def test_a_directory_is_every_file_in_it(tmp_path: Path) -> None:
+def test_a_directory_is_every_file_under_it_and_what_is_no_conversation_is_named_apart(
+    tmp_path: Path,
+) -> None:
+    """Issue 56: subfolders are read too (hidden ones not); a README, a LICENSE, an empty or a binary
+    file, a JSON document in no known layout are unrecognised, not errors; a bad line of a
+    conversation file stays that line's error."""
     _write(tmp_path / "b.jsonl", {"role": "user", "content": "b"})
     _write(tmp_path / "a.jsonl", {"role": "user", "content": "a"})
+    _write(tmp_path / "runs" / "deep" / "c.jsonl", {"role": "user", "content": "c"})
+    _write(tmp_path / ".git" / "d.jsonl", {"role": "user", "content": "hidden"})
     (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "README.md").write_text('# recordings\n\n{"role": "user", "content": "an example"}\n')
+    (tmp_path / "runs" / "LICENSE").write_text("MIT License\n\nCopyright (c)\n")
+    (tmp_path / "runs" / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    (tmp_path / "package.json").write_text('{"name": "x", "version": "1"}\n')
+    (tmp_path / "bad.jsonl").write_text('{"role": "user", "content": "hi"}\nnot json\n')
+
     result = read_paths([tmp_path])
-    assert [c.name for c in result.conversations] == ["a", "b"]
-    assert [str(e) for e in result.errors] == [f"{tmp_path / 'empty.jsonl'}: no conversation in the file"]
+
+    assert [c.name for c in result.conversations] == ["a", "b", "bad", "c"]
+    assert result.unrecognised == [
+        tmp_path / p for p in ("README.md", "empty.jsonl", "package.json", "runs/LICENSE", "runs/plot.png")
+    ]
+    assert [str(e) for e in result.errors] == [
+        f"{tmp_path / 'bad.jsonl'}:2: not JSON: Expecting value: line 1 column 1 (char 0)"
+    ]
 
 
 def test_a_published_agent_trajectory_is_read_as_its_messages() -> None:

@@ -85,7 +85,9 @@ async def test_the_fixture_compacts_at_each_threshold_crossing_down_to_the_targe
     assert all(c.tokens_before >= budget.threshold and c.tokens_after <= budget.target for c in compactions)
     assert all(p.after < budget.threshold for p in report.points)
     assert report.tokens_saved == sum(p.tokens - p.after for p in report.points) > 0
-    assert report.peak == max(p.tokens for p in report.points)
+    # The peak prompt: the largest call, after the compactions; under the threshold, as every call is here.
+    assert report.peak == max(p.after for p in report.points) == report.cache[0].peak_tokens
+    assert report.peak < budget.threshold < max(p.tokens for p in report.points)
     assert (report.usage.prompt_tokens, report.usage.completion_tokens) == (0, 0)  # extractive
     # Each ran a stage; pruning alone reaches the target at the first, a summary after it.
     assert all(c.stages for c in compactions)

@@ -1,19 +1,18 @@
-"""Operator commands over Redis: a conversation's history, status and artifacts; compact; rewind."""
+"""The conversation commands that read: history, status, artifacts, versions and the waiting proposal."""
 
 from __future__ import annotations
 
+import shlex
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
 import click
 
-from compaction_worker.cli.common import json_output, run_async, settings_of
+from compaction_worker.cli.common import PROGRAM, json_output, missing, run_async, settings_of, stored_meta
+from compaction_worker.cli.render import flat, message_line, preview_lines, version_line
 
 if TYPE_CHECKING:
     from compaction_worker.client.client import Client
-    from compaction_worker.conversation.meta import Meta
-    from compaction_worker.runtime.preview import Preview
     from compaction_worker.settings import SummarizerSettings
     from compaction_worker.state.breaker import BreakerState
 
@@ -37,7 +36,7 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
         from compaction_worker.contracts.history import render
 
         async with Client.connect(settings, kafka=False) as client:
-            meta = await _stored_meta(client, conversation_id)
+            meta = await stored_meta(client, conversation_id)
             if full:
                 stored = await client.transcript(conversation_id)
                 records = [cli_output.TranscriptRecord.from_stored(r) for r in stored]
@@ -48,7 +47,7 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
                     f"{conversation_id}: transcript, {len(records)} messages over {meta.last_seq} turns"
                 )
                 for r in records:
-                    click.echo(f"  #{r.ordinal:<4} turn {r.turn_seq:<4} {_line(r.message, width)}")
+                    click.echo(f"  #{r.ordinal:<4} turn {r.turn_seq:<4} {message_line(r.message, width)}")
                 return
             snapshot = await client.snapshot(conversation_id)
             # Rendered from the same snapshot as the chunks, the way Client.messages renders.
@@ -74,14 +73,14 @@ def history(ctx: click.Context, conversation_id: str, full: bool, as_json: bool,
                     f"  summary of turns {chunk.first_seq}-{chunk.last_seq} ({chunk.tokens} tokens, {chunk.model})"
                 )
             for m in messages:
-                click.echo(f"  {_line(m, width)}")
+                click.echo(f"  {message_line(m, width)}")
 
     run_async(go())
 
 
 @click.command()
 @click.argument("conversation_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
     """Show a conversation's budget, token totals, version, profile, pending compaction and waiting proposal."""
@@ -94,7 +93,7 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
         async with Client.connect(settings, kafka=False) as client:
             found = await client.status(conversation_id, proposal=True)
             if not found.stored:
-                _missing(client, conversation_id)
+                missing(client, conversation_id)
             meta, job, waiting = found.meta, found.job, found.proposal
             stats = context_stats(conversation_id, meta, settings)
             health = await _breaker(client, settings.for_profile(meta.profile).summarizer, meta.model)
@@ -121,7 +120,7 @@ def status(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
                 click.echo(json_output(output))
             else:
                 for k, v in output.model_dump(mode="json").items():
-                    click.echo(f"{k:>20}: {_flat(v) if k in ('pending_job', 'proposal') else v}")
+                    click.echo(f"{k:>20}: {flat(v) if k in ('pending_job', 'proposal') else v}")
 
     run_async(go())
 
@@ -139,7 +138,7 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
         from compaction_worker.contracts import cli_output
 
         async with Client.connect(settings, kafka=False) as client:
-            await _stored_meta(client, conversation_id)
+            await stored_meta(client, conversation_id)
             found = await client.artifacts(conversation_id)
         if as_json:
             output = cli_output.Artifacts(
@@ -147,10 +146,10 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
             )
             click.echo(json_output(output))
             return
-        missing = sum(not a.in_history for a in found)
+        lost = sum(not a.in_history for a in found)
         click.echo(
             f"{conversation_id}: {len(found)} artifacts archived, "
-            f"{missing} no longer in the effective history (marked *)"
+            f"{lost} no longer in the effective history (marked *)"
         )
         for a in found:
             click.echo(f"{'*' if not a.in_history else ' '} turn {a.seq:<5} {a.kind:<5} {a.text}")
@@ -160,116 +159,71 @@ def artifacts(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("conversation_id")
-@click.option(
-    "--dry-run",
-    is_flag=True,
-    help="Compute the compaction here and print what it would change; write nothing.",
-)
-@click.option("--instructions", default=None, help="With --dry-run: what the summary should keep first.")
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: machine-readable output.")
-@click.pass_context
-def compact(
-    ctx: click.Context, conversation_id: str, dry_run: bool, instructions: str | None, as_json: bool
-) -> None:
-    """Ask the workers to compact a conversation now (a manual compaction), or preview it."""
-    settings = settings_of(ctx)
-
-    async def go() -> None:
-        from compaction_worker.client.client import Client
-        from compaction_worker.contracts.events import Trigger
-
-        async with Client.connect(settings, kafka=False) as client:
-            await _stored_meta(client, conversation_id)
-            if dry_run:
-                _print_preview(await client.preview_compaction(conversation_id, instructions), as_json)
-                return
-            await client.parts.jobs.schedule(conversation_id, Trigger.MANUAL)
-            click.echo(f"manual compaction of {conversation_id} scheduled")
-
-    run_async(go())
-
-
-def _print_preview(found: Preview, as_json: bool) -> None:
-    from compaction_worker.contracts import cli_output
-
-    if as_json:
-        click.echo(json_output(cli_output.CompactionPreview.of(found, standing_state=found.standing)))
-        return
-    click.echo(
-        f"{found.conversation_id} (version {found.version}): a manual compaction would be "
-        f"{found.outcome.value}, ~{found.tokens_before} -> ~{found.tokens_after} tokens, "
-        f"{found.replaced} messages replaced, stages: {', '.join(found.stages) or '-'} (nothing written)"
-    )
-    if found.error:
-        click.echo(f"note: {found.error}")
-    if found.summary:
-        click.echo("summary it would write:")
-        click.echo(found.summary)
-
-
-@click.command()
-@click.argument("conversation_id")
-@click.option(
-    "--version",
-    "version",
-    type=click.IntRange(min=1),
-    default=None,
-    help="The compaction to undo (a version from the compaction log); default: the latest in effect.",
-)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def rewind(ctx: click.Context, conversation_id: str, version: int | None, as_json: bool) -> None:
-    """Undo a compaction: restore the history from before it, from the preserved transcript."""
+def versions(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
+    """List every committed version of a conversation's history: each compaction and rewind, and
+    which compactions the history still holds (what rewind can undo)."""
     settings = settings_of(ctx)
 
     async def go() -> None:
         from compaction_worker.client.client import Client
         from compaction_worker.contracts import cli_output
 
-        # Kafka too: consumers learn of the new version from compaction.completed.
-        async with Client.connect(settings) as client:
-            await _stored_meta(client, conversation_id)
-            rewound = await client.rewind(conversation_id, version)
-        done = rewound.completed
+        async with Client.connect(settings, kafka=False) as client:
+            meta = await stored_meta(client, conversation_id)
+            found = await client.versions(conversation_id)
+        output = cli_output.Versions(
+            [cli_output.Version.of(v, replaced_through=v.replaced_through_n) for v in found]
+        )
         if as_json:
-            output = cli_output.Rewind.of(
-                done,
-                rewound_version=rewound.rewound_version,
-                chunks=rewound.chunks,
-                restored_messages=rewound.restored_messages,
-                over_threshold=rewound.over_threshold,
-                compaction_id=str(done.compaction_id),
-            )
             click.echo(json_output(output))
             return
+        in_effect = sum(v.in_effect for v in output.root)
         click.echo(
-            f"rewound compaction {rewound.rewound_version} of {conversation_id}: now version {done.version}, "
-            f"{done.context_status.value}, {rewound.chunks} summary chunks, "
-            f"{rewound.restored_messages} messages verbatim, ~{done.tokens_before} -> ~{done.tokens_after} tokens"
+            f"{conversation_id}: version {meta.version}, {len(output.root)} committed, "
+            f"{in_effect} compactions in effect (marked *)"
         )
-        if rewound.over_threshold:
-            click.echo("the restored history is over the threshold: the next turn schedules a compaction")
+        for version in output.root:
+            click.echo(version_line(version))
 
     run_async(go())
 
 
-async def _stored_meta(client: Client, conversation_id: str) -> Meta:
-    """The conversation's metadata; a clear error when Redis holds no such conversation."""
-    meta = await client.meta(conversation_id)
-    if meta.last_seq == 0:
-        _missing(client, conversation_id)
-    return meta
+@click.command()
+@click.argument("conversation_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (null when none waits).")
+@click.pass_context
+def proposal(ctx: click.Context, conversation_id: str, as_json: bool) -> None:
+    """Show the compaction waiting for approval (pipeline.approval: manual): the history applying it
+    commits, its summary, the tokens before and after, and whether turns have moved past it."""
+    settings = settings_of(ctx)
 
+    async def go() -> None:
+        from compaction_worker.client.client import Client
+        from compaction_worker.contracts import cli_output
 
-def _flat(value: Mapping[str, Any] | None) -> str | None:
-    """A nested part of the output on one line: ``name value, ...`` (nulls left out)."""
-    if value is None:
-        return None
-    return ", ".join(f"{name} {v}" for name, v in value.items() if v is not None)
+        async with Client.connect(settings, kafka=False) as client:
+            await stored_meta(client, conversation_id)
+            found = await client.proposal(conversation_id)
+        if as_json:
+            shown = (
+                None
+                if found is None
+                else cli_output.CompactionPreview.of(found, standing_state=found.standing)
+            )
+            click.echo(json_output(cli_output.WaitingProposal(shown)))
+            return
+        if found is None:
+            click.echo(f"{conversation_id}: no proposal waits for approval")
+            return
+        for line in preview_lines(found):
+            click.echo(line)
+        words = f"{shlex.quote(conversation_id)} {found.compaction_id}"
+        click.echo(f"apply it:   {PROGRAM} conversation apply {words}")
+        click.echo(f"discard it: {PROGRAM} conversation discard {words}")
 
-
-def _missing(client: Client, conversation_id: str) -> NoReturn:
-    raise click.ClickException(f"no conversation {conversation_id!r} in {client.settings.redis.url}")
+    run_async(go())
 
 
 async def _breaker(client: Client, settings: SummarizerSettings, conversation_model: str) -> BreakerState:
@@ -279,22 +233,3 @@ async def _breaker(client: Client, settings: SummarizerSettings, conversation_mo
     if not settings.model:
         return BreakerState()  # the extractive summary only: nothing to break
     return await client.parts.breaker.peek(breaker_model(settings.model, conversation_model))
-
-
-def _line(message: Mapping[str, Any], width: int) -> str:
-    from compaction_worker.contracts.history import text_of
-
-    role = message.get("role", "?")
-    calls = message.get("tool_calls") or []
-    if calls:
-        call_text = ", ".join(f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in calls)
-        text = f"→ {call_text}"
-    else:
-        text = text_of(message)
-        if isinstance(message.get("content"), list) and any(
-            p.get("type") != "text" for p in message["content"]
-        ):
-            text += " [+non-text parts]"
-    label = f"[{role}{' ' + str(message['tool_call_id']) if role == 'tool' else ''}]"
-    flat = " ".join(text.split())
-    return f"{label} {flat[:width]}{'…' if len(flat) > width else ''}"
