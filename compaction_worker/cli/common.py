@@ -80,10 +80,26 @@ def json_output(output: BaseModel) -> str:
 
 def run_async(coro: Any) -> None:
     """Run a command's coroutine; any of the package's errors ends it with one line on stderr, exit 1."""
+    from aiokafka.errors import KafkaError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
     try:
         asyncio.run(coro)
     except CompactionWorkerError as e:
         raise click.ClickException(one_line(e)) from e
+    except (RedisConnectionError, RedisTimeoutError, KafkaError, OSError) as e:
+        # Unreachable infrastructure is the operator's to fix: say what, not where in the code.
+        what = (
+            "Kafka"
+            if isinstance(e, KafkaError)
+            else "Redis"
+            if "redis" in type(e).__module__
+            else "the network"
+        )
+        raise click.ClickException(
+            f"cannot reach {what}: {one_line(e)} (check --config, COMPACTION_KAFKA__BOOTSTRAP_SERVERS and COMPACTION_REDIS__URL)"
+        ) from e
 
 
 def one_line(error: BaseException) -> str:

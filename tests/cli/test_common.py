@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import click
+from aiokafka.errors import KafkaConnectionError
 from click.testing import CliRunner
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from compaction_worker.cli.common import one_line, run_async
 from compaction_worker.errors import CompactionWorkerError, PinError
@@ -45,3 +47,18 @@ def test_another_error_is_not_hidden() -> None:
     result = CliRunner().invoke(_command(KeyError("x")), [])
     assert result.exit_code == 1
     assert isinstance(result.exception, KeyError)
+
+
+def test_unreachable_redis_or_kafka_is_one_line_naming_it() -> None:
+    """An outage at the shell is the operator's to fix: one line naming what cannot be reached and the
+    settings that say where, status 1, no traceback."""
+    for error, what in (
+        (RedisConnectionError("Error 111 connecting to 127.0.0.1:1."), "Redis"),
+        (KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]"), "Kafka"),
+    ):
+        result = CliRunner().invoke(_command(error), [])
+        assert result.exit_code == 1
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"Error: cannot reach {what}: ")
+        assert "COMPACTION_REDIS__URL" in line
+        assert "Traceback" not in result.output
