@@ -28,6 +28,9 @@ from compaction_worker.settings import Settings
 from compaction_worker.summaries.factory import configured_summarizers
 from compaction_worker.testing import FakeLLMServer
 
+WRITTEN_WINDOW = 32_000
+"""The window of the model-written rows: small enough that the summaries are written, added to and
+folded many times over a session, which is where items and Markdown differ."""
 MODELS = ("claude-sonnet-4-20250514", "gpt-4o")
 """A cache read at a tenth of input with billed cache writes, and at half of input without."""
 
@@ -57,7 +60,7 @@ async def cache_rows(env: BenchEnv, progress: Progress) -> list[Row]:
         )
         report = await replay.run()
         rows += _rows(model, window, steps, report.cache)
-    rows += await _written_rows(steps, window, progress)
+    rows += await _written_rows(steps, WRITTEN_WINDOW, progress)
     return rows
 
 
@@ -91,8 +94,6 @@ async def _written_rows(steps: int, window: int, progress: Progress) -> list[Row
             "",
             baseline=markdown.cached_share,
             baseline_name="as Markdown",
-            target=1.0,
-            at_least=True,
             note=f"{steps} agent steps, {window // 1000}K window, the fake model; cache breaks per 100 turns "
             f"{items.breaks_per_100_turns:.1f} (Markdown {markdown.breaks_per_100_turns:.1f})",
         )

@@ -69,7 +69,7 @@ def test_quick_bench_prints_every_row_with_a_value_and_its_target() -> None:
         assert rows[f"prompt cache: dollars per session ({model})"]["value"] > 0
     written = rows["prompt cache: share served, model-written summaries as checked items (gpt-4o)"]
     assert 0 < written["baseline"] <= 1
-    assert written["target"] == 1.0
+    assert 0 < written["value"] <= 1
     compactions = rows["replays: compactions per 100 turns"]  # the published runs, at 4K when quick
     assert compactions["value"] > 0
     assert "4K" in compactions["note"]
