@@ -24,16 +24,75 @@ class LockNotAcquiredError(CompactionWorkerError):
     """Another worker holds the conversation's lock."""
 
 
+class ConversationNotFound(CompactionWorkerError, LookupError):
+    """No turn of the conversation is stored: a wrong id, a conversation whose first turn has not been
+    stored yet, or one that expired after ``redis.retention_seconds``."""
+
+    def __init__(self, conversation_id: str) -> None:
+        super().__init__(
+            f"no conversation {conversation_id!r} is stored (none of its turns was, or it expired after "
+            "redis.retention_seconds): check the id, or publish its first turn and wait_for it"
+        )
+        self.conversation_id = conversation_id
+
+
+class TurnRejected(CompactionWorkerError):
+    """The worker refused a turn: it went to the dead-letter topic with ``reason``, and nothing of it
+    was stored. ``Client.wait_for(receipt)`` raises it with the dead letter's reason and detail."""
+
+    def __init__(
+        self, conversation_id: str, turn_seq: int, reason: str, detail: str, advice: str = ""
+    ) -> None:
+        super().__init__(
+            f"{conversation_id}: turn {turn_seq} was rejected ({reason}): {detail}"
+            + (f"; {advice}" if advice else "")
+        )
+        self.conversation_id = conversation_id
+        self.turn_seq = turn_seq
+        self.reason = reason
+        """The dead letter's reason code (``DeadLetterReason``: ``conflicting_duplicate``, ...)."""
+        self.detail = detail
+
+
 class PinError(CompactionWorkerError):
-    """A pin that cannot be set: no such turn or message, or a summary already replaced it."""
+    """A pin or unpin that cannot be done; each condition is a subclass."""
+
+
+class NoSuchMessage(PinError):
+    """The turn, or the message index in it, that a pin names is not stored."""
+
+
+class AlreadySummarized(PinError):
+    """A summary already replaced the message a pin names: only a rewind brings it back."""
+
+
+class NotPinned(PinError):
+    """An unpin of messages none of which is pinned: there is nothing to undo."""
 
 
 class ProposalError(CompactionWorkerError):
-    """An apply or discard of a proposal that is not pending (applied, discarded or replaced already)."""
+    """An apply or discard that cannot be done; each condition is a subclass."""
+
+
+class InvalidProposalId(ProposalError, ValueError):
+    """A proposal id that is not a UUID (a ValueError too, as the bare one it replaces)."""
+
+
+class ProposalNotPending(ProposalError):
+    """No proposal with that id waits: applied, discarded or replaced already."""
 
 
 class RewindError(CompactionWorkerError):
-    """A rewind that cannot be done: nothing to undo, or no such compaction version."""
+    """A rewind that cannot be done; each condition is a subclass."""
+
+
+class NothingToRewind(RewindError):
+    """A rewind past the first version: no compaction is in effect (none was committed, or every one
+    is undone already), so the history is the transcript's already."""
+
+
+class NoSuchVersion(RewindError):
+    """A rewind of a version that is not a committed compaction: none has that number, or it is a rewind."""
 
 
 class WaitTimeoutError(CompactionWorkerError, TimeoutError):

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from compaction_worker.budget.attachments import FittedFile, file_budget, fit_files
 from compaction_worker.budget.threshold import (
@@ -25,16 +25,26 @@ from compaction_worker.budget.threshold import (
     scale_of,
 )
 from compaction_worker.budget.tokens import conversation_budget, counter_for
+from compaction_worker.client.announcements import FIRST_RECHECK, LAST_RECHECK, Announcements
+from compaction_worker.client.receipts import ADVICE, Receipt, TurnResult, stored, timed_out
 from compaction_worker.contracts.events import (
     CompactionCompleted,
     CompactionMode,
     CompactionRequest,
     ContextStatus,
+    DeadLetterReason,
     TurnEvent,
 )
 from compaction_worker.conversation.meta import Job, Meta, write_field, write_instructions
-from compaction_worker.conversation.status import Status, read_status
-from compaction_worker.errors import ConfigError, WaitTimeoutError
+from compaction_worker.conversation.status import Status, is_stored, read_status
+from compaction_worker.errors import (
+    ConfigError,
+    ConversationNotFound,
+    InvalidProposalId,
+    LockNotAcquiredError,
+    TurnRejected,
+    WaitTimeoutError,
+)
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered, rendered
@@ -42,7 +52,7 @@ from compaction_worker.observability.tracing import inject
 from compaction_worker.recall.search import RecallResult
 from compaction_worker.runtime.components import Components, build_components
 from compaction_worker.runtime.connections import connect_redis, kafka_client_args
-from compaction_worker.runtime.pins import set_pinned
+from compaction_worker.runtime.pins import apply_asked, asks_pending, set_pinned
 from compaction_worker.runtime.preview import Preview, preview, proposal_preview
 from compaction_worker.runtime.rewind import Rewound
 from compaction_worker.settings import Settings
@@ -146,7 +156,11 @@ class Client:
         self.store = store
         self.producer = producer
         self._published: dict[str, int] = {}
-        """The highest turn seq this client published, by conversation (``wait_for`` waits for it)."""
+        """The highest turn seq this client published, by conversation (``wait_for`` waits for it, and
+        ``next_turn_seq`` hands out none up to it)."""
+        self._latest: dict[str, Receipt] = {}
+        """The receipt of the turn this client published last, by conversation, until a wait reported its
+        rejection (``wait_for(conversation_id)`` raises it)."""
         self._parts: Components | None = None
 
     @property
@@ -192,124 +206,239 @@ class Client:
                 await producer.stop()
             await redis.aclose()
 
-    async def publish_turn(self, event: TurnEvent) -> None:
-        """Publish one turn, keyed by its conversation so the conversation stays ordered.
+    async def publish_turn(self, event: TurnEvent) -> Receipt:
+        """Publish one turn, keyed by its conversation so the conversation stays ordered; returns its
+        receipt, for :meth:`wait_for`.
 
         A runtime that does not track ``turn_seq`` draws it from :meth:`next_turn_seq`::
 
             seq = await client.next_turn_seq(cid)
-            await client.publish_turn(TurnEvent(conversation_id=cid, turn_seq=seq, model=m, messages=[...]))
+            receipt = await client.publish_turn(TurnEvent(conversation_id=cid, turn_seq=seq, model=m, messages=[...]))
+            await client.wait_for(receipt)   # stored, or TurnRejected with the reason
 
         Publish every seq drawn: a missing one is a gap that holds the later turns back.
         The current trace context travels in a ``traceparent`` header: the worker continues it.
+        A turn over ``kafka.max_event_bytes`` is not published: TurnRejected (``oversized``).
         """
         headers: list[tuple[str, bytes]] = []
         inject(headers)
-        await self.publish_raw(
-            event.model_dump_json(exclude_none=True).encode(), event.conversation_id.encode(), headers
-        )
-        cid = event.conversation_id
-        self._published[cid] = max(self._published.get(cid, 0), event.turn_seq)
+        payload = event.model_dump_json(exclude_none=True).encode()
+        limit = self.settings.kafka.max_event_bytes
+        if len(payload) > limit:  # the worker would dead-letter it unread: no answer would come
+            raise TurnRejected(
+                event.conversation_id,
+                event.turn_seq,
+                DeadLetterReason.OVERSIZED.value,
+                f"{len(payload)} bytes, over the {limit}-byte limit; not published",
+                ADVICE[DeadLetterReason.OVERSIZED],
+            )
+        await self._send(payload, event.conversation_id.encode(), headers)
+        return self._sent(Receipt.of(payload) or Receipt.of_event(event))
 
     async def publish_raw(
         self, payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]] = ()
-    ) -> None:
-        """Publish bytes as they are to the turns topic (tools and tests use this for bad input)."""
+    ) -> Receipt | None:
+        """Publish bytes as they are to the turns topic (tools and tests use this for bad input); their
+        receipt when they name a conversation and a seq (a rejection of bytes that name neither is
+        on the dead-letter topic only)."""
+        await self._send(payload, key, headers)
+        receipt = Receipt.of(payload)
+        return None if receipt is None else self._sent(receipt)
+
+    async def _send(self, payload: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> None:
         if self.producer is None:
             raise ConfigError("this client was opened without Kafka")
         await self.producer.send_and_wait(
             self.settings.topics.turns, payload, key=key, headers=list(headers) or None
         )
 
+    def _sent(self, receipt: Receipt) -> Receipt:
+        """A turn published: what later waits on its conversation wait for."""
+        cid = receipt.conversation_id
+        self._published[cid] = max(self._published.get(cid, 0), receipt.turn_seq)
+        self._latest[cid] = receipt
+        return receipt
+
     async def request_compaction(
         self,
         conversation_id: str,
-        turn_seq: int,
+        turn_seq: int | None,
         model: str,
         error: str | None = None,
         *,
         instructions: str | None = None,
-    ) -> TurnEvent:
-        """Publish a turn with no messages that asks for a manual or (with ``error``) reactive compaction.
+    ) -> Receipt:
+        """Publish a turn with no messages that asks for a manual or (with ``error``) reactive compaction;
+        returns its receipt (:meth:`wait_for` it).
 
+        ``turn_seq`` None draws it (:meth:`next_turn_seq`); a runtime that counts its own seqs passes
+        the next one of its count (docs/integration.md: one counter per conversation).
         ``instructions`` say what its summary keeps first (added to the standing ones).
         """
+        seq = turn_seq if turn_seq is not None else await self.next_turn_seq(conversation_id)
         mode = CompactionMode.OVERFLOW if error else CompactionMode.FORCE
         event = TurnEvent(
             conversation_id=conversation_id,
-            turn_seq=turn_seq,
+            turn_seq=seq,
             model=model,
             compaction=CompactionRequest(mode=mode, error=error, instructions=instructions),
         )
-        await self.publish_turn(event)
-        return event
+        return await self.publish_turn(event)
 
     async def next_turn_seq(self, conversation_id: str) -> int:
         """The next unused turn seq, atomically: concurrent callers never get the same one.
 
-        One past the larger of the last seq handed out and the last one stored
-        (``Store.next_turn_seq``).
+        One past the largest of the last seq handed out, the last one stored and the last one this
+        client published (``Store.next_turn_seq``): a turn this client published that the worker has
+        not stored yet never gets its seq handed out again.
         """
-        return await self.store.next_turn_seq(conversation_id)
+        return await self.store.next_turn_seq(
+            conversation_id, at_least=self._published.get(conversation_id, 0)
+        )
 
+    @overload
     async def wait_for(
         self,
-        conversation_id: str,
+        target: str,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109  # as the implementation's
+        after_seq: int | None = None,
+    ) -> int: ...
+    @overload
+    async def wait_for(
+        self,
+        target: Receipt,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109  # as the implementation's
+        after_seq: int | None = None,
+    ) -> TurnResult: ...
+    async def wait_for(
+        self,
+        target: str | Receipt,
         version: int | None = None,
         *,
         timeout: float = 30.0,  # noqa: ASYNC109  # one call for sync callers too (SyncClient), its error ours
         after_seq: int | None = None,
-    ) -> int:
-        """Wait until the effective history reaches ``version`` (None: until no compaction is pending); returns the version.
+    ) -> int | TurnResult:
+        """Wait until a turn is stored and no compaction is pending (or the history reaches ``version``).
 
-        First, every turn this client published for the conversation (and ``after_seq``)
-        must be stored, so a compaction request just published counts as pending. A run still
-        holding the conversation's lock counts too; a job waiting out a failure's backoff does
-        not. Raises :class:`WaitTimeoutError`.
+        Given a :class:`Receipt` (what :meth:`publish_turn` and :meth:`request_compaction` return), it
+        waits for that turn: returns a :class:`TurnResult` (the version, and the ``problems`` of pins
+        the turn asked for that could not be applied: the wait applies them if no one has), or raises
+        :class:`TurnRejected` with the reason the worker dead-lettered it for. Given a conversation id,
+        it waits until every turn this client published for it (and ``after_seq``) is stored, raises
+        TurnRejected if the last one was dead-lettered, and returns the version. A run still holding
+        the conversation's lock counts as pending; a job waiting out a failure's backoff does not.
+        Raises :class:`WaitTimeoutError`.
         """
-        seq = max(after_seq or 0, self._published.get(conversation_id, 0))
-        reached = await self._reached(conversation_id, version, seq)
-        if reached is not None:
-            return reached
+        receipt = target if isinstance(target, Receipt) else self._latest.get(target)
+        cid = receipt.conversation_id if receipt is not None else str(target)
+        seq = max(after_seq or 0, receipt.turn_seq if receipt is not None else 0)
+        if not isinstance(target, Receipt):
+            seq = max(seq, self._published.get(cid, 0))
         try:
-            async with asyncio.timeout(timeout):
-                return await self._await_reached(conversation_id, version, seq)
-        except TimeoutError as e:
-            what = "no pending compaction" if version is None else f"version {version}"
-            raise WaitTimeoutError(f"{conversation_id}: {what} within {timeout}s") from e
+            result = await self._check(cid, version, seq, receipt)
+            if result is None:
+                try:
+                    async with asyncio.timeout(timeout):
+                        result = await self._await_checked(cid, version, seq, receipt)
+                except TimeoutError as e:
+                    raise WaitTimeoutError(timed_out(cid, version, receipt, timeout)) from e
+        except TurnRejected:
+            if receipt is not None:
+                self._reported(receipt)
+            raise
+        return result if isinstance(target, Receipt) else result.version
 
-    async def _await_reached(self, conversation_id: str, version: int | None, seq: int) -> int:
-        # Woken by compaction.completed: a group-less consumer at the topic's end, positioned
-        # before the Redis read that follows, so a change committed before it is read and
-        # one after it is announced. No group: nothing to join or rebalance, no offsets
-        # left behind, and every waiter sees every event. Keyspace notifications were the
-        # other way; they need server configuration that managed Redis often forbids.
-        # Redis is read again now and then too, because some changes publish no event:
+    def _reported(self, receipt: Receipt) -> None:
+        """A rejection reported: later waits on the conversation no longer wait for (or raise) it."""
+        cid = receipt.conversation_id
+        if self._latest.get(cid) == receipt:
+            del self._latest[cid]
+        if self._published.get(cid) == receipt.turn_seq:
+            self._published[cid] = receipt.turn_seq - 1
+
+    async def _await_checked(
+        self, conversation_id: str, version: int | None, seq: int, receipt: Receipt | None
+    ) -> TurnResult:
+        # Woken by compaction.completed and the dead-letter topic (client/announcements.py), positioned
+        # before the Redis read that follows, so a change committed before it is read and one after it
+        # is announced. Redis is read again now and then too, because some changes publish no event:
         # a turn's append, and the job's removal (just after its completion event).
-        completions = _Completions(self.settings)
+        announcements = Announcements(self.settings)
         try:
-            await completions.start()
-            recheck = _FIRST_RECHECK
-            while (reached := await self._reached(conversation_id, version, seq)) is None:
-                announced = await completions.seen(conversation_id.encode(), recheck)
-                recheck = _FIRST_RECHECK if announced else min(recheck * 2, _LAST_RECHECK)
-            return reached
+            await announcements.start()
+            recheck = FIRST_RECHECK
+            while (result := await self._check(conversation_id, version, seq, receipt)) is None:
+                announced = await announcements.seen(conversation_id.encode(), recheck)
+                recheck = FIRST_RECHECK if announced else min(recheck * 2, LAST_RECHECK)
+            return result
         finally:
-            await completions.stop()
+            await announcements.stop()
 
-    async def _reached(self, conversation_id: str, version: int | None, seq: int) -> int | None:
-        """The current version if the wait is over, else None (:meth:`Status.reached`)."""
-        return (await self.status(conversation_id)).reached(version, seq)
+    async def _check(
+        self, conversation_id: str, version: int | None, seq: int, receipt: Receipt | None
+    ) -> TurnResult | None:
+        """The result if the wait is over, else None (:meth:`Status.reached`); TurnRejected when the
+        receipt's turn was dead-lettered. Pins the receipt's turn asked for that no one applied yet
+        are applied here, when no one holds the lock (the next holder applies them: runtime/pins.py)."""
+        keys = self.store.keys(conversation_id)
+        status = await read_status(
+            self.store.redis,
+            conversation_id,
+            keys,
+            self.parts.jobs.index,
+            turn=receipt.turn_seq if receipt is not None else None,
+        )
+        record = status.turn
+        if receipt is not None and record is not None:
+            if not stored(receipt, record):
+                return None
+            if receipt.asks_pins and asks_pending(status.meta.pins, receipt.turn_seq):
+                if not status.locked:
+                    await self._apply_asked(conversation_id)
+                return None
+        reached = status.reached(version, seq)
+        if reached is None:
+            return None
+        problems = record.not_applied if record is not None else ()
+        return TurnResult(conversation_id, seq, reached, status.context_status, problems)
+
+    async def _apply_asked(self, conversation_id: str) -> None:
+        """Apply the pins turns asked for, as the next holder of the lock (a compaction may take it first)."""
+        keys = self.store.keys(conversation_id)
+        try:
+            async with self.parts.locks.exclusive(conversation_id, keys):
+                asked = (await self.store.meta(conversation_id)).pins
+                if asked:
+                    await apply_asked(self.store, conversation_id, asked)
+        except LockNotAcquiredError:
+            pass  # its holder applies them
 
     async def status(self, conversation_id: str, *, proposal: bool = False) -> Status:
         """The conversation's status in one round trip: its meta (version, last seq, context status,
         profile, token totals), its pending job (trigger, running, due, backing off), whether a
         proposal waits; with ``proposal``, the waiting proposal itself and whether it is stale
-        (:mod:`compaction_worker.conversation.status`)."""
+        (:mod:`compaction_worker.conversation.status`). ConversationNotFound when no turn of it is stored.
+        """
         keys = self.store.keys(conversation_id)
-        return await read_status(
+        status = await read_status(
             self.store.redis, conversation_id, keys, self.parts.jobs.index, proposal=proposal
         )
+        if not status.stored:
+            raise ConversationNotFound(conversation_id)
+        return status
+
+    async def exists(self, conversation_id: str) -> bool:
+        """Whether a turn of the conversation is stored (one field read): what the reads that raise
+        ConversationNotFound require."""
+        return await is_stored(self.store.redis, self.store.keys(conversation_id))
+
+    async def _require(self, conversation_id: str) -> None:
+        if not await self.exists(conversation_id):
+            raise ConversationNotFound(conversation_id)
 
     async def snapshot(self, conversation_id: str) -> Snapshot:
         """Metadata and the effective history, read consistently."""
@@ -340,9 +469,11 @@ class Client:
         prompt-cache breakpoints after the system prompt, the summary and the last message
         (the Messages API caches nothing unless told; OpenAI and Gemini cache a prompt's
         prefix unasked, and for OpenAI ``prompt_cache_key=conversation_id`` keeps a
-        conversation's calls on one cache).
+        conversation's calls on one cache). ConversationNotFound when no turn of it is stored.
         """
         snapshot = await self.store.snapshot(conversation_id)
+        if not snapshot.meta.last_seq:
+            raise ConversationNotFound(conversation_id)
         placement = self.settings.for_profile(snapshot.meta.profile).pipeline.summary_placement
         return rendered(snapshot.history, format, placement, cache=cache)
 
@@ -386,7 +517,8 @@ class Client:
         return await self.store.meta(conversation_id)
 
     async def context_stats(self, conversation_id: str) -> ContextStats:
-        """The context meter: window, tokens by part, usage ratio, whether it will compact."""
+        """The context meter: window, tokens by part, usage ratio, whether it will compact;
+        ConversationNotFound when no turn of it is stored."""
         return context_stats(conversation_id, (await self.status(conversation_id)).meta, self.settings)
 
     async def fit_files(self, conversation_id: str, files: Mapping[str, str]) -> list[FittedFile]:
@@ -411,28 +543,38 @@ class Client:
         return await self.parts.jobs.job(conversation_id)
 
     async def transcript(self, conversation_id: str) -> list[dict[str, Any]]:
-        """Every message ever appended, as records ``{"n", "seq", "m", "at"}``."""
-        return await self.store.transcript(conversation_id)
+        """Every message ever appended, as records ``{"n", "seq", "m", "at"}``; ConversationNotFound when
+        no turn of it is stored."""
+        records = await self.store.transcript(conversation_id)
+        if not records:  # a stored conversation's turns may all be requests without messages
+            await self._require(conversation_id)
+        return records
 
     async def compactions(self, conversation_id: str) -> list[dict[str, Any]]:
-        """The log of committed compactions."""
-        return await self.store.compactions(conversation_id)
+        """The log of committed compactions; ConversationNotFound when no turn of it is stored."""
+        log = await self.store.compactions(conversation_id)
+        if not log:
+            await self._require(conversation_id)
+        return log
 
     async def versions(self, conversation_id: str) -> list[Version]:
         """Every committed version, oldest first: what each compaction replaced (transcript
         messages ``1..replaced_through_n``), when, why (its trigger), the tokens before and
-        after, and whether it is still in effect (what :meth:`rewind` can undo)."""
-        return versions(await self.store.compactions(conversation_id))
+        after, and whether it is still in effect (what :meth:`rewind` can undo). ConversationNotFound
+        when no turn of it is stored."""
+        return versions(await self.compactions(conversation_id))
 
     async def rewind(self, conversation_id: str, version: int | None = None) -> Rewound:
         """Undo a compaction (default: the latest one in effect): the history from before it,
         verbatim from the transcript, committed as a new version; ``compaction.started`` and
         ``.completed`` (trigger ``rewind``) are published. ``compaction-worker rewind`` is this.
 
-        Needs the broker (a client connected with ``kafka=True``). Raises RewindError (nothing
-        to undo, or no such compaction), LockNotAcquiredError (a compaction is running: try
-        again) or StaleFenceError (the lock was lost before the commit; nothing written).
+        Needs the broker (a client connected with ``kafka=True``). Raises NothingToRewind (no
+        compaction is in effect: the history is the transcript's), NoSuchVersion (``version`` is no
+        compaction), ConversationNotFound, LockNotAcquiredError (a compaction is running: try again)
+        or StaleFenceError (the lock was lost before the commit; nothing written).
         """
+        await self._require(conversation_id)
         return await self._components("a rewind").rewinder.rewind(conversation_id, version)
 
     async def proposal(self, conversation_id: str) -> Preview | None:
@@ -440,7 +582,8 @@ class Client:
         applying it commits: the history it leaves, its summary and standing state, tokens before
         and after; None when none waits. Its ``compaction_id`` is the one ``compaction.proposed``
         carries. It is shown as proposed, counts and messages alike, also once turns have moved the
-        history past it: then ``stale`` is set, ``turns_since`` counts them, and apply recomputes it."""
+        history past it: then ``stale`` is set, ``turns_since`` counts them, and apply recomputes it.
+        ConversationNotFound when no turn of it is stored."""
         waiting = (await self.status(conversation_id, proposal=True)).proposal
         if waiting is None:
             return None
@@ -455,16 +598,20 @@ class Client:
         and proposed again (a new ``compaction.proposed`` whose ``replaces`` names it), and this
         returns None.
 
-        Needs the broker (``kafka=True``). Raises ProposalError (no such proposal waits: applied,
-        discarded or replaced already), LockNotAcquiredError (a compaction is running: try again).
+        Needs the broker (``kafka=True``). Raises InvalidProposalId (``proposal_id`` is no UUID),
+        ProposalNotPending (no such proposal waits: applied, discarded or replaced already),
+        ConversationNotFound, LockNotAcquiredError (a compaction is running: try again).
         """
-        compactor = self._components("an approval").compactor
-        return await compactor.apply(conversation_id, uuid.UUID(str(proposal_id)))
+        proposal = _proposal_id(conversation_id, proposal_id)
+        await self._require(conversation_id)
+        return await self._components("an approval").compactor.apply(conversation_id, proposal)
 
     async def discard(self, conversation_id: str, proposal_id: uuid.UUID | str) -> None:
         """Discard a proposed compaction; its ``compaction.completed`` says ``discarded``. The next
         threshold crossing proposes again. Raises as :meth:`apply`."""
-        await self._components("a discard").compactor.discard(conversation_id, uuid.UUID(str(proposal_id)))
+        proposal = _proposal_id(conversation_id, proposal_id)
+        await self._require(conversation_id)
+        await self._components("a discard").compactor.discard(conversation_id, proposal)
 
     def _components(self, what: str) -> Components:
         """:attr:`parts`, for what publishes compaction events: a clear error without the broker."""
@@ -475,16 +622,19 @@ class Client:
     async def pin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
         """Pin the messages of turn ``turn_seq`` (or only its ``index``-th, from 0) after the fact:
         every later compaction keeps them verbatim (:mod:`compaction_worker.runtime.pins`).
-        Returns their transcript ordinals. Raises PinError (no such turn or message, or a summary
-        already replaced it) or LockNotAcquiredError (a compaction is running: try again), or
-        StaleFenceError (the lock expired while pinning and another holder changed the history:
-        nothing was written; try again)."""
+        Returns their transcript ordinals. Raises NoSuchMessage (no such turn or message),
+        AlreadySummarized (a summary already replaced it: rewind first), ConversationNotFound,
+        LockNotAcquiredError (a compaction is running: try again), or StaleFenceError (the lock
+        expired while pinning and another holder changed the history: nothing was written; try again)."""
+        await self._require(conversation_id)
         return await set_pinned(
             self.store, self.parts.locks, conversation_id, turn_seq, index=index, pinned=True
         )
 
     async def unpin(self, conversation_id: str, turn_seq: int, index: int | None = None) -> list[int]:
-        """Undo :meth:`pin` (or a pin the turn was published with): the messages compact as any other."""
+        """Undo :meth:`pin` (or a pin the turn was published with): the messages compact as any other.
+        Returns the ordinals it unpinned; raises NotPinned when none of them was pinned, else as :meth:`pin`."""
+        await self._require(conversation_id)
         return await set_pinned(
             self.store, self.parts.locks, conversation_id, turn_seq, index=index, pinned=False
         )
@@ -495,6 +645,7 @@ class Client:
         messages it would replace (:mod:`compaction_worker.runtime.preview`). Nothing is written;
         with the extractive summarizer a manual compaction then commits exactly this history
         while no turn arrives; an LLM summarizer is called for it. ``compact --dry-run`` is this.
+        ConversationNotFound when no turn of it is stored.
         """
         return await preview(self.store, self.settings, conversation_id, instructions=instructions)
 
@@ -502,10 +653,14 @@ class Client:
         """Every artifact ever extracted from the conversation's compacted spans, first seen first.
 
         Summaries paraphrase and ledgers are bounded; what they let go stays here, with
-        whether the effective history still carries it verbatim.
+        whether the effective history still carries it verbatim. ConversationNotFound when no turn
+        of it is stored.
         """
         archived = await self.parts.archive.all(conversation_id)
-        history = (await self.store.snapshot(conversation_id)).history
+        snapshot = await self.store.snapshot(conversation_id)
+        if not snapshot.meta.last_seq:
+            raise ConversationNotFound(conversation_id)
+        history = snapshot.history
         present = carried([a.item for a in archived], history)
         return [Artifact(a.kind, a.text, a.seq, a.n, a.item in present) for a in archived]
 
@@ -519,48 +674,12 @@ class Client:
         return await self.parts.recall.search(conversation_id, query, limit)
 
 
-_FIRST_RECHECK = 0.02
-_LAST_RECHECK = 1.0
-"""Seconds between Redis reads while waiting: short after a completion event, doubling to this."""
-
-
-class _Completions:
-    """A group-less consumer of ``compaction.completed`` from its end: one per wait."""
-
-    def __init__(self, settings: Settings) -> None:
-        if not settings.kafka.bootstrap_servers:
-            raise ConfigError("no Kafka bootstrap servers configured (COMPACTION_KAFKA__BOOTSTRAP_SERVERS)")
-        self.topic = settings.topics.completed
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.kafka.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            **kafka_client_args(settings.kafka),
-        )
-
-    async def start(self) -> None:
-        """Connect and fix the position at the end of every partition (not only the key's:
-        the worker's partitioner is not ours to assume)."""
-        await self.consumer.start()
-        await self.consumer.topics()  # metadata, so the partitions are known
-        partitions = self.consumer.partitions_for_topic(self.topic)
-        if not partitions:
-            raise ConfigError(f"topic {self.topic} does not exist: the worker creates it when it starts")
-        assigned = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        self.consumer.assign(assigned)
-        await self.consumer.seek_to_end(*assigned)
-        for tp in assigned:
-            await self.consumer.position(tp)  # resolves the end offset now, not at the first fetch
-
-    async def seen(self, key: bytes, within: float) -> bool:
-        """Whether an event keyed ``key`` arrives within ``within`` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while (left := deadline - loop.time()) > 0:
-            batch = await self.consumer.getmany(timeout_ms=max(1, int(left * 1000)))
-            if any(r.key == key for records in batch.values() for r in records):
-                return True
-        return False
-
-    async def stop(self) -> None:
-        await self.consumer.stop()
+def _proposal_id(conversation_id: str, proposal_id: uuid.UUID | str) -> uuid.UUID:
+    """The proposal id as a UUID, or InvalidProposalId naming the conversation and where ids come from."""
+    try:
+        return proposal_id if isinstance(proposal_id, uuid.UUID) else uuid.UUID(proposal_id)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise InvalidProposalId(
+            f"{conversation_id}: {proposal_id!r} is not a proposal id (a UUID): use the compaction_id of "
+            "its compaction.proposed event, or of Client.proposal"
+        ) from e

@@ -20,6 +20,7 @@ from compaction_worker import _litellm
 from compaction_worker.budget.overflow import detect_overflow
 from compaction_worker.client.client import Client
 from compaction_worker.contracts.events import TurnEvent, Usage
+from compaction_worker.errors import ConversationNotFound
 from compaction_worker.formats import tool_call
 from compaction_worker.recall.tools import OPENAI_TOOL, TOOL_NAME, recall_calls, tool_result
 from compaction_worker.retry import RetryPolicy
@@ -63,7 +64,7 @@ async def complete(
             litellm_kwargs["tools"] = [*tools, OPENAI_TOOL]
     # The previous turn, or a compaction it set off, may not be stored yet.
     await client.wait_for(conversation_id, timeout=compaction_timeout)
-    history = await client.messages(conversation_id)
+    history = await _history(client, conversation_id)
 
     async def compacted(error: BaseException, _failures: int) -> None:
         """The reactive compaction an overflow asks for, landed, before the call is made again."""
@@ -71,7 +72,7 @@ async def complete(
         seq = await client.next_turn_seq(conversation_id)
         await client.request_compaction(conversation_id, seq, model, error=str(error)[:_MAX_ERROR_CHARS])
         await client.wait_for(conversation_id, timeout=compaction_timeout)
-        history = await client.messages(conversation_id)
+        history = await _history(client, conversation_id)
 
     rounds = 0
     while True:
@@ -106,6 +107,14 @@ async def complete(
     seq = await client.next_turn_seq(conversation_id)
     await client.publish_turn(event.model_copy(update={"turn_seq": seq}))
     return response
+
+
+async def _history(client: Client, conversation_id: str) -> list[dict[str, Any]]:
+    """The effective history; none before the conversation's first turn is stored."""
+    try:
+        return await client.messages(conversation_id)
+    except ConversationNotFound:
+        return []
 
 
 def _tool_name(tool: Mapping[str, Any]) -> str | None:

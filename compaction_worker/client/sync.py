@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from compaction_worker.client.client import Client
+from compaction_worker.client.receipts import Receipt, TurnResult
 from compaction_worker.formats.anthropic import AnthropicMessages
 from compaction_worker.formats.gemini import GeminiContents
 from compaction_worker.formats.rendering import HistoryFormat, Rendered
@@ -91,7 +92,38 @@ class SyncClient:
         # mypy joins the overloads' results for a union argument into a Sequence: each is a Rendered.
         return self._call(self.client.messages(conversation_id, format, cache=cache))  # type: ignore[return-value]
 
-    # Every other method: Client's, blocking (wait_for raises WaitTimeoutError as Client's does).
+    @overload
+    def wait_for(
+        self,
+        target: str,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,
+        after_seq: int | None = None,
+    ) -> int: ...
+    @overload
+    def wait_for(
+        self,
+        target: Receipt,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,
+        after_seq: int | None = None,
+    ) -> TurnResult: ...
+    def wait_for(
+        self,
+        target: str | Receipt,
+        version: int | None = None,
+        *,
+        timeout: float = 30.0,
+        after_seq: int | None = None,
+    ) -> int | TurnResult:
+        """See :meth:`Client.wait_for` (it raises TurnRejected and WaitTimeoutError as Client's does)."""
+        if isinstance(target, Receipt):
+            return self._call(self.client.wait_for(target, version, timeout=timeout, after_seq=after_seq))
+        return self._call(self.client.wait_for(target, version, timeout=timeout, after_seq=after_seq))
+
+    # Every other method: Client's, blocking.
     publish_turn = _blocking(Client.publish_turn)
     publish_raw = _blocking(Client.publish_raw)
     request_compaction = _blocking(Client.request_compaction)
@@ -101,11 +133,11 @@ class SyncClient:
     discard = _blocking(Client.discard)
     set_profile = _blocking(Client.set_profile)
     next_turn_seq = _blocking(Client.next_turn_seq)
-    wait_for = _blocking(Client.wait_for)
     snapshot = _blocking(Client.snapshot)
     span_attributes = _blocking(Client.span_attributes)
     meta = _blocking(Client.meta)
     status = _blocking(Client.status)
+    exists = _blocking(Client.exists)
     context_stats = _blocking(Client.context_stats)
     fit_files = _blocking(Client.fit_files)
     job = _blocking(Client.job)

@@ -127,10 +127,11 @@ def channel_description(topic: str, renamed_by: str | None, group_id: str | None
             "`compaction.completed` carries the same `compaction_id`."
         ),
         COMPLETED_TOPIC: (
-            f"Published when a compaction ends. On `{Outcome.COMPACTED}` the effective history "
-            "has a new `version`: re-read it. De-duplicate by (`conversation_id`, `version`) "
-            f"when the outcome is `{Outcome.COMPACTED}`, by `compaction_id` otherwise "
-            f"(`{Outcome.NOOP}` and `{Outcome.FAILED}` leave the version unchanged)."
+            f"Published when a compaction ends. On `{Outcome.COMPACTED}` (and a rewind's "
+            f"`{Outcome.REWOUND}`) the effective history has a new `version`: re-read it. "
+            "De-duplicate by (`conversation_id`, `version`) when the outcome is "
+            f"`{Outcome.COMPACTED}` or `{Outcome.REWOUND}`, by `compaction_id` otherwise "
+            f"(`{Outcome.NOOP}`, `{Outcome.FAILED}` and `{Outcome.DISCARDED}` leave the version unchanged)."
         ),
         PROPOSED_TOPIC: (
             "Published instead of a commit when a conversation's settings say `pipeline.approval: "
@@ -183,7 +184,7 @@ Delivery is at least once. Turns are idempotent by (`conversation_id`, `turn_seq
 redelivered or repeated turn changes nothing. Consumers of the output topics drop an
 `event_id` they have already seen; because a worker that crashes may announce the same
 compaction again under a new `event_id`, `{COMPLETED_TOPIC}` is also de-duplicated by
-(`conversation_id`, `version`) when the outcome is `{Outcome.COMPACTED}`.
+(`conversation_id`, `version`) when the outcome is `{Outcome.COMPACTED}` or `{Outcome.REWOUND}`.
 
 ## Dead letters
 
@@ -191,6 +192,9 @@ Bad input (malformed JSON, a schema violation, an oversized record, a sequence g
 never fills, ...) and a turn whose handling keeps failing for another reason than an outage
 of Redis or the broker never stop the worker and never touch stored state: they are
 published to `{DLQ_TOPIC}` with the reason and the original bytes, and the worker moves on.
+When the event names its conversation and `turn_seq`, the rejection is also recorded beside the
+conversation, for the runtime that published it: `Client.wait_for(receipt)` raises `TurnRejected`
+with the same reason and detail. The topic stays the operator's record.
 
 ## Headers
 

@@ -317,6 +317,9 @@ class Outcome(StrEnum):
     DISCARDED = "discarded"
     """A proposal (``pipeline.approval: manual``) that was not applied: discarded by the runtime,
     replaced by a newer one, or made moot by a reactive compaction; the version is unchanged."""
+    REWOUND = "rewound"
+    """A rewind (trigger ``rewind``) committed: the history from before a compaction, restored verbatim
+    from the transcript as a new version."""
 
 
 class ContextStatus(StrEnum):
@@ -406,8 +409,8 @@ class CompactionStarted(_Event):
 class CompactionCompleted(_Event):
     """``compaction.completed``: how a compaction ended; de-duplicate by conversation and version.
 
-    A rewind (trigger ``rewind``) reports ``compacted`` too: it commits a new version, whose
-    history is the larger one from before the compaction it undoes.
+    A rewind (trigger ``rewind``) reports ``rewound``: it commits a new version too, whose history
+    is the larger one from before the compaction it undoes.
     """
 
     conversation_id: ConversationId

@@ -230,11 +230,12 @@ def _job(
 
 
 def asked_pins(pending: str, event: TurnEvent) -> str:
-    """The pins waiting to be applied (runtime/pins.py) with the turn's: ``[turn_seq, index, pin]`` each.
-    Stored with the turn's append, in the meta; the next holder of the lock applies them."""
+    """The pins waiting to be applied (runtime/pins.py) with the turn's: ``[turn_seq, index, pin, asking
+    turn]`` each (the asking turn hears of one not applied). Stored with the turn's append, in the meta;
+    the next holder of the lock applies them."""
     asked = json.loads(pending) if pending else []
-    asked += [[ref.turn_seq, ref.index, True] for ref in event.pin or ()]
-    asked += [[ref.turn_seq, ref.index, False] for ref in event.unpin or ()]
+    asked += [[ref.turn_seq, ref.index, True, event.turn_seq] for ref in event.pin or ()]
+    asked += [[ref.turn_seq, ref.index, False, event.turn_seq] for ref in event.unpin or ()]
     return json.dumps(asked, separators=(",", ":"))
 
 

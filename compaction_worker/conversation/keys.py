@@ -47,6 +47,9 @@ class ConversationKeys:
     """String: the last turn seq handed out to a runtime that does not track its own (store.py: ``next_turn_seq``)."""
     proposal: str
     """String: a compaction proposed and not yet applied or discarded, as JSON (proposals.py)."""
+    refused: str
+    """Hash: what the worker refused of a turn, by seq: the event it dead-lettered, and (field
+    ``<seq>:asks``) the pins it asked that were not applied; written only when it refuses (refusals.py)."""
 
     def all(self) -> tuple[str, ...]:
         """All keys, for deletion."""

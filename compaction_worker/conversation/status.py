@@ -3,7 +3,7 @@ the inspector and ``compaction-worker status`` ask, and the one place that reads
 
 The status is the meta hash (parsed by ``Meta.from_hash``: no caller names a field), whether the
 conversation's lock is held, the job index's score for it, and whether a proposal waits (and,
-when asked, the proposal itself). Its pure helpers (:meth:`Status.reached`) say what those
+when asked, the proposal itself, or what is stored of one turn seq: a wait on a turn's receipt). Its pure helpers (:meth:`Status.reached`) say what those
 mean together, so that no caller infers "pending" from stored fields.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from redis.asyncio.client import Pipeline
@@ -24,6 +24,7 @@ from compaction_worker.conversation.meta import JOB_PRIORITY, Meta
 from compaction_worker.state.connection import RedisClient
 from compaction_worker.state.index import ShardedIndex
 from compaction_worker.state.proposals import Proposal
+from compaction_worker.state.refusals import Rejection, asks_field, not_applied_of
 from compaction_worker.state.scripts import as_text
 
 _TRIGGER_OF = {priority: trigger for trigger, priority in JOB_PRIORITY.items()}
@@ -88,6 +89,19 @@ class WaitingProposal:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """What is stored of one turn seq, read with the status for a wait on a turn (``Client.wait_for``)."""
+
+    seq: int
+    fingerprint: str | None
+    """The stored turn's content fingerprint (None: no turn with this seq is stored)."""
+    rejection: Rejection | None
+    """The latest event with this seq the worker dead-lettered (state/refusals.py)."""
+    not_applied: tuple[str, ...]
+    """The pins the stored turn asked for that could not be applied, and why."""
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """One conversation's status: its meta, its pending job, whether its lock is held, its proposal."""
 
@@ -101,6 +115,8 @@ class Status:
     """A proposal waits for approval."""
     proposal: WaitingProposal | None = None
     """The waiting proposal, when the read asked for it (``read_status(..., proposal=True)``)."""
+    turn: TurnRecord | None = None
+    """What is stored of a turn seq, when the read asked for one (``read_status(..., turn=seq)``)."""
 
     @property
     def stored(self) -> bool:
@@ -151,14 +167,34 @@ async def read_status(
     jobs: ShardedIndex,
     *,
     proposal: bool = False,
+    turn: int | None = None,
 ) -> Status:
     """The conversation's status, in one round trip; with ``proposal``, the waiting proposal too
-    (its stored JSON holds the proposed history: read it only to show it)."""
+    (its stored JSON holds the proposed history: read it only to show it); with ``turn``, what is
+    stored of that turn seq (:class:`TurnRecord`: two field reads more)."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(keys.meta)
         _queue(pipe, conversation_id, keys, jobs, proposal=proposal)
+        if turn is not None:
+            pipe.hget(keys.fingerprints, str(turn))
+            pipe.hmget(keys.refused, [str(turn), asks_field(turn)])
         raw_meta, *replies = await pipe.execute()
-    return _status(conversation_id, Meta.from_hash(raw_meta), replies, proposal=proposal)
+    record = None
+    if turn is not None:
+        *replies, fingerprint, (rejected, asks) = replies
+        record = TurnRecord(
+            turn,
+            None if fingerprint is None else as_text(fingerprint),
+            None if rejected is None else Rejection.from_json(rejected),
+            not_applied_of(asks),
+        )
+    status = _status(conversation_id, Meta.from_hash(raw_meta), replies, proposal=proposal)
+    return status if record is None else replace(status, turn=record)
+
+
+async def is_stored(redis: RedisClient, keys: ConversationKeys) -> bool:
+    """Whether a turn of the conversation is stored (:attr:`Status.stored`), in one field read."""
+    return bool(int(await redis.hget(keys.meta, "last_seq") or 0))
 
 
 async def read_statuses(

@@ -142,7 +142,7 @@ def build_app(settings: Settings, client: Client) -> Starlette:
     async def index(request: Request) -> Response:
         search = (request.query_params.get("q") or "").strip() or None
         found = await views.listing(client, settings, search)
-        exact = search is not None and (await client.status(search)).stored
+        exact = search is not None and await client.exists(search)
         return page("index.html", listing=found, search=search or "", exact=search if exact else None)
 
     async def conversation(request: Request) -> Response:

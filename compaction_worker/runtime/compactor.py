@@ -25,7 +25,7 @@ from compaction_worker.contracts.events import (
 )
 from compaction_worker.contracts.history import EffectiveHistory, render, summary_message_text
 from compaction_worker.conversation.meta import Job, Meta
-from compaction_worker.errors import ProposalError, StaleFenceError
+from compaction_worker.errors import ProposalNotPending, StaleFenceError
 from compaction_worker.observability import metrics
 from compaction_worker.observability.logs import bound
 from compaction_worker.offload import off_loop
@@ -342,7 +342,7 @@ class Compactor:
         (turns arrived, or another compaction committed): a manual compaction is scheduled, and
         its new proposal (``compaction.proposed``, ``replaces`` this one) replaces it.
 
-        Raises ProposalError (no such proposal pending), LockNotAcquiredError (a compaction is
+        Raises ProposalNotPending (no such proposal pending), LockNotAcquiredError (a compaction is
         running: try again shortly) or StaleFenceError (the lock was lost before the commit).
         """
         cid = conversation_id
@@ -371,7 +371,7 @@ class Compactor:
 
     async def discard(self, conversation_id: str, proposal_id: uuid.UUID) -> None:
         """Drop the pending proposal ``proposal_id``; its ``compaction.completed`` says ``discarded``.
-        Raises ProposalError or LockNotAcquiredError, as :meth:`apply`."""
+        Raises ProposalNotPending or LockNotAcquiredError, as :meth:`apply`."""
         cid = conversation_id
         async with self.locks.exclusive(cid, self.store.keys(cid)):
             await self._discarded(cid, await self._pending(cid, proposal_id), "discarded by the runtime")
@@ -379,8 +379,11 @@ class Compactor:
     async def _pending(self, cid: str, proposal_id: uuid.UUID) -> Proposal:
         pending = await self.proposals.get(cid)
         if pending is None or pending.compaction_id != proposal_id:
-            waiting = f" (proposal {pending.compaction_id} is)" if pending is not None else ""
-            raise ProposalError(f"{cid}: proposal {proposal_id} is not pending{waiting}")
+            waiting = f"proposal {pending.compaction_id} is" if pending is not None else "none is"
+            raise ProposalNotPending(
+                f"{cid}: proposal {proposal_id} is not pending ({waiting}): it was applied, discarded or "
+                "replaced by a newer one; Client.proposal shows the one that waits"
+            )
         return pending
 
     async def _discarded(self, cid: str, proposal: Proposal, reason: str) -> None:

@@ -77,7 +77,7 @@ def build_components(
     outbox = Outbox(store, publish, locks, worker.lock_ttl_seconds, shards=shards, wakes=wakes)
     archive = Archive(redis, store.prefix)
     breaker = Breaker(redis, store.prefix, settings.summarizer)
-    dead_letters = DeadLetters(settings.topics, publish)
+    dead_letters = DeadLetters(settings.topics, publish, store)
     gaps = GapIndex(store, worker.gap_timeout_seconds, locks=locks, shards=shards, wakes=wakes)
     liveness = Liveness(settings.health.liveness_timeout_seconds)
     compactor = Compactor(

@@ -25,6 +25,7 @@ from compaction_worker.budget.tokens import TokenCounter, counter_for
 from compaction_worker.contracts.events import Outcome, StandingStateReport, Trigger
 from compaction_worker.contracts.history import render, summary_message_text
 from compaction_worker.conversation.meta import Job
+from compaction_worker.errors import ConversationNotFound
 from compaction_worker.runtime.compactor import applied
 from compaction_worker.runtime.limits import run_limits
 from compaction_worker.settings import Settings
@@ -73,9 +74,12 @@ async def preview(
 ) -> Preview:
     """Compute a manual compaction of ``conversation_id`` (with ``instructions`` added to its own)
     and return what it would change, writing nothing: under the conversation's settings profile,
-    with its configured summarizers unless ``summarizers`` replaces them, as the compactor."""
+    with its configured summarizers unless ``summarizers`` replaces them, as the compactor.
+    ConversationNotFound when no turn of it is stored."""
     snapshot = await store.snapshot(conversation_id)
     meta = snapshot.meta
+    if not meta.last_seq:
+        raise ConversationNotFound(conversation_id)
     settings = settings.for_profile(meta.profile)
     summarizers = summarizers or configured_summarizers(settings)
     counter = counter_for(meta.model, settings.budget)

@@ -61,7 +61,7 @@ class Rewinder:
         """Restore the history from before compaction ``version`` (default: the latest in effect).
 
         The rewind commits a new version and publishes ``compaction.started`` and
-        ``.completed`` (trigger ``rewind``) together once it is committed: it makes no LLM
+        ``.completed`` (trigger ``rewind``, outcome ``rewound``) together once it is committed: it makes no LLM
         call, so there is nothing to wait for, and consumers that pair the two still can.
         It does not schedule a compaction: the next turn's budget check decides that.
         Raises RewindError (nothing to rewind), LockNotAcquiredError (a compaction is
@@ -116,7 +116,7 @@ class Rewinder:
             conversation_id=cid,
             compaction_id=compaction_id,
             trigger=Trigger.REWIND,
-            outcome=Outcome.COMPACTED,
+            outcome=Outcome.REWOUND,
             tokens_before=tokens_before,
             tokens_after=tokens_after,
             messages_before=len(render(before.history, placement)),

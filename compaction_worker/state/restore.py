@@ -15,7 +15,7 @@ from typing import Any
 from compaction_worker.contracts.events import ContextStatus, Trigger
 from compaction_worker.contracts.history import Entry, SummaryChunk
 from compaction_worker.conversation.meta import Meta
-from compaction_worker.errors import RewindError
+from compaction_worker.errors import NoSuchVersion, NothingToRewind
 from compaction_worker.state.store import Snapshot, Store, snapshot_of
 
 Repair = Callable[[tuple[SummaryChunk, ...], tuple[Entry, ...]], tuple[Entry, ...]]
@@ -58,7 +58,7 @@ async def rewind(
     version with a ``rewind`` record in the log. ``overhead`` is what the summary turn costs beyond its chunks (as
     the compaction that wrote them counted it); ``repair``, when given, makes the restored
     entries valid for every provider (verbatim messages next to old chunks can need a
-    synthetic turn between them). Raises RewindError when there is nothing to rewind, and
+    synthetic turn between them). Raises RewindError (:func:`rewind_target`), and
     StaleFenceError, writing nothing, when the fence moved, the lock expired or the history
     changed version meanwhile.
     """
@@ -73,7 +73,7 @@ async def rewind(
         raw_meta, raw_chunks, raw_entries, raw_transcript, raw_log = await pipe.execute()
     meta = Meta.from_hash(raw_meta)  # the entries appended since the last replace follow in the transcript
     before = snapshot_of(meta, raw_chunks, raw_entries, raw_transcript[meta.tail :])
-    target = rewind_target([json.loads(r) for r in raw_log], version)
+    target = rewind_target([json.loads(r) for r in raw_log], version, conversation_id)
     chunks = tuple(SummaryChunk.from_json(c) for c in target["chunks_before"])
     entries = restore_entries(chunks, [json.loads(r) for r in raw_transcript])
     if repair is not None:
@@ -173,30 +173,45 @@ def _in_effect(log: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return in_effect
 
 
-def rewind_target(log: Sequence[Mapping[str, Any]], version: int | None) -> Mapping[str, Any]:
+def rewind_target(
+    log: Sequence[Mapping[str, Any]], version: int | None, conversation_id: str = "the conversation"
+) -> Mapping[str, Any]:
     """The compaction record a rewind undoes: ``version``'s, or the latest one still in effect.
 
     Restoring the history from before compaction V also restores which compactions are in
     effect: those that were just before V. So after "compact v1, compact v2, rewind", the
-    next default rewind undoes v1, like a repeated undo. Raises RewindError when there is
-    nothing to undo, no such version, or the version is itself a rewind.
+    next default rewind undoes v1, like a repeated undo. Raises NothingToRewind past the first
+    version (none in effect, or a version under 1), NoSuchVersion for a version that is no
+    compaction (none has it, or it is a rewind).
     """
+    cid = conversation_id
+    listed = "; Client.versions (compaction-worker versions) lists them"
     in_effect = _in_effect(log)
     if version is None:
         if not in_effect:
-            raise RewindError("nothing to undo: no committed compaction is in effect")
+            raise NothingToRewind(
+                f"{cid}: nothing to undo: no committed compaction is in effect (none was committed, or "
+                "every one is undone already), so its history is the transcript's already" + listed
+            )
         return in_effect[-1]
+    if version < 1:
+        raise NothingToRewind(
+            f"{cid}: nothing to undo before version 1, its first compaction: rewind version 1 to restore "
+            "the history from before every compaction"
+        )
     for record in log:
         if record.get("version") == version:
             if record.get("trigger") == Trigger.REWIND.value:
-                raise RewindError(
-                    f"version {version} is a rewind, not a compaction; rewind the compaction "
+                raise NoSuchVersion(
+                    f"{cid}: version {version} is a rewind, not a compaction; rewind the compaction "
                     f"it undid (version {record['rewound_version']}) or one before it"
                 )
             return record
     versions = ", ".join(str(r["version"]) for r in log if r.get("trigger") != Trigger.REWIND.value)
-    raise RewindError(
-        f"no compaction version {version}" + (f" (compactions: {versions})" if versions else " (none yet)")
+    raise NoSuchVersion(
+        f"{cid}: no compaction version {version}"
+        + (f" (compactions: {versions})" if versions else " (none yet)")
+        + listed
     )
 
 

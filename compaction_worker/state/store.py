@@ -78,6 +78,15 @@ def snapshot_of(
     return Snapshot(meta, history, chunk_tokens=sum(c.tokens for c in chunks), listed=len(raw_listed))
 
 
+@dataclass(frozen=True, slots=True)
+class PinWrite:
+    """What :meth:`Store.set_pinned` did: nothing when a summary replaced some of the messages
+    (``summarized``), else it set the flag of those that had the other one (``changed``)."""
+
+    summarized: tuple[int, ...]
+    changed: tuple[int, ...]
+
+
 class Store:
     """Conversation state in Redis; every multi-key write is one atomic script."""
 
@@ -100,15 +109,19 @@ class Store:
         """Update metadata fields that no script owns (a no-op's size, a failure's backoff), bumping the revision."""
         await write_fields(self.redis, self.keys(conversation_id).meta, fields)
 
-    async def next_turn_seq(self, conversation_id: str) -> int:
+    async def next_turn_seq(self, conversation_id: str, *, at_least: int = 0) -> int:
         """The next unused turn seq (1 for a new conversation), for runtimes that do not track their own:
-        one past the larger of the last seq handed out (the ``seq`` key) and the last one stored, so
-        concurrent callers never get the same seq, and a counter that expired starts after the stored turns."""
+        one past the largest of the last seq handed out (the ``seq`` key), the last one stored and
+        ``at_least`` (the last one the caller published, stored or not yet), so concurrent callers never
+        get the same seq, and a counter that expired starts after the stored turns."""
         keys = self.keys(conversation_id)
         now = str(int(time.time() * 1000))
         return int(
             await self._next_seq(
-                keys.lasting(keys.meta, keys.seq), now_ms=now, retention_ms=str(self.retention_ms)
+                keys.lasting(keys.meta, keys.seq),
+                now_ms=now,
+                retention_ms=str(self.retention_ms),
+                at_least=str(at_least),
             )
         )
 
@@ -139,11 +152,12 @@ class Store:
             return snapshot_of(Meta(), [], [])
         return snapshot_of(meta, raw_chunks, raw_entries, tail)
 
-    async def set_pinned(self, conversation_id: str, ordinals: Sequence[int], pinned: bool) -> list[int]:
+    async def set_pinned(self, conversation_id: str, ordinals: Sequence[int], pinned: bool) -> PinWrite:
         """Set the ``pinned`` flag of the history's messages ``ordinals``; the caller holds the lock.
 
-        Returns those the history no longer carries verbatim (a summary replaced them), and then
-        writes nothing. A message appended since the last compaction is the transcript's, not the
+        Says which the history no longer carries verbatim (a summary replaced them), and then
+        writes nothing, and which of the others had another flag (only those change; none: nothing
+        is written). A message appended since the last compaction is the transcript's, not the
         entries list's: the transcript's records up to the last such one move to the list,
         flagged, and the meta's ``tail`` moves past them (lua/pin.lua, which writes nothing if
         the history changed since this read it: StaleFenceError).
@@ -156,19 +170,24 @@ class Store:
         meta = Meta.from_hash(stored)
         tail = meta.tail
         at = {entry.n: (i, entry) for i, entry in enumerate(map(Entry.from_json, raw)) if not entry.synthetic}
-        gone = [n for n in ordinals if n <= tail and n not in at]
+        gone = tuple(n for n in ordinals if n <= tail and n not in at)
         if gone:
-            return gone
+            return PinWrite(gone, ())
         last = max(ordinals, default=0)
         # The transcript is never rewritten: these records stay what they are.
         moved = await self.redis.lrange(keys.transcript, tail, last - 1) if last > tail else []
+        records = [Entry.from_json(r) for r in moved]
+        flags = {n: bool(e.message.get("pinned")) for n, (_, e) in at.items()}
+        flags |= {e.n: bool(e.message.get("pinned")) for e in records}
+        changed = tuple(n for n in ordinals if flags.get(n, False) != pinned)
+        if not changed:
+            return PinWrite((), ())
         flagged = [
             text
             for n in ordinals
             if n in at
             for text in (str(at[n][0]), _flagged(at[n][1], pinned).to_json())
         ]
-        records = [Entry.from_json(r) for r in moved]
         written = await self._pin(
             [keys.meta, keys.entries],
             {
@@ -182,7 +201,7 @@ class Store:
         )
         if not int(written):
             raise StaleFenceError(f"pin refused for {conversation_id}: its history changed meanwhile")
-        return []
+        return PinWrite((), changed)
 
     async def transcript(self, conversation_id: str, start: int = 0, end: int = -1) -> list[dict[str, Any]]:
         """Transcript records (``conversation.apply.encode_records`` says their form) in order (list indexes, inclusive)."""

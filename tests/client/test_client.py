@@ -20,6 +20,7 @@ from compaction_worker.contracts.history import (
     text_of,
 )
 from compaction_worker.conversation.meta import Meta
+from compaction_worker.errors import ConversationNotFound
 from compaction_worker.settings import Settings
 from compaction_worker.state.store import Snapshot, Store
 from compaction_worker.testing import turn_bytes
@@ -140,7 +141,8 @@ async def test_artifacts_are_listed_with_whether_the_history_carries_them(
     shown = "\n".join(text_of(m) for m in await Client(settings, store, None).messages("a"))
     assert all(a.text not in shown for a in lost if a.kind in {"cmd", "id"})
     assert all(a.text in shown for a in found if a.in_history and a.kind in {"cmd", "id"})
-    assert await Client(settings, store, None).artifacts("unknown") == []
+    with pytest.raises(ConversationNotFound, match="no conversation 'unknown' is stored"):
+        await Client(settings, store, None).artifacts("unknown")
 
 
 @pytest.mark.integration

@@ -112,15 +112,16 @@ async def test_sync_client_round_trip(running: Client, redis_client: redis.async
     """Plain synchronous code (in a thread with no event loop) publishes, waits and reads."""
     settings = running.settings
 
-    def runtime() -> list[str]:
+    def runtime() -> tuple[list[str], int]:
         with SyncClient.connect(settings) as client:
             for text in ("first", "second"):
                 seq = client.next_turn_seq("s")
-                client.publish_turn(turn_event("s", seq, [user(text)]))
+                receipt = client.publish_turn(turn_event("s", seq, [user(text)]))
             client.wait_for("s", timeout=30)
-            return [m["content"] for m in client.messages("s")]
+            result = client.wait_for(receipt, timeout=30)  # the second turn's answer
+            return [m["content"] for m in client.messages("s")], result.turn_seq
 
-    assert await asyncio.to_thread(runtime) == ["first", "second"]
+    assert await asyncio.to_thread(runtime) == (["first", "second"], 2)
 
 
 async def test_rewind_from_the_client_undoes_every_compaction_back_to_the_transcript(running: Client) -> None:

@@ -30,6 +30,7 @@ from compaction_worker.runtime.topics import ensure_topics
 from compaction_worker.runtime.turns import TurnOutcome, TurnStatus
 from compaction_worker.runtime.worker import build_worker
 from compaction_worker.settings import Settings
+from compaction_worker.state.refusals import Rejection
 from compaction_worker.testing import turn_bytes, turn_payload
 from tests.orchestration import Parts, Published, all_keys, make_settings
 
@@ -266,6 +267,16 @@ def stored_ids(keys: list[bytes]) -> set[str]:
     return {k.decode(errors="replace").split("{", 1)[1].split("}", 1)[0] for k in keys if b"{" in k}
 
 
+async def rejections(redis_client: redis.asyncio.Redis, keys: list[bytes]) -> set[tuple[str, str]]:
+    """The (reason, detail) of every rejection recorded in the ``refused`` hashes ``keys``."""
+    found = set()
+    for key in keys:
+        for raw in (await redis_client.hgetall(key)).values():
+            rejection = Rejection.from_json(raw)
+            found.add((rejection.reason, rejection.detail))
+    return found
+
+
 def letters_of(records: list[bytes]) -> list[DeadLetter]:
     return [DeadLetter.model_validate_json(r) for r in records]
 
@@ -299,13 +310,20 @@ def settings() -> Settings:
 async def test_handler_dead_letters(
     case: Case, parts: Parts, published: Published, redis_client: redis.asyncio.Redis
 ) -> None:
-    """Each case alone: one DLQ record with its reason and bytes, nothing stored, no exception."""
+    """Each case alone: one DLQ record with its reason and bytes, nothing stored, no exception; only
+    the rejection, for an event that names a valid conversation id and a seq (state/refusals.py)."""
     outcome = await parts.turns.handle(case.payload, case.key, 0, 7)
     assert outcome.status is TurnStatus.DEAD_LETTERED
     (letter,) = letters_of([p for t, p, _ in published.events if t == parts.turns.settings.topics.dlq])
     assert_lettered(case, letter)
     assert (letter.partition, letter.offset) == (0, 7)
-    assert await all_keys(redis_client) == []
+    keys = await all_keys(redis_client)
+    if keys:
+        assert letter.conversation_id is not None
+        assert letter.turn_seq is not None
+        refused = parts.store.keys(letter.conversation_id).refused
+        assert keys == [refused.encode()], case.name
+        assert await rejections(redis_client, [refused.encode()]) == {(letter.reason.value, letter.detail)}
 
 
 # --- the real broker and a running worker -------------------------------------------------
@@ -439,7 +457,10 @@ async def test_corpus_through_the_broker_and_a_running_worker(
             # No bad conversation owns a key; no global index names one.
             # The client does not decode; the indexes' buckets are ``{<prefix>:<index>:<n>}``.
             keys = cast("list[bytes]", await all_keys(redis_client, f"{prefix}:*"))
-            assert stored_ids(keys) == {*GOOD, GAP, DUP}
+            # A bad conversation owns at most the rejections its runtime reads, each a dead letter's.
+            refused = [k for k in keys if k.endswith(b":refused")]
+            assert stored_ids([k for k in keys if k not in refused]) == {*GOOD, GAP, DUP}
+            assert await rejections(redis_client, refused) <= {(x.reason.value, x.detail) for x in letters}
             buckets = cast("list[bytes]", await all_keys(redis_client, f"{{{prefix}:*"))
             for key in [*buckets, *keys]:
                 if (key in buckets or b"{" not in key) and await redis_client.type(key) == b"zset":

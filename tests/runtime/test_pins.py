@@ -16,6 +16,7 @@ from compaction_worker.local.embedded import EmbeddedRedis
 from compaction_worker.runtime.pool import run_job
 from compaction_worker.settings import Settings
 from compaction_worker.state.lock import Lease
+from compaction_worker.state.refusals import not_applied_of
 from compaction_worker.summaries.contract import Summarizer, SummarizerError, SummaryRequest, SummaryResult
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.testing import turn_bytes
@@ -131,11 +132,14 @@ async def test_a_turns_pin_field_pins_as_the_client_does(
     asked = [{"turn_seq": 3}, {"turn_seq": 99}]
     await parts.turns.handle(turn_bytes("c", 21, [user("pin that deploy note")], pin=asked), b"c")
 
-    assert (await parts.store.meta("c")).pins == "[[3,null,true],[99,null,true]]"
+    assert (await parts.store.meta("c")).pins == "[[3,null,true,21],[99,null,true,21]]"
     assert "has no turn 99" not in caplog.text
     await compact(parts, published)
     assert "has no turn 99" in caplog.text
     assert (await parts.store.meta("c")).pins == ""
+    # Turn 21 hears of it where its runtime reads it (state/refusals.py; Client.wait_for reports it).
+    (problem,) = not_applied_of(await parts.store.redis.hget(parts.store.keys("c").refused, "21:asks"))
+    assert problem.startswith("pin of turn 99: c has no turn 99")
     messages = render((await parts.store.snapshot("c")).history, settings.pipeline.summary_placement)
     assert NOTE in rendered_texts(messages)
 
@@ -153,7 +157,7 @@ async def test_a_pin_asked_during_a_compaction_is_applied_by_the_next_one(
     await parts.turns.handle(
         turn_bytes("c", 21, [user("keep that note")], pin=[{"turn_seq": 3, "index": 0}]), b"c"
     )
-    assert (await parts.store.meta("c")).pins == "[[3,0,true]]"
+    assert (await parts.store.meta("c")).pins == "[[3,0,true,21]]"
     await parts.locks.release(held, parts.store.keys("c"))
 
     await compact(parts, published)
@@ -205,7 +209,7 @@ async def test_a_pin_asked_on_a_turn_costs_the_consumer_path_o1_redis_commands(
             await parts.turns.handle(pin, cid.encode())
             stats = await client.info("commandstats")
             costs.append(Counter({name: int(stat["calls"]) for name, stat in stats.items()}))
-            assert (await parts.store.meta(cid)).pins == "[[2,null,true]]"
+            assert (await parts.store.meta(cid)).pins == f"[[2,null,true,{history + 1}]]"
     finally:
         await client.aclose()
     short, long = costs

@@ -65,7 +65,7 @@ class TestRewinder:
         done = CompactionCompleted.model_validate(published.on("compaction.completed")[-1])
         assert (done.trigger, done.outcome, done.compaction_id) == (
             Trigger.REWIND,
-            Outcome.COMPACTED,
+            Outcome.REWOUND,
             started.compaction_id,
         )
         assert done.tokens_after == after.meta.total_tokens > done.tokens_before

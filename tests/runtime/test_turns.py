@@ -28,6 +28,7 @@ from compaction_worker.runtime import turns as turns_module
 from compaction_worker.runtime.turns import TurnStatus
 from compaction_worker.settings import Settings
 from compaction_worker.state.connection import is_cluster
+from compaction_worker.state.refusals import Rejection
 from compaction_worker.state.store import Store
 from compaction_worker.testing import turn_bytes, turn_event
 from tests.orchestration import Parts, Published, all_keys, assistant, make_parts, user
@@ -68,14 +69,21 @@ class TestTurns:
         payload: bytes,
         reason: str,
     ) -> None:
-        """Bad input becomes a DLQ record with its reason and original bytes; nothing is stored."""
+        """Bad input becomes a DLQ record with its reason and original bytes; nothing is stored but, for
+        an event that names its conversation and seq, the rejection the runtime reads (state/refusals.py)."""
         outcome = await parts.turns.handle(payload, b"c", 3, 42)
         assert outcome.status is TurnStatus.DEAD_LETTERED
         (record,) = published.on("conversation.turn.dlq")
         letter = DeadLetter.model_validate(record)
         assert (letter.reason.value, letter.partition, letter.offset) == (reason, 3, 42)
         assert base64.b64decode(letter.original_b64) == payload
-        assert await all_keys(redis_client) == []
+        refused = parts.store.keys("c").refused
+        assert await all_keys(redis_client) == ([refused.encode()] if letter.turn_seq is not None else [])
+        if letter.turn_seq is not None:
+            raw = await redis_client.hget(refused, str(letter.turn_seq))
+            assert raw is not None
+            stored = Rejection.from_json(raw)
+            assert (stored.reason, stored.detail) == (reason, letter.detail)
 
     async def test_key_must_be_the_conversation_id(self, parts: Parts, published: Published) -> None:
         """An event keyed by something else would lose its ordering; it is dead-lettered."""
@@ -139,8 +147,19 @@ class TestTurns:
         assert (letter.partition, letter.offset) == (0, 9)
         assert base64.b64decode(letter.original_b64) == payload
         assert "turn_seq 1 of c" in letter.detail
-        assert {k: await redis_client.dump(k) for k in sorted(await all_keys(redis_client))} == before
+        refused = parts.store.keys("c").refused
+        after = {k: await redis_client.dump(k) for k in sorted(await all_keys(redis_client))}
+        assert {k: v for k, v in after.items() if k != refused.encode()} == before
         assert [r["m"]["content"] for r in await parts.store.transcript("c")] == ["hi", "hello"]
+        # The runtime reads the rejection by seq, with the refused event's id.
+        raw = await redis_client.hget(refused, "1")
+        assert raw is not None
+        stored = Rejection.from_json(raw)
+        assert (stored.reason, stored.detail, stored.event_id) == (
+            "conflicting_duplicate",
+            letter.detail,
+            json.loads(payload)["event_id"],
+        )
 
     async def test_a_stored_turn_whose_fingerprint_is_gone_takes_a_redelivery_as_a_duplicate(
         self, parts: Parts, published: Published

@@ -17,6 +17,7 @@ from compaction_worker.runtime.turns import TurnHandler, TurnStatus
 from compaction_worker.settings import DEFAULT_INDEX_SHARDS, Settings
 from compaction_worker.state.gaps import GapIndex, HeldTurn, held_value, parse_held
 from compaction_worker.state.lock import Lease
+from compaction_worker.state.refusals import Rejection
 from compaction_worker.testing import turn_bytes
 from tests import orchestration
 from tests.orchestration import Parts, Published, assistant, user
@@ -56,9 +57,10 @@ def gap_key(cid: str) -> str:
 
 
 async def stored_state(redis_client: redis.asyncio.Redis, cid: str) -> dict[bytes, bytes | None]:
-    """Every key of a conversation except the held turns and the fence, serialized: any change
-    shows. (A sweep holds the conversation's lock, and the fence counts every acquisition.)"""
-    skip = {f"t:{{{cid}}}:pending".encode(), f"t:{{{cid}}}:fence".encode()}
+    """Every key of a conversation except the held turns, the fence and the rejections, serialized:
+    any change shows. (A sweep holds the conversation's lock, and the fence counts every acquisition;
+    a turn it dead-letters is recorded for its runtime: state/refusals.py.)"""
+    skip = {f"t:{{{cid}}}:{name}".encode() for name in ("pending", "fence", "refused")}
     keys = cast("list[bytes]", await redis_client.keys(f"t:{{{cid}}}:*"))  # the client does not decode
     return {k: await redis_client.dump(k) for k in sorted(keys) if k not in skip}
 
@@ -212,6 +214,11 @@ class TestExpiry:
         assert await stored_state(redis_client, "c") == before
         assert await parts.store.meta("c") == meta
         assert await parts.store.snapshot("c") == snapshot
+        refused = await redis_client.hgetall(parts.store.keys("c").refused)
+        assert {k: Rejection.from_json(v).reason for k, v in refused.items()} == {
+            b"4": "sequence_gap",
+            b"5": "sequence_gap",
+        }
         assert (
             await parts.turns.handle(turn_bytes("c", 6, [assistant("six")]), b"c")
         ).status is TurnStatus.BUFFERED

@@ -15,7 +15,7 @@ from compaction_worker.contracts.events import ContextStatus
 from compaction_worker.contracts.history import Entry
 from compaction_worker.errors import StaleFenceError
 from compaction_worker.state.lock import Lease, Locks
-from compaction_worker.state.store import Store
+from compaction_worker.state.store import PinWrite, Store
 from tests.state.helpers import append, chunk, msg
 
 pytestmark = pytest.mark.integration
@@ -103,7 +103,7 @@ class TestCommit:
         deadline = int(await store.redis.hget(keys.meta, "expires_at") or 0)
         assert deadline > 0
 
-        assert await store.set_pinned("c", [2], True) == []
+        assert await store.set_pinned("c", [2], True) == PinWrite((), (2,))
         snapshot = await store.snapshot("c")
         assert [(e.n, e.message.get("pinned")) for e in snapshot.history.entries] == [
             (1, None),
@@ -113,7 +113,11 @@ class TestCommit:
         ]
         assert (await store.redis.llen(keys.entries), snapshot.meta.tail) == (2, 2)
         assert await store.redis.pexpiretime(keys.entries) == deadline
-        assert await store.set_pinned("c", [2, 3], False) == []  # one in the list, one in the transcript
+        pinned = [await store.redis.dump(k) for k in keys.all()]
+        assert await store.set_pinned("c", [2], True) == PinWrite((), ())  # flagged already: nothing written
+        assert [await store.redis.dump(k) for k in keys.all()] == pinned
+        # One in the list, one in the transcript; only the pinned one changes.
+        assert await store.set_pinned("c", [2, 3], False) == PinWrite((), (2,))
         assert [e.message.get("pinned") for e in (await store.snapshot("c")).history.entries] == [
             None,
             False,
@@ -122,7 +126,7 @@ class TestCommit:
         ]
         await _replaced(store, (fence, token), 1, [], 0)
         before = [await store.redis.dump(k) for k in keys.all()]
-        assert await store.set_pinned("c", [1, 4], True) == [1]
+        assert await store.set_pinned("c", [1, 4], True) == PinWrite((1,), ())
         assert [await store.redis.dump(k) for k in keys.all()] == before
 
     async def test_a_pin_over_a_history_changed_since_its_read_writes_nothing(
