@@ -246,13 +246,14 @@ class Reading:
 
     def __init__(self, inner: Summarizer) -> None:
         self.inner, self.name, self.read = inner, inner.name, 0
-        self.asked = self.wrote = self.prompt = self.completion = self.refused = 0
+        self.asked = self.wrote = self.calls = self.prompt = self.completion = self.refused = 0
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         self.read += sum(1 for m in request.messages if m.get("role") == "user")
         self.asked += 1
         result = await self.inner.summarize(request)
         self.wrote += 1
+        self.calls += result.usage.calls  # 0: a fold of items with no new turn, merged without a call
         self.prompt += result.usage.prompt_tokens
         self.completion += result.usage.completion_tokens
         self.refused += result.refused
@@ -385,13 +386,13 @@ async def _report(args: argparse.Namespace) -> None:
         for window in args.windows:
             for share in args.budgets:
                 by_round: dict[int, Round] = defaultdict(Round)
-                read = asked = wrote = prompt = completion = refused = 0
+                read = asked = wrote = calls = prompt = completion = refused = 0
                 all_rounds: list[Round] = []
                 for seed in args.seeds:
                     rounds, made = await run_case(seed, window, share, name, **llm)
                     read += made.read
                     if isinstance(made, Reading):
-                        asked, wrote = asked + made.asked, wrote + made.wrote
+                        asked, wrote, calls = asked + made.asked, wrote + made.wrote, calls + made.calls
                         prompt, completion = prompt + made.prompt, completion + made.completion
                         refused += made.refused
                     all_rounds += rounds
@@ -422,6 +423,7 @@ async def _report(args: argparse.Namespace) -> None:
                         # The summaries this summarizer was asked for and wrote (the rest fell back).
                         "summaries_asked": asked,
                         "summaries_written": wrote,
+                        "model_calls": calls,
                         "prompt_tokens_per_summary": prompt // max(1, wrote),
                         "output_tokens_per_summary": completion // max(1, wrote),
                         "items_refused": refused,

@@ -213,7 +213,10 @@ class LiteLLMSummarizer:
         return f"<LiteLLMSummarizer {self.name} fallbacks={self.settings.fallback_models}>"
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
-        """Summarize with the first model that produces a valid summary."""
+        """Summarize with the first model that produces a valid summary; a fold of items with no new
+        turn is their merge, without a call (:meth:`_merged`)."""
+        if (merged := self._merged(request)) is not None:
+            return merged
         await _litellm.loaded()  # a worker's first compaction may come before its import ends
         models = self._models(request)
         system = self._instructions(request)
@@ -244,6 +247,30 @@ class LiteLLMSummarizer:
             raise InputTooLargeError(message, transcript_limit=limit, usage=spent) from cause
         raise SummarizerError(message, usage=spent) from cause
 
+    def _merged(self, request: SummaryRequest) -> SummaryResult | None:
+        """A fold with no turn to read and every earlier summary items: the items as they are (each
+        keeps its bytes), the oldest resolved, then the oldest, let go until they fit; no call, for a
+        model has nothing new to say of them. None when that is not the case, or nothing is left."""
+        if request.messages or not request.folds or not request.items or not all(request.itemized):
+            return None
+        budget = request.max_summary_tokens
+        if request.replaced_tokens > 0:
+            budget = min(budget, request.replaced_tokens - 1)
+        items, dropped = schema.fit([schema.Item.decode(raw) for raw in request.items], budget, self._count)
+        if not any(not item.resolved for item in items):
+            return None
+        text = schema.render(items)
+        if summary_problem(text, self._count(text), request) is not None:
+            return None
+        return SummaryResult(
+            text,
+            self.name,
+            self._count(text),
+            LlmUsage(),
+            items=tuple(item.encode() for item in items),
+            let_go=len(dropped),
+        )
+
     def transcript_limit(self, request: SummaryRequest) -> int | None:
         """Tokens of transcript the first model takes around this request's frame; None if unknown.
 
@@ -252,7 +279,7 @@ class LiteLLMSummarizer:
         """
         try:
             model = self._models(request)[0]
-            output = self._output(model, _Asked())
+            output = self._output(model, _Asked(), request)
             system = self._system(request, output, _Asked(), self._instructions(request))
         except SummarizerError:
             return None  # summarize() fails the same way, without a call
@@ -274,10 +301,11 @@ class LiteLLMSummarizer:
             )
         return models
 
-    def _output(self, model: str, asked: _Asked) -> Output:
-        """How ``model`` is asked this time (``settings.output``; Markdown after a refused JSON reply)."""
+    def _output(self, model: str, asked: _Asked, request: SummaryRequest) -> Output:
+        """How ``model`` is asked this time (``settings.output``; Markdown after a refused JSON reply, and
+        for a fold of Markdown summaries with no turn to cite)."""
         output = self.settings.output
-        if asked.markdown:
+        if asked.markdown or not (request.messages or request.items):
             return "markdown"
         if output == "auto":
             if self.settings.prompt or self.settings.prompt_file is not None:
@@ -352,7 +380,7 @@ class LiteLLMSummarizer:
         :class:`_Again` to ask again at once on an adapted prompt, :class:`_Transient` for a failure
         worth a backoff, :class:`_ModelFailed` to give the model up."""
         limit = self._input_limit(model, request)
-        output = self._output(model, asked)
+        output = self._output(model, asked, request)
         instructions = self._system(request, output, asked, system)
         # Building and counting a large span's prompt is CPU: in a thread, off the event loop.
         prompt = await off_loop(self._prompt, request, instructions, clamped=asked.clamped, output=output)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from compaction_worker.summaries import schema
+from compaction_worker.summaries.contract import SummaryRequest
 from compaction_worker.summaries.schema import Item, ReplyRefused
 from compaction_worker.testing import FakeLLMServer
 from compaction_worker.testing.replies import default_summary, schema_reply
@@ -235,3 +236,65 @@ class TestSummarizer:
             additive.text
             == "## Goals and constraints\n- Add /health to src/api/app.py\n## Resolved\n- Write the route"
         )
+
+    async def test_a_fold_with_no_new_turn_merges_the_items_without_a_call(
+        self, fake_llm: FakeLLMServer
+    ) -> None:
+        """Nothing new to read: the items as they are, bytes and all, the oldest resolved let go first
+        to fit; no request, no tokens spent."""
+        current = [
+            Item("g1", "goals", "Add a /health endpoint to src/api/app.py", (3,)).encode(),
+            Item("n1", "next", "Write the route and its test", (4,), resolved=True).encode(),
+            Item("s1", "state", "The route is written; pytest -q tests/test_app.py passes", (9,)).encode(),
+        ]
+        merged = await summarizer(fake_llm).summarize(
+            SummaryRequest(
+                "conv-1",
+                [],
+                previous_summaries=["a", "b"],
+                itemized=[True, True],
+                items=current,
+                folds=True,
+                max_summary_tokens=300,
+                replaced_tokens=400,
+            )
+        )
+        assert fake_llm.requests == []
+        assert merged.usage.calls == 0
+        assert merged.items == tuple(current)
+        tight = await summarizer(fake_llm).summarize(
+            SummaryRequest(
+                "conv-1",
+                [],
+                previous_summaries=["a"],
+                itemized=[True],
+                items=current,
+                folds=True,
+                max_summary_tokens=300,
+                replaced_tokens=30,
+            )
+        )
+        assert fake_llm.requests == []
+        assert current[1] not in tight.items  # the resolved one went first
+        assert tight.let_go >= 1
+        assert tight.tokens < 30
+
+    async def test_a_fold_of_markdown_summaries_with_no_new_turn_asks_for_markdown(
+        self, fake_llm: FakeLLMServer
+    ) -> None:
+        """No turn to cite and no items: JSON could only be refused (a cite outside an empty span), so the
+        model is asked for Markdown at once."""
+        fake_llm.set_reply("## Current state\n- The /health route is written.")
+        out = await summarizer(fake_llm, output="schema").summarize(
+            SummaryRequest(
+                "conv-1",
+                [],
+                previous_summaries=["## Current state\n- The /health route is written and tested."],
+                folds=True,
+                max_summary_tokens=300,
+                replaced_tokens=400,
+            )
+        )
+        (body,) = fake_llm.requests
+        assert "response_format" not in body
+        assert out.text.startswith("## Current state")
