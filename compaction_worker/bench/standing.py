@@ -36,7 +36,13 @@ from compaction_worker.contracts.events import LlmUsage, Outcome
 from compaction_worker.contracts.history import STANDING, EffectiveHistory, render, text_of
 from compaction_worker.retry import RetrySettings
 from compaction_worker.settings import BudgetSettings, SummarizerSettings
-from compaction_worker.summaries.contract import Summarizer, SummaryRequest, SummaryResult
+from compaction_worker.summaries.contract import (
+    InputTooLargeError,
+    Summarizer,
+    SummarizerError,
+    SummaryRequest,
+    SummaryResult,
+)
 from compaction_worker.summaries.extractive import ExtractiveSummarizer
 from compaction_worker.summaries.llm import LiteLLMSummarizer
 from compaction_worker.summaries.standing import SUPERSEDED_TITLE
@@ -241,8 +247,9 @@ class Lossy:
 
 
 class Reading:
-    """Wraps a summarizer to count the user turns it read, the summaries it was asked for and wrote
-    (a failure falls back to the extractive one), and their tokens."""
+    """Wraps a summarizer to count the user turns it read, the summaries due from it and those it wrote
+    (a failure falls back to the extractive one; a span too large for it is read in pieces, each due
+    in turn), and their tokens."""
 
     def __init__(self, inner: Summarizer) -> None:
         self.inner, self.name, self.read = inner, inner.name, 0
@@ -250,8 +257,14 @@ class Reading:
 
     async def summarize(self, request: SummaryRequest) -> SummaryResult:
         self.read += sum(1 for m in request.messages if m.get("role") == "user")
+        try:
+            result = await self.inner.summarize(request)
+        except InputTooLargeError:
+            raise  # the span is read in pieces, each asked in turn: no summary was due from this ask
+        except SummarizerError:
+            self.asked += 1  # the fallback writes this one
+            raise
         self.asked += 1
-        result = await self.inner.summarize(request)
         self.wrote += 1
         self.calls += result.usage.calls  # 0: a fold of items with no new turn, merged without a call
         self.prompt += result.usage.prompt_tokens
