@@ -10,7 +10,6 @@ decision, the same script call (a single turn is a run of one) and the same acti
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -258,26 +257,34 @@ class TurnHandler:
         """``call()`` until it returns; an outage propagates; any other failure is tried again
         (``retry.turns``), and after the last try the turn is ``poisoned(error, tries)``.
         ``failures``: tries the turn already failed (in a run: runs.py)."""
-        if failures:
-            await asyncio.sleep(self.policy.backoff(failures))
-        while True:
+        if not failures:
             try:
-                return await call()
+                return await call()  # the common case: the retry driver is entered only on a failure
             except Exception as error:
                 if is_outage(error):
                     raise
-                failures += 1
+                failures = 1
                 if self.policy.exhausted(failures):
                     return await poisoned(error, failures)
-                log.warning(
-                    "turn failed (%s: %s); try %d of %d",
-                    type(error).__name__,
-                    error,
-                    failures + 1,
-                    self.policy.attempts,
-                    exc_info=error,
-                )
-            await asyncio.sleep(self.policy.backoff(failures))
+                self._retrying(error, failures)
+        try:
+            return await self.policy.run(
+                call, retry_if=lambda error: not is_outage(error), failures=failures, on_retry=self._retrying
+            )
+        except Exception as error:
+            if is_outage(error):
+                raise
+            return await poisoned(error, max(self.policy.attempts, failures + 1))
+
+    def _retrying(self, error: BaseException, failures: int) -> None:
+        log.warning(
+            "turn failed (%s: %s); try %d of %d",
+            type(error).__name__,
+            error,
+            failures + 1,
+            self.policy.attempts,
+            exc_info=error,
+        )
 
     async def _poisoned(self, where: _Where, *, error: Exception, tries: int) -> TurnOutcome:
         log.error("a turn failed %d times; dead-lettered as processing_failed", tries, exc_info=error)
