@@ -96,7 +96,8 @@ async def test_aiokafka_and_kafka_python_turns_are_stored(settings_on_embedded: 
         )
 
         async def stored() -> bool:
-            return all([await client.transcript(cid) for cid in ("from-aiokafka", "from-kafka-python")])
+            # transcript() raises ConversationNotFound until a turn is stored: ask whether one is.
+            return all([await client.exists(cid) for cid in ("from-aiokafka", "from-kafka-python")])
 
         await poll_until(stored, within=60, what="both turns stored")
         aio, kp = [await client.transcript(cid) for cid in ("from-aiokafka", "from-kafka-python")]
